@@ -1,0 +1,27 @@
+# The two commands of the README: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+
+.PHONY: run test install clean
+
+run: $(INSTALLED)
+	$(PY) -m devtools.stack run
+
+test: $(INSTALLED)
+	$(PY) -m devtools.stack test -- $(PYTEST_ARGS)
+
+install: $(INSTALLED)
+
+# Reinstalled whenever pyproject.toml changes.
+$(INSTALLED): pyproject.toml
+	@$(PYTHON) -m venv --help >/dev/null 2>&1 && $(PYTHON) -c 'import ensurepip' 2>/dev/null || \
+		{ echo "==> installing python3-venv (apt-get)"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+clean:
+	rm -rf $(VENV) var/static

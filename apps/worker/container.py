@@ -1,0 +1,192 @@
+"""The container runner (DESIGN section 7), through the Docker SDK.
+
+One single-use container per job, named `pi-job-<job id>` and labelled for the boot reaper. The
+isolation flags are fixed here and are never taken from a trigger. Nothing is ever pulled.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import requests
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.types import LogConfig, Mount
+from django.conf import settings
+
+logger = logging.getLogger("pidispatch.container")
+
+JOB_LABEL = "pidispatch.job"
+HOST_LABEL = "pidispatch.host"
+CONTAINER_PREFIX = "pi-job-"
+STOP_GRACE_SECONDS = 5
+# The exit line is read from the end of stdout; anything before this many bytes is ignored.
+OUTPUT_TAIL_BYTES = 8 * 1024
+WAIT_SLICE_SECONDS = 2.0
+
+
+class EngineUnavailable(Exception):
+    """The Docker engine did not answer: an infrastructure fault, retried."""
+
+
+class ImageMissing(Exception):
+    """The engine answered and the image is not there: a policy refusal (`job-image-missing`)."""
+
+
+class NeverStarted(Exception):
+    """The container could not be created or started: an infrastructure fault, retried."""
+
+
+@dataclass(frozen=True)
+class ContainerExit:
+    exit_code: int | None
+    output_tail: bytes
+    timed_out: bool = False
+    oom_killed: bool = False
+    started_at: float = 0.0
+    ended_at: float = 0.0
+
+
+def engine() -> docker.DockerClient:
+    """A client for DOCKER_HOST (or the default socket). Made per job: clients do not survive a fork."""
+    try:
+        return docker.from_env(timeout=30)
+    except DockerException as exc:
+        raise EngineUnavailable(type(exc).__name__) from None
+
+
+def container_name(job_id: str) -> str:
+    return f"{CONTAINER_PREFIX}{job_id}"
+
+
+def job_user() -> tuple[int, int]:
+    """The uid:gid a job runs as: the worker's own ids when it is not root, else PI_JOB_USER (never 0)."""
+    if os.geteuid() != 0:
+        return os.geteuid(), os.getegid()
+    uid, _, gid = settings.PI_JOB_USER.partition(":")
+    user = (int(uid), int(gid or uid))
+    if user[0] == 0:
+        raise ValueError("PI_JOB_USER must not be root (uid 0)")
+    return user
+
+
+def memory_bytes(size: str) -> int:
+    units = {"k": 1024, "m": 1024**2, "g": 1024**3}
+    size = size.strip().lower().rstrip("b")
+    if size and size[-1] in units:
+        return int(float(size[:-1]) * units[size[-1]])
+    return int(size)
+
+
+def preflight_image(client: docker.DockerClient, image: str) -> str:
+    """The image id, or ImageMissing / EngineUnavailable. Never cached: an operator may rebuild mid-day."""
+    try:
+        return client.images.get(image).id
+    except ImageNotFound:
+        raise ImageMissing(image) from None
+    except (APIError, requests.RequestException, DockerException) as exc:
+        raise EngineUnavailable(type(exc).__name__) from None
+
+
+def run_container(
+    client: docker.DockerClient,
+    *,
+    job_id: str,
+    host: str,
+    image: str,
+    job_dir: Path,
+    workspace: Path,
+    environment: dict[str, str],
+    timeout_seconds: float,
+) -> ContainerExit:
+    uid, gid = job_user()
+    memory = memory_bytes(settings.PI_JOB_MEMORY)
+    try:
+        container = client.containers.create(
+            image,
+            name=container_name(job_id),
+            labels={JOB_LABEL: job_id, HOST_LABEL: host},
+            user=f"{uid}:{gid}",
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            pids_limit=settings.PI_JOB_PIDS_LIMIT,
+            mem_limit=memory,
+            memswap_limit=memory,  # no swap beyond the memory limit
+            nano_cpus=int(settings.PI_JOB_CPUS * 1e9),
+            shm_size="1g",
+            init=True,
+            network_mode="none",
+            environment=environment,
+            mounts=[
+                Mount("/job", str(job_dir), type="bind", read_only=True),
+                Mount("/workspace", str(workspace), type="bind", read_only=False),
+            ],
+            log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
+            detach=True,
+        )
+    except ImageNotFound:
+        raise ImageMissing(image) from None
+    except (APIError, requests.RequestException, DockerException) as exc:
+        raise NeverStarted(type(exc).__name__) from None
+
+    try:
+        try:
+            container.start()
+        except (APIError, requests.RequestException, DockerException) as exc:
+            raise NeverStarted(type(exc).__name__) from None
+        started = time.time()
+        exit_code, timed_out = _wait(container, deadline=started + timeout_seconds)
+        ended = time.time()
+        container.reload()
+        state = container.attrs.get("State", {})
+        return ContainerExit(
+            exit_code=exit_code,
+            output_tail=_stdout_tail(container),
+            timed_out=timed_out,
+            oom_killed=bool(state.get("OOMKilled")),
+            started_at=started,
+            ended_at=ended,
+        )
+    except (requests.RequestException, DockerException) as exc:
+        raise EngineUnavailable(type(exc).__name__) from None
+    finally:
+        _remove(container)
+
+
+def _wait(container, deadline: float) -> tuple[int | None, bool]:
+    """Wait in short slices (room for cancel checks); past the deadline stop it: SIGTERM, SIGKILL after 5 s."""
+    while True:
+        remaining = deadline - time.time()
+        if remaining <= 0:
+            logger.warning("job_timeout container=%s", container.name)
+            container.stop(timeout=STOP_GRACE_SECONDS)
+            result = container.wait(timeout=STOP_GRACE_SECONDS + 30)
+            return result.get("StatusCode"), True
+        try:
+            result = container.wait(timeout=min(WAIT_SLICE_SECONDS, remaining))
+            return result.get("StatusCode"), False
+        except requests.exceptions.ConnectionError as exc:
+            # A read timeout on the unix socket surfaces as a ConnectionError wrapping ReadTimeoutError.
+            if "timed out" not in str(exc).lower():
+                raise
+        except requests.exceptions.ReadTimeout:
+            pass
+
+
+def _stdout_tail(container) -> bytes:
+    output = container.logs(stdout=True, stderr=False, tail=200)
+    return output[-OUTPUT_TAIL_BYTES:]
+
+
+def _remove(container) -> None:
+    try:
+        container.remove(force=True)
+    except NotFound:
+        pass
+    except (APIError, requests.RequestException, DockerException):
+        # The boot reaper removes it next time; never let cleanup hide the run's outcome.
+        logger.warning("container_remove_failed container=%s", container.name)

@@ -1,0 +1,169 @@
+"""The job contract (DESIGN section 5): JobSpec, job ids, and the one enqueue function.
+
+A JobSpec is the only payload a job carries. It holds what the container needs (flow or command, the
+issue or comment text, instructions) and ids for the record. The texts live only here and in the
+container's /job files: the run record, the logs and the inbox never copy them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+from django.conf import settings
+from rq import Queue, Retry
+from rq.exceptions import DuplicateJobError
+
+from apps.fleet.connection import get_redis
+
+logger = logging.getLogger("pidispatch.jobs")
+
+JOB_SPEC_VERSION = 1
+JOB_FUNCTION = "apps.worker.tasks.execute_job"
+JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
+
+FORGE_KINDS = ("github", "gitlab", "forgejo", "azure")
+KINDS = FORGE_KINDS + ("local",)
+DELIVERY_PREFIXES = {"github": "gh", "gitlab": "gl", "forgejo": "fj", "azure": "az"}
+# Merge/pull requests have their own number sequence on these forges, written `!n` instead of `#n`.
+SEPARATE_PR_NUMBERING = {"gitlab", "azure"}
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+_MAX_DELIVERY_PART = 80
+
+
+class JobSpecError(ValueError):
+    """A payload that is not a JobSpec this code understands (wrong version, missing field)."""
+
+
+def delivery_job_id(kind: str, delivery_id: str, replica: int | None = None) -> str:
+    """`gh-<delivery>` and friends; `-r<i>` for a replica.
+
+    A delivery id outside the job-id charset is mapped deterministically: the unsafe characters become
+    `_` and a short hash of the original keeps two different ids from colliding.
+    """
+    if kind not in DELIVERY_PREFIXES:
+        raise ValueError(f"no delivery job ids for kind {kind!r}")
+    if not isinstance(delivery_id, str) or not delivery_id:
+        raise ValueError("a delivery job id needs a non-empty delivery id")
+    part = delivery_id
+    if not JOB_ID_PATTERN.fullmatch(part) or len(part) > _MAX_DELIVERY_PART:
+        digest = hashlib.sha256(delivery_id.encode()).hexdigest()[:12]
+        part = f"{_UNSAFE.sub('_', delivery_id)[:_MAX_DELIVERY_PART]}-{digest}"
+    job_id = f"{DELIVERY_PREFIXES[kind]}-{part}"
+    if replica is not None:
+        if not isinstance(replica, int) or replica < 1:
+            raise ValueError("a replica index is a positive integer")
+        job_id += f"-r{replica}"
+    return job_id
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    job_id: str
+    kind: str
+    # Forge jobs: the repository and the issue or pull request the job is about.
+    repo: str = ""
+    target_type: str = ""  # "issue" | "pull_request" | "local"
+    number: int | None = None
+    # Exactly one of flow / command.
+    flow: str = ""
+    command: str = ""
+    # Container-only texts (never copied into a record or a log line).
+    title: str = ""
+    body: str = ""
+    comment: str = ""
+    instructions: str = ""
+    task: str = ""
+    # Local jobs: the folder on the worker host.
+    folder: str = ""
+    image: str = ""
+    # Ids for the record.
+    trigger_id: int | None = None
+    trigger_type: str = ""
+    delivery_id: str = ""
+    replica: int | None = None
+    replicas: int | None = None
+    parent_job_id: str = ""
+    # Descriptive context for /job/event.json: event, action, sender id, what matched.
+    context: dict[str, Any] = field(default_factory=dict)
+    version: int = JOB_SPEC_VERSION
+
+    def __post_init__(self):
+        if not JOB_ID_PATTERN.fullmatch(self.job_id or ""):
+            raise JobSpecError(f"job id {self.job_id!r} does not match {JOB_ID_PATTERN.pattern}")
+        if self.kind not in KINDS:
+            raise JobSpecError(f"unknown job kind {self.kind!r}")
+        if bool(self.flow) == bool(self.command):
+            raise JobSpecError("a job carries exactly one of flow or command")
+
+    # --- identity for records and logs (PII-free) ---
+
+    @property
+    def target(self) -> str:
+        if self.kind == "local":
+            return f"local:{PurePosixPath(self.folder).name}"
+        if self.number is None:
+            return self.repo
+        sep = "!" if self.target_type == "pull_request" and self.kind in SEPARATE_PR_NUMBERING else "#"
+        return f"{self.repo}{sep}{self.number}"
+
+    @property
+    def scope(self) -> str:
+        if self.kind == "local":
+            return f"local:{PurePosixPath(self.folder).name}"
+        return f"{self.kind}:{self.repo}"
+
+    @property
+    def flow_or_command(self) -> str:
+        return self.flow or f"cmd:{self.command}"
+
+    # --- serialisation ---
+
+    def to_payload(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any]) -> JobSpec:
+        if not isinstance(payload, dict):
+            raise JobSpecError("a job payload is a JSON object")
+        version = payload.get("version")
+        if version != JOB_SPEC_VERSION:
+            raise JobSpecError(f"job payload version {version!r} is not {JOB_SPEC_VERSION}; upgrade every worker")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(payload) - known
+        if unknown:
+            raise JobSpecError(f"job payload has unknown fields: {', '.join(sorted(unknown))}")
+        try:
+            return cls(**payload)
+        except TypeError as exc:
+            raise JobSpecError(f"job payload is incomplete: {exc}") from None
+
+
+def enqueue(spec: JobSpec, queue_name: str) -> bool:
+    """Enqueue one job, atomically unique on its id. True if created, False if the id already exists.
+
+    Redis errors propagate: the caller decides whether the work is kept for later (the inbox) or lost.
+    """
+    queue = Queue(queue_name, connection=get_redis())
+    try:
+        queue.enqueue_call(
+            JOB_FUNCTION,
+            args=(spec.to_payload(),),
+            job_id=spec.job_id,
+            unique=True,
+            description=spec.job_id,  # RQ logs the description; the default would print the payload
+            timeout=settings.PI_JOB_TIMEOUT_SECONDS + 300,
+            result_ttl=settings.PI_FINISHED_JOB_TTL_SECONDS,
+            failure_ttl=settings.PI_FAILED_JOB_TTL_SECONDS,
+            retry=Retry(max=settings.PI_RETRY_ATTEMPTS - 1, interval=settings.PI_RETRY_BACKOFF_SECONDS),
+        )
+    except DuplicateJobError:
+        return False
+    logger.info("job_enqueued job=%s queue=%s target=%s", spec.job_id, queue_name, spec.target)
+    return True

@@ -1,0 +1,51 @@
+"""The function every queued job runs inside the RQ work horse."""
+
+import logging
+
+from django.conf import settings
+from rq import Retry, get_current_job
+
+from apps.fleet.hosts import this_host
+
+from . import ladder
+from .jobs import JobSpec, JobSpecError
+from .models import Outcome
+from .records import record_run, record_unreadable_job
+from .verdicts import Verdict
+
+logger = logging.getLogger("pidispatch.worker")
+
+
+def _retry_policy() -> Retry:
+    """2 attempts in all, exponential backoff from PI_RETRY_BACKOFF_SECONDS."""
+    base = settings.PI_RETRY_BACKOFF_SECONDS
+    retries = settings.PI_RETRY_ATTEMPTS - 1
+    return Retry(max=retries, interval=[base * 2**i for i in range(retries)] or [base])
+
+
+def execute_job(payload: dict):
+    job = get_current_job()
+    attempt = (job.number_of_retries or 0) + 1
+    host = this_host().name
+    try:
+        spec = JobSpec.from_payload(payload)
+    except JobSpecError as exc:
+        # Version skew between a producer and this worker: determinate, so refused and never retried.
+        logger.error("job_payload_invalid job=%s error=%s", job.id, exc)
+        spec = None
+    if spec is None:
+        record_unreadable_job(job.id, attempt=attempt, host=host, queue=job.origin)
+        return {"outcome": Outcome.POLICY, "reason": "job-payload-invalid"}
+
+    try:
+        verdict = ladder.run(spec, host)
+    except Exception:
+        # Our own bug: recorded as failed (the job leaves a trace), not retried, traceback in the log.
+        logger.exception("job_worker_error job=%s", spec.job_id)
+        crashed = Verdict(outcome=Outcome.FAILED, reason="worker-error")
+        record_run(spec, crashed, attempt=attempt, host=host, queue=job.origin)
+        raise
+    record_run(spec, verdict, attempt=attempt, host=host, queue=job.origin)
+    if verdict.retryable:
+        return _retry_policy()
+    return {"outcome": verdict.outcome, "reason": verdict.reason}

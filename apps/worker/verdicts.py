@@ -1,0 +1,36 @@
+"""What one attempt of a job came to: the ladder produces a Verdict, the record stores it.
+
+Refuse = policy outcome with a reason, never retried. Infrastructure fault = failed outcome, retried
+with backoff up to PI_RETRY_ATTEMPTS. A bug in our own code is failed and not retried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.utils import timezone
+
+from .exitline import NO_TELEMETRY, Telemetry
+from .models import Outcome
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: str
+    reason: str = ""
+    exit_code: int | None = None
+    telemetry: Telemetry = NO_TELEMETRY
+    image: str = ""
+    started_at: datetime = field(default_factory=timezone.now)
+    ended_at: datetime = field(default_factory=timezone.now)
+    budget_reserved: bool = False
+    retryable: bool = False
+
+    @classmethod
+    def refused(cls, reason: str, **fields) -> Verdict:
+        return cls(outcome=Outcome.POLICY, reason=reason, **fields)
+
+    @classmethod
+    def infrastructure_fault(cls, reason: str, **fields) -> Verdict:
+        return cls(outcome=Outcome.FAILED, reason=reason, retryable=True, **fields)

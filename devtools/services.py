@@ -1,0 +1,314 @@
+"""Bring up what pidispatch needs on a developer or CI machine: Redis, a Docker engine, the demo image.
+
+Used by `make run` (devtools.stack run) and `make test` (devtools.stack test), so both reach their
+services the same way. No Django import here: settings read the URLs this module hands out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_IMAGE = "pidispatch-demo:latest"
+DEMO_RUNNER = ROOT / "image" / "demo" / "pi-runner"
+DEMO_DIGEST_LABEL = "pidispatch.demo.digest"
+JOB_UID = 1000
+
+
+def say(message: str) -> None:
+    print(f"==> {message}", flush=True)
+
+
+class SetupError(SystemExit):
+    """A setup step that cannot continue; the message says what to do next."""
+
+    def __init__(self, message: str):
+        super().__init__(f"\nsetup failed: {message}")
+
+
+# --- system packages -------------------------------------------------------------------------------
+
+_apt_updated = False
+SBIN_PATHS = (Path("/usr/sbin"), Path("/usr/bin"), Path("/sbin"), Path("/bin"))
+
+
+def install_package(package: str) -> None:
+    global _apt_updated
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        raise SetupError(f"the Debian package `{package}` is needed. Install it (as root: "
+                         f"apt-get install -y {package}) and run this again.")
+    say(f"installing {package} (apt-get)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    if not _apt_updated:
+        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+        _apt_updated = True
+    result = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", package], env=env)
+    if result.returncode != 0:
+        raise SetupError(f"apt-get could not install {package}; check the package sources and run this again.")
+
+
+def find_binary(binary: str) -> str | None:
+    return shutil.which(binary) or next((str(d / binary) for d in SBIN_PATHS if (d / binary).exists()), None)
+
+
+def ensure_package(binary: str, package: str) -> str:
+    """The path of `binary`, installing the Debian package that provides it when it is missing."""
+    path = find_binary(binary)
+    if not path:
+        install_package(package)
+        path = find_binary(binary)
+    if not path:
+        raise SetupError(f"{package} is installed but `{binary}` is still missing.")
+    return path
+
+
+def free_port(preferred: int | None = None) -> int:
+    if preferred and port_is_free(preferred):
+        return preferred
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def wait_until(check, timeout: float, what: str, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    hint = f" See {log}." if log else ""
+    raise SetupError(f"{what} did not come up within {timeout:.0f} s.{hint}")
+
+
+# --- processes we own --------------------------------------------------------------------------------
+
+@dataclass
+class Service:
+    """A background process this run started (and therefore stops)."""
+
+    name: str
+    process: subprocess.Popen | None = None
+    stop_signal: int = signal.SIGTERM
+    stop_timeout: float = 20.0
+    env: dict[str, str] = field(default_factory=dict)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, self.stop_signal)
+        except ProcessLookupError:
+            return
+        try:
+            self.process.wait(self.stop_timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+
+def spawn(command: list[str], log: Path | None = None, env: dict | None = None) -> subprocess.Popen:
+    """Start a process in its own session, so a terminal's Ctrl-C reaches only us and we stop it in order."""
+    out = open(log, "ab") if log else None
+    return subprocess.Popen(
+        command, stdout=out or None, stderr=subprocess.STDOUT if out else None,
+        env=env, start_new_session=True, cwd=ROOT,
+    )
+
+
+# --- Redis -------------------------------------------------------------------------------------------
+
+def redis_answers(url: str) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1).ping())
+    except (redis.RedisError, OSError, ValueError):
+        return False
+
+
+def start_redis(data_dir: Path, port: int, persistent: bool) -> Service:
+    binary = ensure_package("redis-server", "redis-server")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log = data_dir / "redis.log"
+    command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
+               "--daemonize", "no", "--logfile", str(log), "--protected-mode", "yes"]
+    command += ["--save", "60 1", "--appendonly", "no"] if persistent else ["--save", "", "--appendonly", "no"]
+    url = f"redis://127.0.0.1:{port}/0"
+    service = Service("redis", spawn(command), env={"REDIS_URL": url})
+    wait_until(lambda: redis_answers(url), 20, "redis-server", log)
+    return service
+
+
+# --- Docker ------------------------------------------------------------------------------------------
+
+def docker_answers(docker_host: str | None) -> bool:
+    import docker
+
+    try:
+        client = docker.DockerClient(base_url=docker_host, timeout=3) if docker_host else docker.from_env(timeout=3)
+        return bool(client.ping())
+    except Exception:  # any failure to connect means "no engine here"
+        return False
+
+
+def _short_run_dir(data_root: Path) -> Path:
+    """Unix socket paths are limited to 108 bytes, so engine sockets live under a short /run path."""
+    digest = hashlib.sha256(str(data_root).encode()).hexdigest()[:10]
+    base = Path("/run") if os.access("/run", os.W_OK) else Path("/tmp")
+    return base / f"pidispatch-{digest}"
+
+
+def start_dockerd(data_root: Path) -> tuple[str, Service | None]:
+    """A private engine for this checkout (vfs storage, no bridge, no iptables). Reused if already running."""
+    binary = ensure_package("dockerd", "docker.io")
+    if os.geteuid() != 0:
+        raise SetupError("starting a private Docker engine needs root; run as root, or point DOCKER_HOST at a "
+                         "running engine and run this again.")
+    run_dir = _short_run_dir(data_root)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    data_root.mkdir(parents=True, exist_ok=True)
+    docker_host = f"unix://{run_dir}/docker.sock"
+    if docker_answers(docker_host):
+        return docker_host, None
+    for stale in (run_dir / "docker.sock", run_dir / "docker.pid"):
+        stale.unlink(missing_ok=True)
+    log = data_root / "dockerd.log"
+    command = [binary, "--storage-driver=vfs", "--iptables=false", "--bridge=none",
+               "-H", docker_host, "--data-root", str(data_root), "--exec-root", str(run_dir / "exec"),
+               "--pidfile", str(run_dir / "docker.pid")]
+    process = spawn(command, log=log)
+    wait_until(lambda: docker_answers(docker_host) or process.poll() is not None, 90, "dockerd", log)
+    if process.poll() is not None:
+        raise SetupError(f"dockerd exited with code {process.returncode}. See {log}.")
+    return docker_host, Service("dockerd", process, stop_timeout=30, env={"DOCKER_HOST": docker_host})
+
+
+def remove_job_containers(docker_host: str) -> int:
+    """Remove every pidispatch job container on this engine (used when the whole stack stops)."""
+    import docker
+
+    client = docker.DockerClient(base_url=docker_host, timeout=30)
+    containers = client.containers.list(all=True, filters={"label": "pidispatch.job"})
+    for container in containers:
+        container.remove(force=True)
+    return len(containers)
+
+
+# --- the demo/test job image -----------------------------------------------------------------------
+
+def _is_static_elf(path: Path) -> bool:
+    """True for an ELF executable without a program interpreter (so it runs in an empty image)."""
+    data = path.read_bytes()[:65536]
+    if data[:4] != b"\x7fELF" or data[4] != 2:  # 64-bit only
+        return False
+    little = data[5] == 1
+    order = "little" if little else "big"
+    phoff = int.from_bytes(data[32:40], order)
+    phentsize = int.from_bytes(data[54:56], order)
+    phnum = int.from_bytes(data[56:58], order)
+    for i in range(phnum):
+        entry = data[phoff + i * phentsize: phoff + (i + 1) * phentsize]
+        if int.from_bytes(entry[:4], order) == 3:  # PT_INTERP
+            return False
+    return True
+
+
+BUSYBOX_PATHS = (Path("/bin/busybox"), Path("/usr/bin/busybox"))
+
+
+def static_busybox() -> Path:
+    """Debian's busybox-static binary (a dynamically linked busybox cannot run in an empty image)."""
+    for attempt in range(2):
+        for candidate in BUSYBOX_PATHS:
+            if candidate.exists() and _is_static_elf(candidate):
+                return candidate
+        if attempt == 0:
+            install_package("busybox-static")
+    raise SetupError("busybox-static is installed but no static /bin/busybox was found.")
+
+
+def build_rootfs(busybox: Path) -> bytes:
+    """A tar of the image's root: busybox and its applets, a non-root `pi` user, and the fake runner."""
+    applets = subprocess.run([str(busybox), "--list"], capture_output=True, text=True, check=True).stdout.split()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        def add_dir(name, mode=0o755, uid=0):
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, mode, uid, uid
+            tar.addfile(info)
+
+        def add_file(name, data: bytes, mode=0o644):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+
+        for directory in ("bin", "etc", "usr", "usr/local", "usr/local/bin", "job", "workspace", "home", "proc",
+                          "sys", "dev"):
+            add_dir(directory)
+        add_dir("tmp", 0o1777)
+        add_dir("home/pi", 0o755, JOB_UID)
+        add_file("bin/busybox", busybox.read_bytes(), 0o755)
+        for applet in applets:
+            if applet != "busybox":
+                info = tarfile.TarInfo(f"bin/{applet}")
+                info.type, info.linkname = tarfile.SYMTYPE, "busybox"
+                tar.addfile(info)
+        add_file("etc/passwd", f"root:x:0:0:root:/root:/bin/sh\npi:x:{JOB_UID}:{JOB_UID}:pi:/home/pi:/bin/sh\n".encode())
+        add_file("etc/group", f"root:x:0:\npi:x:{JOB_UID}:\n".encode())
+        add_file("usr/local/bin/pi-runner", DEMO_RUNNER.read_bytes(), 0o755)
+    return buffer.getvalue()
+
+
+def demo_image_digest(busybox: Path) -> str:
+    digest = hashlib.sha256(DEMO_RUNNER.read_bytes())
+    digest.update(hashlib.sha256(busybox.read_bytes()).digest())
+    return digest.hexdigest()[:16]
+
+
+def ensure_demo_image(docker_host: str, image: str = DEMO_IMAGE) -> str:
+    """Build (docker import) the demo image when it is missing or its runner changed."""
+    import docker
+
+    client = docker.DockerClient(base_url=docker_host, timeout=120)
+    busybox = static_busybox()
+    digest = demo_image_digest(busybox)
+    try:
+        if client.images.get(image).labels.get(DEMO_DIGEST_LABEL) == digest:
+            return image
+    except docker.errors.ImageNotFound:
+        pass
+    say(f"building the demo job image {image} (docker import: busybox-static + fake pi runner)")
+    repository, _, tag = image.partition(":")
+    client.api.import_image_from_data(
+        build_rootfs(busybox), repository=repository, tag=tag or "latest",
+        changes=[
+            f"USER {JOB_UID}:{JOB_UID}",
+            "WORKDIR /workspace",
+            "ENV PATH=/bin:/usr/local/bin HOME=/home/pi",
+            'ENTRYPOINT ["/usr/local/bin/pi-runner"]',
+            f"LABEL {DEMO_DIGEST_LABEL}={digest}",
+        ],
+    )
+    if client.images.get(image).labels.get(DEMO_DIGEST_LABEL) != digest:
+        raise SetupError(f"docker import did not produce {image}; see the engine log.")
+    return image

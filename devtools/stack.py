@@ -1,0 +1,309 @@
+"""`make run` and `make test`: bring the services up, do the work, and leave nothing running.
+
+    python -m devtools.stack run     # the whole platform plus one demo delivery, until Ctrl-C
+    python -m devtools.stack test -- [pytest args]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+from . import services
+from .services import ROOT, Service, SetupError, say
+
+VAR = ROOT / "var"
+DEV_ENV = VAR / "dev.env"
+SAMPLE_DELIVERY = ROOT / "tests" / "payloads" / "github" / "issues_labeled.json"
+DEMO_SELF_ID = "1"  # the demo deployment's own (made-up) GitHub account id, for the bot-loop guard
+DEMO_TIMEOUT_SECONDS = 60
+
+
+class Stack:
+    """The services one command started, stopped in reverse order whatever happens."""
+
+    def __init__(self):
+        self.services: list[Service] = []
+        self.docker_host: str | None = None
+        self._stopping = False
+
+    def add(self, service: Service | None) -> None:
+        if service is not None:
+            self.services.append(service)
+
+    def stop(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        for service in reversed(self.services):
+            if service.name == "dockerd" and self.docker_host:
+                _quietly(services.remove_job_containers, self.docker_host)
+            say(f"stopping {service.name}")
+            service.stop()
+
+
+def _quietly(function, *args):
+    try:
+        return function(*args)
+    except Exception:  # cleanup must not mask the reason we are stopping
+        return None
+
+
+def _read_env_file(path: Path) -> dict[str, str]:
+    values = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if "=" in line and not line.lstrip().startswith("#"):
+                key, _, value = line.partition("=")
+                values[key.strip()] = value.strip()
+    return values
+
+
+def _dev_secrets() -> dict[str, str]:
+    """Secrets the demo needs, generated once and kept in var/dev.env (the environment wins over it)."""
+    values = _read_env_file(DEV_ENV)
+    values.setdefault("GITHUB_WEBHOOK_SECRET", secrets.token_hex(20))
+    values.setdefault("GITHUB_SELF_ID", DEMO_SELF_ID)
+    DEV_ENV.write_text("".join(f"{key}={value}\n" for key, value in sorted(values.items())))
+    DEV_ENV.chmod(0o600)
+    return {key: os.environ.get(key, value) for key, value in values.items()}
+
+
+def _prefix_output(process: subprocess.Popen, prefix: str) -> None:
+    def pump():
+        for line in process.stdout:
+            sys.stdout.write(f"{prefix} {line.decode(errors='replace')}")
+            sys.stdout.flush()
+
+    threading.Thread(target=pump, daemon=True).start()
+
+
+def _start_child(name: str, command: list[str], env: dict, stop_signal=signal.SIGTERM) -> Service:
+    process = subprocess.Popen(
+        command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    _prefix_output(process, f"[{name}]")
+    return Service(name, process, stop_signal=stop_signal, stop_timeout=40)
+
+
+def _manage(env: dict, *args: str) -> None:
+    result = subprocess.run([sys.executable, "manage.py", *args], env=env, cwd=ROOT)
+    if result.returncode != 0:
+        raise SetupError(f"`python manage.py {' '.join(args)}` failed (exit {result.returncode}); see above.")
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _send_sample_delivery(base_url: str, secret: str) -> tuple[int, dict, str]:
+    body = SAMPLE_DELIVERY.read_bytes()
+    delivery_id = f"demo-{uuid.uuid4()}"
+    signature = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    request = urllib.request.Request(
+        f"{base_url}/hooks/github", data=body, method="POST",
+        headers={"Content-Type": "application/json", "X-GitHub-Event": "issues",
+                 "X-GitHub-Delivery": delivery_id, "X-Hub-Signature-256": signature},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read()), delivery_id
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"{}"), delivery_id
+
+
+def _setup_django(env: dict) -> None:
+    os.environ.update(env)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pidispatch_site.settings")
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+
+
+def _ensure_admin() -> None:
+    from django.contrib.auth import get_user_model
+
+    User = get_user_model()
+    username = os.environ.get("PI_ADMIN_USER", "admin")
+    if User.objects.filter(username=username).exists():
+        say(f"admin user '{username}' exists (its password was printed when it was created; "
+            f"reset it with `python manage.py changepassword {username}`)")
+        return
+    password = os.environ.get("PI_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
+    User.objects.create_superuser(username=username, email="", password=password)
+    if os.environ.get("PI_ADMIN_PASSWORD"):
+        say(f"created admin user '{username}' with the password from PI_ADMIN_PASSWORD")
+    else:
+        say(f"created admin user '{username}' with password: {password}   (shown once; keep it)")
+
+
+def _seed_demo_trigger() -> None:
+    from apps.receiver.models import Trigger
+
+    if not Trigger.objects.filter(kind="github", on_type="label").exists():
+        Trigger.objects.create(position=0, kind="github", on_type="label", label_any=["pi"], flow="demo",
+                               note="demo: issues labelled `pi` run the `demo` flow")
+        say("seeded the demo trigger: GitHub issues labelled `pi` run the `demo` flow")
+
+
+def _wait_for_run(job_id: str, timeout: float):
+    from apps.worker.models import Run
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = Run.objects.filter(job_id=job_id).order_by("-attempt").first()
+        if run is not None:
+            return run
+        time.sleep(0.5)
+    return None
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def run_platform(args) -> int:
+    stack = Stack()
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        VAR.mkdir(exist_ok=True)
+        env = {**os.environ, **_dev_secrets()}
+
+        redis_url = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
+        if services.redis_answers(redis_url):
+            say(f"using the Redis at {redis_url}")
+        else:
+            port = services.free_port(6390)
+            say(f"no Redis at {redis_url}; starting a private redis-server on 127.0.0.1:{port} (data in var/redis)")
+            redis_service = services.start_redis(VAR / "redis", port, persistent=True)
+            stack.add(redis_service)
+            redis_url = redis_service.env["REDIS_URL"]
+        env["REDIS_URL"] = redis_url
+
+        docker_host = os.environ.get("DOCKER_HOST")
+        if services.docker_answers(docker_host):
+            say(f"using the Docker engine at {docker_host or 'the default socket'}")
+        else:
+            say("no reachable Docker engine; starting a private dockerd (data in var/docker)")
+            docker_host, dockerd = services.start_dockerd(VAR / "docker")
+            stack.add(dockerd)
+        stack.docker_host = docker_host
+        if docker_host:
+            env["DOCKER_HOST"] = docker_host
+        env.setdefault("PI_JOB_IMAGE", services.DEMO_IMAGE)
+        if env["PI_JOB_IMAGE"] == services.DEMO_IMAGE:
+            services.ensure_demo_image(docker_host, services.DEMO_IMAGE)
+
+        say("migrating the database")
+        _manage(env, "migrate", "--noinput", "-v", "0")
+        _manage(env, "collectstatic", "--noinput", "-v", "0")
+        _setup_django(env)
+        _ensure_admin()
+        _seed_demo_trigger()
+
+        port = services.free_port(int(os.environ.get("PI_PORT", "8000")))
+        base_url = f"http://127.0.0.1:{port}"
+        stack.add(_start_child("web", [str(Path(sys.executable).parent / "gunicorn"), "pidispatch_site.wsgi",
+                                       "--bind", f"127.0.0.1:{port}", "--workers", "2", "--access-logfile", "-"],
+                               env))
+        stack.add(_start_child("worker", [sys.executable, "manage.py", "rqworker", "pi-jobs"], env,
+                               stop_signal=signal.SIGINT))
+        services.wait_until(lambda: _http_ok(f"{base_url}/healthz"), 30, "the web server")
+        say(f"web server up at {base_url}/ ; worker draining pi-jobs")
+
+        status, answer, delivery_id = _send_sample_delivery(base_url, env["GITHUB_WEBHOOK_SECRET"])
+        say(f"sent a signed `issues` `labeled` delivery ({delivery_id}): HTTP {status} {json.dumps(answer)}")
+        if status != 202 or not answer.get("jobs"):
+            raise SetupError("the demo delivery did not become a job; see the [web] lines above.")
+        job_id = answer["jobs"][0]
+        run = _wait_for_run(job_id, DEMO_TIMEOUT_SECONDS)
+        if run is None:
+            raise SetupError(f"no run record for {job_id} after {DEMO_TIMEOUT_SECONDS} s; see the [worker] lines "
+                             "above (is the worker running, can it reach Docker?).")
+        url = f"{base_url}/admin/worker/run/{run.pk}/change/"
+        detail = f" ({run.reason})" if run.reason else ""
+        print(f"\ndemo run {job_id} {run.outcome}{detail}: {url}\n", flush=True)
+        say(f"admin: {base_url}/admin/  (user '{os.environ.get('PI_ADMIN_USER', 'admin')}')")
+        say("everything keeps running; press Ctrl-C to stop it all")
+
+        while True:
+            for service in stack.services:
+                if service.process is not None and service.process.poll() is not None:
+                    raise SetupError(f"{service.name} exited with code {service.process.returncode}; stopping.")
+            time.sleep(1)
+    except KeyboardInterrupt:
+        print()
+        say("stopping")
+        return 0
+    finally:
+        stack.stop()
+
+
+def run_tests(args) -> int:
+    stack = Stack()
+    try:
+        with tempfile.TemporaryDirectory(prefix="pidispatch-test-redis-") as redis_dir:
+            port = services.free_port()
+            say(f"starting a private redis-server for the tests on 127.0.0.1:{port}")
+            redis_service = services.start_redis(Path(redis_dir), port, persistent=False)
+            stack.add(redis_service)
+
+            say("starting a private Docker engine for the tests (data in var/test-docker)")
+            docker_host, dockerd = services.start_dockerd(VAR / "test-docker")
+            stack.add(dockerd)
+            stack.docker_host = docker_host
+            services.ensure_demo_image(docker_host, services.DEMO_IMAGE)
+
+            env = {
+                **os.environ,
+                "REDIS_URL": redis_service.env["REDIS_URL"],
+                "DOCKER_HOST": docker_host,
+                "PI_JOB_IMAGE": services.DEMO_IMAGE,
+                "PIDISPATCH_TEST_STACK": "1",
+            }
+            command = [sys.executable, "-m", "pytest", *args.pytest_args]
+            say(" ".join(command[1:]))
+            code = subprocess.run(command, env=env, cwd=ROOT).returncode
+            if code == 5:
+                say("pytest collected no tests: that is a failure, not a pass")
+                return 1
+            return code
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        stack.stop()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m devtools.stack")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("run", help="run the platform and one demo delivery until Ctrl-C")
+    test = commands.add_parser("test", help="run the test suite against a private Redis and Docker engine")
+    test.add_argument("pytest_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.command == "test" and args.pytest_args[:1] == ["--"]:
+        args.pytest_args = args.pytest_args[1:]
+    return run_platform(args) if args.command == "run" else run_tests(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

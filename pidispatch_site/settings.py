@@ -1,0 +1,169 @@
+"""pidispatch settings: everything comes from the environment (DESIGN section 9).
+
+Precedence for the knobs the worker reads: job > DB settings row > environment > the defaults here.
+An optional `.env` beside manage.py is read first; real environment variables win over it.
+"""
+
+import secrets
+from pathlib import Path
+
+import environ
+
+from apps.fleet.queues import QueueConfigMap
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+VAR_DIR = Path(env("PI_VAR_DIR", default=str(BASE_DIR / "var"))).resolve()
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _persistent_secret_key() -> str:
+    """A key generated once per installation, so a fresh clone needs no manual step."""
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = env("DJANGO_SECRET_KEY", default=None) or _persistent_secret_key()
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+
+# The public edge serves only /hooks/ and /healthz; the admin and API run on a private instance.
+PI_PUBLIC_EDGE = env.bool("PI_PUBLIC_EDGE", default=False)
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "django_rq",
+    "apps.fleet",
+    "apps.worker",
+    "apps.receiver",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "pidispatch_site.urls"
+WSGI_APPLICATION = "pidispatch_site.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'pidispatch.sqlite3'}"),
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # The web server and the workers write concurrently: WAL plus immediate transactions turn
+    # "database is locked" into a short wait.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
+    )
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-pidispatch.sqlite3")}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT.mkdir(exist_ok=True)
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+# Serve admin assets straight from the apps when collectstatic has not run (tests, first start).
+WHITENOISE_USE_FINDERS = True
+
+# --- Redis and RQ ---------------------------------------------------------------------------------
+
+REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
+
+# `pi-jobs` plus every valid `pi-jobs@<host>` resolve to one connection, so
+# `manage.py rqworker pi-jobs pi-jobs@anyhost` works without a per-host settings edit.
+RQ_QUEUES = QueueConfigMap({"URL": REDIS_URL, "DEFAULT_TIMEOUT": 3600})
+# Enqueue at once (not on commit): the intake must know whether the job exists before it answers.
+RQ = {"WORKER_CLASS": "apps.worker.rqworker.DispatchWorker", "COMMIT_MODE": "auto"}
+RQ_SHOW_ADMIN_LINK = False
+
+# --- Workers and jobs -------------------------------------------------------------------------------
+
+PI_WORKER_NAME = env("PI_WORKER_NAME", default="")
+PI_JOB_IMAGE = env("PI_JOB_IMAGE", default="pi-job:latest")
+PI_JOB_ROOT = Path(env("PI_JOB_ROOT", default=str(VAR_DIR / "jobs"))).resolve()
+# Keep each job's /job and /workspace folders after the run (debugging and tests); off in production.
+PI_KEEP_JOB_DIRS = env.bool("PI_KEEP_JOB_DIRS", default=False)
+PI_JOB_MEMORY = env("PI_JOB_MEMORY", default="4g")
+PI_JOB_CPUS = env.float("PI_JOB_CPUS", default=2.0)
+PI_JOB_PIDS_LIMIT = 512
+# The uid:gid a job runs as when the worker itself runs as root (never root inside the container).
+PI_JOB_USER = env("PI_JOB_USER", default="1000:1000")
+PI_JOB_TIMEOUT_SECONDS = env.int("PI_JOB_TIMEOUT_SECONDS", default=30 * 60)
+PI_MAX_TURNS = env.int("PI_MAX_TURNS", default=30)
+PI_MAX_TOKENS = env.int("PI_MAX_TOKENS", default=0) or None
+PI_PROVIDER = env("PI_PROVIDER", default="")
+PI_MODEL = env("PI_MODEL", default="")
+PI_RETRY_ATTEMPTS = 2
+PI_RETRY_BACKOFF_SECONDS = env.int("PI_RETRY_BACKOFF_SECONDS", default=60)
+# How long RQ keeps a finished job (its payload holds issue text). The DB holds history and the
+# delivery inbox holds the long-term dedup; RQ's copy only has to outlive racing duplicates.
+PI_FINISHED_JOB_TTL_SECONDS = env.int("PI_FINISHED_JOB_TTL_SECONDS", default=600)
+PI_FAILED_JOB_TTL_SECONDS = env.int("PI_FAILED_JOB_TTL_SECONDS", default=7 * 24 * 3600)
+
+# --- Receiver ----------------------------------------------------------------------------------------
+
+PI_WEBHOOK_MAX_BYTES = env.int("PI_WEBHOOK_MAX_BYTES", default=2 * 1024 * 1024)
+GITHUB_WEBHOOK_SECRET = env("GITHUB_WEBHOOK_SECRET", default="")
+GITHUB_SELF_ID = env("GITHUB_SELF_ID", default="")
+
+# --- Logging: one JSON object per line, ids only (never titles, bodies or logins) ---------------------
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "pidispatch": {"handlers": ["console"], "level": env("PI_LOG_LEVEL", default="INFO"), "propagate": False},
+        "django": {"handlers": ["console"], "level": "WARNING"},
+    },
+}

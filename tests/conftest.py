@@ -1,0 +1,149 @@
+"""Shared test fixtures. The tests run against real services that `make test` starts:
+a private redis-server (REDIS_URL) and a private Docker engine (DOCKER_HOST) holding the demo image.
+"""
+
+import hashlib
+import hmac
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+PAYLOADS = Path(__file__).resolve().parent / "payloads"
+WEBHOOK_SECRET = "test-webhook-secret"
+SELF_ID = "424242"
+
+
+def pytest_configure(config):
+    if not os.environ.get("PIDISPATCH_TEST_STACK"):
+        pytest.exit(
+            "Run the tests with `make test`: it starts the private Redis and Docker engine they use "
+            "(never a shared Redis). Extra pytest arguments: make test PYTEST_ARGS='-k name'.",
+            returncode=2,
+        )
+
+
+@pytest.fixture(autouse=True)
+def _github_configured(settings, tmp_path):
+    settings.GITHUB_WEBHOOK_SECRET = WEBHOOK_SECRET
+    settings.GITHUB_SELF_ID = SELF_ID
+    settings.PI_JOB_ROOT = tmp_path / "jobs"
+
+
+@pytest.fixture
+def redis_conn():
+    from apps.fleet.connection import get_redis
+
+    return get_redis()
+
+
+@pytest.fixture(autouse=True)
+def _empty_redis():
+    """The tests' Redis is private to this run, so each test may start from an empty one."""
+    from apps.fleet.connection import get_redis
+
+    get_redis().flushdb()
+    yield
+
+
+def load_payload(relative: str) -> bytes:
+    return (PAYLOADS / relative).read_bytes()
+
+
+def github_signature(body: bytes, secret: str = WEBHOOK_SECRET) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def github_payload(labels=("bug", "pi"), body_text=None, sender_id=4410987, action="labeled") -> bytes:
+    payload = json.loads(load_payload("github/issues_labeled.json"))
+    payload["action"] = action
+    payload["issue"]["labels"] = [{"id": i, "name": name, "color": "ededed"} for i, name in enumerate(labels)]
+    if body_text is not None:
+        payload["issue"]["body"] = body_text
+    payload["sender"]["id"] = sender_id
+    return json.dumps(payload).encode()
+
+
+@pytest.fixture
+def post_github(client):
+    """POST a delivery to /hooks/github signed as GitHub signs it."""
+
+    def post(body: bytes, delivery="d-1", event="issues", signature=None, **headers):
+        return client.post(
+            "/hooks/github",
+            data=body,
+            content_type="application/json",
+            HTTP_X_GITHUB_EVENT=event,
+            HTTP_X_GITHUB_DELIVERY=delivery,
+            HTTP_X_HUB_SIGNATURE_256=github_signature(body) if signature is None else signature,
+            **headers,
+        )
+
+    return post
+
+
+@pytest.fixture
+def label_trigger(db):
+    from apps.receiver.models import Trigger
+
+    return Trigger.objects.create(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+
+
+def database_url() -> str:
+    """The URL of the database this test uses, so a worker subprocess writes where the test reads."""
+    settings_dict = connection.settings_dict
+    if settings_dict["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{settings_dict['NAME']}"
+    user = settings_dict.get("USER") or ""
+    password = f":{settings_dict['PASSWORD']}" if settings_dict.get("PASSWORD") else ""
+    auth = f"{user}{password}@" if user else ""
+    return f"postgres://{auth}{settings_dict.get('HOST') or '127.0.0.1'}:{settings_dict.get('PORT') or 5432}/{settings_dict['NAME']}"
+
+
+@pytest.fixture
+def worker_env(settings, tmp_path):
+    """Environment for a real `manage.py rqworker` subprocess that shares this test's database."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "GITHUB_WEBHOOK_SECRET": WEBHOOK_SECRET,
+        "GITHUB_SELF_ID": SELF_ID,
+        "PI_JOB_ROOT": str(settings.PI_JOB_ROOT),
+        "PI_KEEP_JOB_DIRS": "1",
+        "PI_RETRY_BACKOFF_SECONDS": "1",
+        "PI_JOB_MEMORY": "256m",
+    }
+    return env
+
+
+@pytest.fixture
+def run_worker(worker_env):
+    """Run `python manage.py rqworker <queues> --burst` to completion, as an operator would start it."""
+
+    def run(*queues: str, env_overrides=None, timeout=120, check=True):
+        env = {**worker_env, **(env_overrides or {})}
+        result = subprocess.run(
+            [sys.executable, "manage.py", "rqworker", *(queues or ("pi-jobs",)), "--burst"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"worker exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+        return result
+
+    return run
+
+
+def wait_for(predicate, timeout=30.0, interval=0.1, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

@@ -49,6 +49,8 @@ class Stack:
         if self._stopping:
             return
         self._stopping = True
+        # A second Ctrl-C must not cut the cleanup short and leave a daemon behind; every stop is bounded.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         for service in reversed(self.services):
             if service.name == "dockerd" and self.docker_host:
                 _quietly(services.remove_job_containers, self.docker_host)

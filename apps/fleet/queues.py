@@ -47,7 +47,10 @@ class QueueConfigMap(dict):
     def __missing__(self, name):
         if isinstance(name, str) and host_of_queue(name) is not None:
             return self[SHARED_QUEUE]
-        raise KeyError(name)
+        raise KeyError(
+            f"{name!r} is not a pidispatch queue: workers drain {SHARED_QUEUE} and {SHARED_QUEUE}@<worker name>, "
+            f"the name matching {HOST_NAME_PATTERN.pattern}"
+        )
 
     def __contains__(self, name):
         return super().__contains__(name) or (isinstance(name, str) and host_of_queue(name) is not None)

@@ -1,0 +1,76 @@
+"""The job contract: job ids, the JobSpec payload, and what a worker does with one it cannot read."""
+
+import pytest
+from rq import Queue
+
+from apps.worker.jobs import JOB_FUNCTION, JOB_ID_PATTERN, JobSpec, JobSpecError, delivery_job_id
+from apps.worker.models import Outcome, Run
+
+
+def test_delivery_job_ids_use_the_forge_prefixes():
+    assert delivery_job_id("github", "72d3162e-cc78-11e3") == "gh-72d3162e-cc78-11e3"
+    assert delivery_job_id("gitlab", "abc") == "gl-abc"
+    assert delivery_job_id("forgejo", "abc") == "fj-abc"
+    assert delivery_job_id("azure", "abc", replica=2) == "az-abc-r2"
+
+
+@pytest.mark.parametrize("raw", ["a.b", "a b", "ü", "x" * 300, "a/b:c"])
+def test_unsafe_delivery_ids_map_deterministically_and_do_not_collide(raw):
+    mapped = delivery_job_id("gitlab", raw)
+    assert JOB_ID_PATTERN.fullmatch(mapped)
+    assert mapped == delivery_job_id("gitlab", raw)
+    assert len(mapped) < 120
+
+
+def test_similar_unsafe_ids_stay_distinct():
+    assert delivery_job_id("gitlab", "a.b") != delivery_job_id("gitlab", "a_b")
+    assert delivery_job_id("gitlab", "a.b") != delivery_job_id("gitlab", "a:b")
+
+
+@pytest.mark.parametrize("kind, delivery, replica", [("svn", "x", None), ("github", "", None), ("github", "x", 0)])
+def test_bad_job_id_inputs_raise(kind, delivery, replica):
+    with pytest.raises(ValueError):
+        delivery_job_id(kind, delivery, replica)
+
+
+def test_spec_round_trips_and_names_its_target():
+    spec = JobSpec(job_id="gl-1", kind="gitlab", repo="group/sub/proj", target_type="pull_request", number=5,
+                   flow="fix", title="t", body="b")
+
+    assert JobSpec.from_payload(spec.to_payload()) == spec
+    assert spec.target == "group/sub/proj!5"
+    assert JobSpec(job_id="gh-1", kind="github", repo="o/r", target_type="pull_request", number=5,
+                   flow="f").target == "o/r#5"
+    assert JobSpec(job_id="run-1", kind="local", folder="/srv/code/app", target_type="local",
+                   task="x", flow="f").target == "local:app"
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"job_id": "gh-1", "kind": "github", "flow": "f", "version": 2},
+        {"job_id": "gh-1", "kind": "github", "flow": "f", "version": 1, "surprise": True},
+        {"job_id": "gh 1", "kind": "github", "flow": "f", "version": 1},
+        {"job_id": "gh-1", "kind": "svn", "flow": "f", "version": 1},
+        {"job_id": "gh-1", "kind": "github", "version": 1},
+        {"job_id": "gh-1", "kind": "github", "flow": "f", "command": "c", "version": 1},
+        {"kind": "github", "flow": "f", "version": 1},
+        ["not", "a", "dict"],
+    ],
+)
+def test_unreadable_payloads_are_refused(payload):
+    with pytest.raises(JobSpecError):
+        JobSpec.from_payload(payload)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.docker
+def test_a_worker_records_a_payload_it_cannot_read_and_does_not_retry_it(run_worker, redis_conn):
+    Queue("pi-jobs", connection=redis_conn).enqueue_call(
+        JOB_FUNCTION, args=({"job_id": "gh-skew", "kind": "github", "flow": "f", "version": 99},), job_id="gh-skew"
+    )
+
+    run_worker("pi-jobs")
+
+    run = Run.objects.get(job_id="gh-skew")
+    assert (run.outcome, run.reason, run.attempt) == (Outcome.POLICY, "job-payload-invalid", 1)

@@ -225,7 +225,8 @@ def run_platform(args) -> int:
         port = services.free_port(int(os.environ.get("PI_PORT", "8000")))
         base_url = f"http://127.0.0.1:{port}"
         stack.add(_start_child("web", [str(Path(sys.executable).parent / "gunicorn"), "pidispatch_site.wsgi",
-                                       "--bind", f"127.0.0.1:{port}", "--workers", "2", "--access-logfile", "-"],
+                                       "--bind", f"127.0.0.1:{port}", "--workers", "2", "--access-logfile", "-",
+                                       "--no-control-socket"],
                                env))
         stack.add(_start_child("worker", [sys.executable, "manage.py", "rqworker", "pi-jobs"], env,
                                stop_signal=signal.SIGINT))

@@ -4,14 +4,19 @@ What it adds to RQ's forking worker:
 - it only drains pidispatch queues, and a host queue on the command line declares the host's name;
 - it always runs RQ's scheduler (retries and deferrals wait in the scheduled registry), so no extra
   flag or process is needed;
+- a job that returns `Deferred(until)` goes back to the scheduled registry under the same id, with no
+  attempt used and no record written;
 - it never logs a job's description (RQ's default would print the payload, which holds issue text).
 """
 
 from django.core.exceptions import ImproperlyConfigured
 from rq import Worker
+from rq.job import JobStatus
 
 from apps.fleet import hosts
 from apps.fleet.queues import SHARED_QUEUE, host_of_queue, is_dispatch_queue
+
+from .verdicts import Deferred
 
 
 class DispatchWorker(Worker):
@@ -40,3 +45,15 @@ class DispatchWorker(Worker):
     def work(self, *args, **kwargs):
         kwargs["with_scheduler"] = True
         return super().work(*args, **kwargs)
+
+    def _finalize_success(self, job, queue, execution, return_value):
+        if not isinstance(return_value, Deferred):
+            return super()._finalize_success(job, queue, execution, return_value)
+        self.handle_execution_ended(job, queue, job.success_callback_timeout)
+        with self.connection.pipeline() as pipeline:
+            queue.schedule_job(job, return_value.until, pipeline=pipeline)
+            self.cleanup_execution(job, pipeline=pipeline, execution=execution)
+            pipeline.execute()
+        job._status = JobStatus.SCHEDULED
+        self.log.info("job_deferred job=%s until=%s reason=%s", job.id, return_value.until.isoformat(),
+                      return_value.reason)

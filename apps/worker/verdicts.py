@@ -34,3 +34,12 @@ class Verdict:
     @classmethod
     def infrastructure_fault(cls, reason: str, **fields) -> Verdict:
         return cls(outcome=Outcome.FAILED, reason=reason, retryable=True, **fields)
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """Returned by a job to come back later: the same job id goes back to RQ's scheduled registry for
+    `until`, uses no attempt and writes no record (the worker class does the rescheduling)."""
+
+    until: datetime
+    reason: str  # a log token (`pause-window`, `scope-busy`, ...), never shown to the forge

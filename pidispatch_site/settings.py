@@ -142,12 +142,23 @@ PI_MAX_TURNS = env.int("PI_MAX_TURNS", default=30)
 PI_MAX_TOKENS = env.int("PI_MAX_TOKENS", default=0) or None
 PI_PROVIDER = env("PI_PROVIDER", default="")
 PI_MODEL = env("PI_MODEL", default="")
+# Spend caps (job counts per UTC day / Monday week / month; 0 or unset = no cap).
+PI_DAILY_CAP = env.int("PI_DAILY_CAP", default=25) or None
+PI_WEEKLY_CAP = env.int("PI_WEEKLY_CAP", default=0) or None
+PI_MONTHLY_CAP = env.int("PI_MONTHLY_CAP", default=0) or None
+PI_SOFT_HOLD_PCT = env.int("PI_SOFT_HOLD_PCT", default=0) or None
+PI_DAILY_TOKEN_CAP = env.int("PI_DAILY_TOKEN_CAP", default=0) or None
+# Host-local capabilities, `name:/abs/path,...`; only the names leave the host.
+PI_WAIT_PROFILES = env("PI_WAIT_PROFILES", default="")
+PI_SECRET_PROFILES = env("PI_SECRET_PROFILES", default="")
 PI_RETRY_ATTEMPTS = 2
 PI_RETRY_BACKOFF_SECONDS = env.int("PI_RETRY_BACKOFF_SECONDS", default=60)
 # How long RQ keeps a finished job (its payload holds issue text). The DB holds history and the
 # delivery inbox holds the long-term dedup; RQ's copy only has to outlive racing duplicates.
 PI_FINISHED_JOB_TTL_SECONDS = env.int("PI_FINISHED_JOB_TTL_SECONDS", default=600)
 PI_FAILED_JOB_TTL_SECONDS = env.int("PI_FAILED_JOB_TTL_SECONDS", default=7 * 24 * 3600)
+
+# --- Fleet -------------------------------------------------------------------------------------------
 
 # --- Receiver ----------------------------------------------------------------------------------------
 

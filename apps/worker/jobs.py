@@ -80,9 +80,20 @@ class JobSpec:
     comment: str = ""
     instructions: str = ""
     task: str = ""
-    # Local jobs: the folder on the worker host.
+    # Local jobs: the folder on the worker host; `force` runs it even when the git tree is dirty.
     folder: str = ""
+    force: bool = False
+    # Execution fields copied from the matched trigger's `run` (absent = the deployment's default).
     image: str = ""
+    provider: str = ""
+    model: str = ""
+    max_turns: int | None = None
+    exclude_tools: tuple[str, ...] = ()
+    wait_for: tuple[dict, ...] = ()  # ({"after": iso} | {"profile": name}, ...)
+    secrets: dict[str, str] = field(default_factory=dict)  # NAME -> reference (never a value)
+    secrets_profile: str = ""
+    resume: bool = False
+    once: bool = False  # the matched rule is a one-shot close rule
     # Ids for the record.
     trigger_id: int | None = None
     trigger_type: str = ""
@@ -139,6 +150,10 @@ class JobSpec:
         unknown = set(payload) - known
         if unknown:
             raise JobSpecError(f"job payload has unknown fields: {', '.join(sorted(unknown))}")
+        payload = {**payload}
+        for name in ("exclude_tools", "wait_for"):  # JSON has lists; the spec keeps tuples (hashable, frozen)
+            if isinstance(payload.get(name), list):
+                payload[name] = tuple(payload[name])
         try:
             return cls(**payload)
         except TypeError as exc:

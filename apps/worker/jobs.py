@@ -94,6 +94,7 @@ class JobSpec:
     secrets_profile: str = ""
     resume: bool = False
     once: bool = False  # the matched rule is a one-shot close rule
+    once_armed_at: str = ""  # ISO instant the one-shot rule was (re-)armed; older runs do not spend it
     # Ids for the record.
     trigger_id: int | None = None
     trigger_type: str = ""

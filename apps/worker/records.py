@@ -2,6 +2,8 @@
 
 import logging
 
+from django.dispatch import Signal
+
 from .jobs import JobSpec
 from django.utils import timezone
 
@@ -9,6 +11,9 @@ from .models import Outcome, Run
 from .verdicts import Verdict
 
 logger = logging.getLogger("pidispatch.runs")
+
+# Sent after a run record is written (kwargs: run, spec). The receiver disarms spent one-shot rules on it.
+run_recorded = Signal()
 
 
 def record_run(spec: JobSpec, verdict: Verdict, *, attempt: int, host: str, queue: str) -> Run:
@@ -49,6 +54,7 @@ def record_run(spec: JobSpec, verdict: Verdict, *, attempt: int, host: str, queu
         "run_recorded job=%s attempt=%s outcome=%s reason=%s exit=%s",
         spec.job_id, attempt, verdict.outcome, verdict.reason or "-", verdict.exit_code,
     )
+    run_recorded.send(sender=Run, run=run, spec=spec)
     return run
 
 

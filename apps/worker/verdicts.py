@@ -42,4 +42,6 @@ class Deferred:
     `until`, uses no attempt and writes no record (the worker class does the rescheduling)."""
 
     until: datetime
-    reason: str  # a log token (`pause-window`, `scope-busy`, ...), never shown to the forge
+    reason: str  # a token (`pause-window`, `scope-busy`, `wait-for`, ...), never shown to the forge
+    # What it waits on, for the operator (ids, names and numbers only: `{"profile": "ci-green", "checks": 3}`).
+    detail: dict = field(default_factory=dict)

@@ -214,6 +214,9 @@ def run_platform(args) -> int:
         env.setdefault("PI_JOB_IMAGE", services.DEMO_IMAGE)
         if env["PI_JOB_IMAGE"] == services.DEMO_IMAGE:
             services.ensure_demo_image(docker_host, services.DEMO_IMAGE)
+            # The fake runner calls no model; the provider gate still wants a key, so the demo brings one.
+            env.setdefault("PI_PROVIDER", "anthropic")
+            env.setdefault("ANTHROPIC_API_KEY", "demo-key-the-fake-runner-never-uses")
 
         say("migrating the database")
         _manage(env, "migrate", "--noinput", "-v", "0")

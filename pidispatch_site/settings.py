@@ -140,8 +140,10 @@ PI_JOB_USER = env("PI_JOB_USER", default="1000:1000")
 PI_JOB_TIMEOUT_SECONDS = env.int("PI_JOB_TIMEOUT_SECONDS", default=30 * 60)
 PI_MAX_TURNS = env.int("PI_MAX_TURNS", default=30)
 PI_MAX_TOKENS = env.int("PI_MAX_TOKENS", default=0) or None
-PI_PROVIDER = env("PI_PROVIDER", default="")
+PI_PROVIDER = env("PI_PROVIDER", default="anthropic")
 PI_MODEL = env("PI_MODEL", default="")
+# Extra `provider:ENV_VAR` pairs for providers the built-in table does not know.
+PI_PROVIDER_KEY_VARS = env("PI_PROVIDER_KEY_VARS", default="")
 # Spend caps (job counts per UTC day / Monday week / month; 0 or unset = no cap).
 PI_DAILY_CAP = env.int("PI_DAILY_CAP", default=25) or None
 PI_WEEKLY_CAP = env.int("PI_WEEKLY_CAP", default=0) or None
@@ -151,6 +153,15 @@ PI_DAILY_TOKEN_CAP = env.int("PI_DAILY_TOKEN_CAP", default=0) or None
 # Host-local capabilities, `name:/abs/path,...`; only the names leave the host.
 PI_WAIT_PROFILES = env("PI_WAIT_PROFILES", default="")
 PI_SECRET_PROFILES = env("PI_SECRET_PROFILES", default="")
+# Wait-for checks: cadence (backing off to 15 minutes), bounds, and the check timeout.
+PI_WAIT_INTERVAL_SECONDS = env.int("PI_WAIT_INTERVAL_SECONDS", default=60)
+PI_WAIT_MAX_CHECKS = env.int("PI_WAIT_MAX_CHECKS", default=96)
+PI_WAIT_MAX_SECONDS = env.int("PI_WAIT_MAX_SECONDS", default=24 * 3600)
+PI_WAIT_MAX_FAULTS = env.int("PI_WAIT_MAX_FAULTS", default=5)
+PI_WAIT_CHECK_TIMEOUT_SECONDS = env.int("PI_WAIT_CHECK_TIMEOUT_SECONDS", default=10)
+PI_WAIT_AFTER_MAX_DAYS = 30
+# How long a job that found its scope's slots (or its folder) busy waits before it looks again.
+PI_SCOPE_BUSY_RECHECK_SECONDS = env.int("PI_SCOPE_BUSY_RECHECK_SECONDS", default=5)
 PI_RETRY_ATTEMPTS = 2
 PI_RETRY_BACKOFF_SECONDS = env.int("PI_RETRY_BACKOFF_SECONDS", default=60)
 # How long RQ keeps a finished job (its payload holds issue text). The DB holds history and the

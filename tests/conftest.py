@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAYLOADS = Path(__file__).resolve().parent / "payloads"
 WEBHOOK_SECRET = "test-webhook-secret"
 SELF_ID = "424242"
+PROVIDER_KEY = "sk-test-provider-key"
 
 
 def pytest_configure(config):
@@ -118,6 +119,8 @@ def worker_env(settings, tmp_path):
         "PI_KEEP_JOB_DIRS": "1",
         "PI_RETRY_BACKOFF_SECONDS": "1",
         "PI_JOB_MEMORY": "256m",
+        "PI_PROVIDER": "anthropic",
+        "ANTHROPIC_API_KEY": PROVIDER_KEY,
     }
     return env
 

@@ -15,7 +15,7 @@ from tests.conftest import github_payload, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
-CLOSED_ENV = {"HOME", "PATH", "PI_JOB_ID", "PI_FLOW", "PI_MAX_TURNS", "HOSTNAME"}
+CLOSED_ENV = {"HOME", "PATH", "PI_JOB_ID", "PI_FLOW", "PI_MAX_TURNS", "PI_PROVIDER", "ANTHROPIC_API_KEY", "HOSTNAME"}
 SHELL_OWN_ENV = {"PWD", "SHLVL", "OLDPWD", "_"}
 
 

@@ -64,7 +64,7 @@ def container_name(job_id: str) -> str:
 
 
 def job_user() -> tuple[int, int]:
-    """The uid:gid a job runs as: the worker's own ids when it is not root, else PI_JOB_USER (never 0)."""
+    """The uid:gid a forge job runs as: the worker's own ids when it is not root, else PI_JOB_USER (never 0)."""
     if os.geteuid() != 0:
         return os.geteuid(), os.getegid()
     uid, _, gid = settings.PI_JOB_USER.partition(":")
@@ -102,9 +102,14 @@ def run_container(
     workspace: Path,
     environment: dict[str, str],
     timeout_seconds: float,
+    user: tuple[int, int],
+    memory: str,
+    cpus: float,
 ) -> ContainerExit:
-    uid, gid = job_user()
-    memory = memory_bytes(settings.PI_JOB_MEMORY)
+    uid, gid = user
+    if uid == 0:
+        raise ValueError("jobs never run as root")
+    memory_limit = memory_bytes(memory)
     try:
         container = client.containers.create(
             image,
@@ -114,9 +119,9 @@ def run_container(
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
             pids_limit=settings.PI_JOB_PIDS_LIMIT,
-            mem_limit=memory,
-            memswap_limit=memory,  # no swap beyond the memory limit
-            nano_cpus=int(settings.PI_JOB_CPUS * 1e9),
+            mem_limit=memory_limit,
+            memswap_limit=memory_limit,  # no swap beyond the memory limit
+            nano_cpus=int(cpus * 1e9),
             shm_size="1g",
             init=True,
             network_mode="none",

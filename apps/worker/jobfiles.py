@@ -64,19 +64,21 @@ def event_document(spec: JobSpec) -> dict:
     return document
 
 
-def prepare(spec: JobSpec, root: Path, owner: tuple[int, int]) -> JobDirs:
-    """Fresh folders for this attempt; the workspace belongs to the container's user."""
+def prepare(spec: JobSpec, root: Path, owner: tuple[int, int], workspace: Path | None = None) -> JobDirs:
+    """Fresh folders for this attempt. The workspace is an empty folder owned by the container's user,
+    unless the job brings its own (a local job's folder, which is never created or removed here)."""
     job_root = root / spec.job_id
     if job_root.exists():
         shutil.rmtree(job_root)
-    dirs = JobDirs(root=job_root, job=job_root / "job", workspace=job_root / "workspace")
+    dirs = JobDirs(root=job_root, job=job_root / "job", workspace=workspace or job_root / "workspace")
     dirs.job.mkdir(parents=True, mode=0o755)
-    dirs.workspace.mkdir(mode=0o755)
+    if workspace is None:
+        dirs.workspace.mkdir(mode=0o755)
     (dirs.job / "prompt.md").write_text(render_prompt(spec), encoding="utf-8")
     (dirs.job / "event.json").write_text(json.dumps(event_document(spec), indent=2), encoding="utf-8")
     for path in (job_root, dirs.job, dirs.job / "prompt.md", dirs.job / "event.json"):
         path.chmod(0o755 if path.is_dir() else 0o644)
-    if os.geteuid() == 0:
+    if workspace is None and os.geteuid() == 0:
         os.chown(dirs.workspace, *owner)
     return dirs
 

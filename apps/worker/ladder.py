@@ -1,22 +1,40 @@
-"""The gate ladder (DESIGN section 6): free checks before costly ones, and the container last.
+"""The gate ladder (DESIGN section 6): free checks before costly ones, budget before tokens, and the
+container last. Each gate lets the job climb on, defers it (`Deferred`: back to the scheduled registry,
+no attempt, no record), or ends it with a `Verdict` (refused, or an infrastructure fault to retry).
 
-Each gate either lets the job continue or ends it with a Verdict. Running the container is the only
-step that spends.
+    2 pause windows          -> defer to the latest window end
+    3 wait-for               -> defer / wait-refused / wait-expired / wait-unanswerable / ...
+    4 scope concurrency, folder mutex -> defer (PI_SCOPE_BUSY_RECHECK_SECONDS)
+    5 settings overlay       -> settings-overlay-invalid
+    6 one-shot spent         -> once-already-spent
+    7 image preflight        -> job-image-missing; engine down -> retry
+    8 provider credential    -> provider-unconfigured
+    9 workspace              -> workspace-* / job-user-unmappable
+   10 daily token cap        -> daily-token-cap
+   11 job-count caps         -> scope-cap, over-budget, soft-hold
+   12 the container          -> completed | policy | retry
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from pathlib import Path
 
 from django.conf import settings
 from django.utils import timezone
+from redis.exceptions import RedisError
 
-from . import container, jobfiles
+from apps.fleet.connection import get_redis
+
+from . import budget, container, jobfiles, leases, providers, quiet_hours, runtime_settings, waitfor
 from .exitline import parse_exit_line
 from .jobs import JobSpec
-from .models import Outcome
-from .verdicts import Verdict
+from .models import Outcome, PauseWindow, Run
+from .scopes import job_scopes, normalise_folder, scope_hash
+from .verdicts import Deferred, Verdict
+from .workspace import WorkspaceRefused, check_local_folder
 
 logger = logging.getLogger("pidispatch.ladder")
 
@@ -26,28 +44,41 @@ EXIT_KILLED = 137
 
 @dataclass
 class Attempt:
+    """One climb of the ladder: what it holds must be let go whatever happens."""
+
     spec: JobSpec
     host: str
+    now: datetime
     image: str = ""
+    held_leases: list[leases.Lease] = field(default_factory=list)
+
+    @property
+    def holder(self) -> str:
+        return leases.holder_id(self.host, self.spec.job_id)
 
 
-def container_environment(spec: JobSpec) -> dict[str, str]:
+def container_environment(spec: JobSpec, runtime: runtime_settings.RuntimeSettings, provider: str,
+                          credential: tuple[str, str]) -> dict[str, str]:
     """The container's whole environment, from a closed list: nothing of the worker's is inherited."""
     environment = {
         "HOME": "/home/pi",
         "PI_JOB_ID": spec.job_id,
-        "PI_MAX_TURNS": str(settings.PI_MAX_TURNS),
+        "PI_MAX_TURNS": str(spec.max_turns or runtime.max_turns),
+        "PI_PROVIDER": provider,
     }
     if spec.flow:
         environment["PI_FLOW"] = spec.flow
     else:
         environment["PI_COMMAND"] = spec.command
-    if settings.PI_MAX_TOKENS:
-        environment["PI_MAX_TOKENS"] = str(settings.PI_MAX_TOKENS)
-    if settings.PI_PROVIDER:
-        environment["PI_PROVIDER"] = settings.PI_PROVIDER
-    if settings.PI_MODEL:
-        environment["PI_MODEL"] = settings.PI_MODEL
+    if runtime.max_tokens:
+        environment["PI_MAX_TOKENS"] = str(runtime.max_tokens)
+    model = spec.model or settings.PI_MODEL
+    if model:
+        environment["PI_MODEL"] = model
+    if spec.exclude_tools:
+        environment["PI_EXCLUDE_TOOLS"] = ",".join(spec.exclude_tools)
+    name, value = credential
+    environment[name] = value  # the provider's own variable, and only this provider's
     return environment
 
 
@@ -69,15 +100,72 @@ def classify(result: container.ContainerExit) -> Verdict:
     return Verdict.infrastructure_fault("container-exit-unknown", **fields)
 
 
-def run(spec: JobSpec, host: str) -> Verdict:
-    started_at = timezone.now()
-    attempt = Attempt(spec=spec, host=host, image=spec.image or settings.PI_JOB_IMAGE)
-    verdict = _climb(attempt)
-    return replace(verdict, image=attempt.image, started_at=started_at, ended_at=timezone.now())
+def run(spec: JobSpec, host: str) -> Verdict | Deferred:
+    attempt = Attempt(spec=spec, host=host, now=timezone.now(), image=spec.image or settings.PI_JOB_IMAGE)
+    redis = get_redis()
+    try:
+        outcome = _climb(attempt, redis)
+    except RedisError:
+        logger.warning("job_redis_unavailable job=%s", spec.job_id)
+        outcome = Verdict.infrastructure_fault("redis-unavailable")
+    finally:
+        for lease in reversed(attempt.held_leases):
+            try:
+                leases.release(redis, lease)
+            except RedisError:  # the lease's TTL frees it
+                logger.warning("lease_release_failed job=%s", spec.job_id)
+    if isinstance(outcome, Deferred):
+        logger.info("job_deferred job=%s reason=%s until=%s", spec.job_id, outcome.reason, outcome.until.isoformat())
+        return outcome
+    return replace(outcome, image=attempt.image, started_at=attempt.now, ended_at=timezone.now())
 
 
-def _climb(attempt: Attempt) -> Verdict:
-    spec = attempt.spec
+def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
+    spec, now = attempt.spec, attempt.now
+
+    # 2. Quiet hours.
+    until = quiet_hours.paused_until(PauseWindow.objects.filter(enabled=True), job_scopes(spec), now)
+    if until is not None and until > now + timedelta(seconds=1):
+        return Deferred(until, "pause-window", {"windowEnds": until.isoformat()})
+
+    # 3. Wait-for.
+    waited = waitfor.gate(redis, spec, now)
+    if waited.refuse:
+        return Verdict.refused(waited.refuse)
+    if waited.defer_until is not None:
+        return Deferred(waited.defer_until, "wait-for", waited.detail or {})
+
+    # 4. Scope concurrency (fleet-wide) and the local-folder mutex (per host).
+    limit = budget.limit_for(spec)
+    lease_ttl = settings.PI_JOB_TIMEOUT_SECONDS + 300
+    slots = []
+    if limit is not None and limit.concurrent:
+        slots.append((f"s:{scope_hash(limit.scope)}", limit.concurrent))
+    if spec.kind == "local":
+        slots.append((f"f:{attempt.host}:{scope_hash(normalise_folder(spec.folder))}", 1))
+    for name, count in slots:
+        lease = leases.acquire(redis, name, count, attempt.holder, lease_ttl)
+        if lease is None:
+            recheck = now + timedelta(seconds=settings.PI_SCOPE_BUSY_RECHECK_SECONDS)
+            return Deferred(recheck, "scope-busy", {"slots": count})
+        attempt.held_leases.append(lease)
+
+    # 5. Settings: the DB row over the environment.
+    try:
+        runtime = runtime_settings.current()
+    except runtime_settings.SettingsInvalid as exc:
+        logger.error("settings_overlay_invalid job=%s detail=%s", spec.job_id, exc)
+        return Verdict.refused("settings-overlay-invalid")
+
+    # 6. A one-shot rule already spent by another job since it was (re-)armed.
+    if spec.once and spec.trigger_id is not None:
+        spent = Run.objects.filter(trigger_id=spec.trigger_id).exclude(job_id=spec.job_id)
+        if spec.once_armed_at:
+            spent = spent.filter(started_at__gte=datetime.fromisoformat(spec.once_armed_at))
+        if spent.exists():
+            return Verdict.refused("once-already-spent")
+
+    # 7. The image, never pulled.
     try:
         client = container.engine()
         container.preflight_image(client, attempt.image)
@@ -86,7 +174,38 @@ def _climb(attempt: Attempt) -> Verdict:
     except container.EngineUnavailable:
         return Verdict.infrastructure_fault("docker-unavailable")
 
-    dirs = jobfiles.prepare(spec, settings.PI_JOB_ROOT, owner=container.job_user())
+    # 8. The provider's credential.
+    provider = spec.provider or settings.PI_PROVIDER
+    credential = providers.credential(provider)
+    if credential is None:
+        logger.error("provider_unconfigured job=%s provider=%s variable=%s", spec.job_id, provider,
+                     providers.key_variable(provider) or "-")
+        return Verdict.refused("provider-unconfigured")
+
+    # 9. The workspace.
+    workspace_folder: Path | None = None
+    user = container.job_user()
+    if spec.kind == "local":
+        try:
+            local = check_local_folder(spec.folder, force=spec.force)
+        except WorkspaceRefused as refused:
+            logger.info("workspace_refused job=%s reason=%s", spec.job_id, refused.reason)
+            return Verdict.refused(refused.reason)
+        workspace_folder, user = local.folder, local.owner
+
+    # 10. The daily token cap (checked before, recorded after: it may overshoot by the runs in flight).
+    if runtime.daily_token_cap and budget.tokens_spent_today(redis, now) >= runtime.daily_token_cap:
+        return Verdict.refused("daily-token-cap")
+
+    # 11. Job-count caps, narrowest first.
+    try:
+        reservation = budget.reserve(redis, limit, runtime, now)
+    except budget.CapRefusal as refusal:
+        logger.info("cap_refused job=%s reason=%s window=%s", spec.job_id, refusal.reason, refusal.window)
+        return Verdict.refused(refusal.reason, budget_reserved=refusal.budget_reserved)
+
+    # 12. The container: the only step that spends.
+    dirs = jobfiles.prepare(spec, settings.PI_JOB_ROOT, owner=user, workspace=workspace_folder)
     try:
         result = container.run_container(
             client,
@@ -95,16 +214,23 @@ def _climb(attempt: Attempt) -> Verdict:
             image=attempt.image,
             job_dir=dirs.job,
             workspace=dirs.workspace,
-            environment=container_environment(spec),
+            environment=container_environment(spec, runtime, provider, credential),
             timeout_seconds=settings.PI_JOB_TIMEOUT_SECONDS,
+            user=user,
+            memory=runtime.job_memory,
+            cpus=runtime.job_cpus,
         )
     except container.ImageMissing:
+        reservation.give_back(redis)
         return Verdict.refused("job-image-missing")
     except container.NeverStarted:
+        reservation.give_back(redis)
         return Verdict.infrastructure_fault("container-never-started")
     except container.EngineUnavailable:
         return Verdict.infrastructure_fault("docker-unavailable", budget_reserved=True)
     finally:
         if not settings.PI_KEEP_JOB_DIRS:
             jobfiles.remove(dirs)
-    return classify(result)
+    verdict = classify(result)
+    budget.record_tokens(redis, verdict.telemetry.tokens_total or 0, now)
+    return verdict

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from django.conf import settings
+from . import runtime_settings
 
 
 @dataclass(frozen=True)
@@ -15,10 +15,12 @@ class DeploymentCaps:
 
 
 def deployment_caps() -> DeploymentCaps:
+    """Raises runtime_settings.SettingsInvalid when the overlay cannot be used (jobs are refused then too)."""
+    current = runtime_settings.current()
     return DeploymentCaps(
-        day=settings.PI_DAILY_CAP,
-        week=settings.PI_WEEKLY_CAP,
-        month=settings.PI_MONTHLY_CAP,
-        soft_hold_pct=settings.PI_SOFT_HOLD_PCT,
-        daily_tokens=settings.PI_DAILY_TOKEN_CAP,
+        day=current.daily_cap,
+        week=current.weekly_cap,
+        month=current.monthly_cap,
+        soft_hold_pct=current.soft_hold_pct,
+        daily_tokens=current.daily_token_cap,
     )

@@ -70,3 +70,100 @@ class Run(models.Model):
     @property
     def duration(self):
         return self.ended_at - self.started_at
+
+
+class PauseWindow(models.Model):
+    """Quiet hours: jobs in scope that would start inside the window wait until it ends (deferred, not refused)."""
+
+    scope = models.CharField(
+        max_length=500,
+        help_text="owner/repo (every forge), github:owner/repo (one forge), an absolute folder, or * for everything.",
+    )
+    starts = models.TimeField("from", help_text="HH:MM, inclusive, in the window's time zone.")
+    ends = models.TimeField("to", help_text="HH:MM, exclusive. Earlier than 'from' means the window runs overnight.")
+    tz = models.CharField("time zone", max_length=64, default="UTC", help_text="IANA name, e.g. Europe/Amsterdam.")
+    days = models.JSONField(
+        default=list, blank=True,
+        help_text='Weekdays an occurrence may start on, e.g. ["mon", "tue"]; empty means every day.',
+    )
+    date_from = models.DateField(null=True, blank=True, help_text="First start date (inclusive).")
+    date_to = models.DateField(null=True, blank=True, help_text="Last start date (inclusive).")
+    enabled = models.BooleanField(default=True)
+    note = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["scope", "starts"]
+
+    def __str__(self):
+        return f"{self.scope} {self.starts:%H:%M}-{self.ends:%H:%M} {self.tz}"
+
+    def clean(self):
+        from .quiet_hours import validate_window
+
+        validate_window(self)
+
+
+class ScopedLimit(models.Model):
+    """Caps for one repository or folder: runs per UTC day/week/month, and how many at once (fleet-wide)."""
+
+    scope = models.CharField(
+        max_length=500, unique=True,
+        help_text="owner/repo (shared by every forge), github:owner/repo (one forge), or an absolute folder.",
+    )
+    day = models.PositiveIntegerField(null=True, blank=True, help_text="Runs per UTC day.")
+    week = models.PositiveIntegerField(null=True, blank=True, help_text="Runs per UTC week (from Monday).")
+    month = models.PositiveIntegerField(null=True, blank=True, help_text="Runs per UTC calendar month.")
+    concurrent = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Runs at the same time across all hosts; more wait, never refused."
+    )
+    note = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["scope"]
+
+    def __str__(self):
+        return self.scope
+
+    def clean(self):
+        from .budget import validate_limit
+
+        validate_limit(self)
+
+
+class DispatchSettings(models.Model):
+    """Live-editable knobs. A blank field falls back to the environment, then the default."""
+
+    daily_cap = models.PositiveIntegerField(null=True, blank=True, help_text="Runs per UTC day (PI_DAILY_CAP).")
+    weekly_cap = models.PositiveIntegerField(null=True, blank=True, help_text="Runs per UTC week (PI_WEEKLY_CAP).")
+    monthly_cap = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Runs per UTC month (PI_MONTHLY_CAP)."
+    )
+    soft_hold_pct = models.PositiveSmallIntegerField(
+        null=True, blank=True,
+        help_text="1-99: once a window is past this share of its cap, new starts wait for the next window.",
+    )
+    max_turns = models.PositiveIntegerField(null=True, blank=True, help_text="Turns per run (PI_MAX_TURNS).")
+    max_tokens = models.PositiveBigIntegerField(null=True, blank=True, help_text="Tokens per run (PI_MAX_TOKENS).")
+    daily_token_cap = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Tokens per UTC day across all runs (PI_DAILY_TOKEN_CAP)."
+    )
+    job_memory = models.CharField(max_length=16, blank=True, help_text="Per-container memory, e.g. 4g (PI_JOB_MEMORY).")
+    job_cpus = models.DecimalField(
+        max_digits=5, decimal_places=2, null=True, blank=True, help_text="Per-container CPUs (PI_JOB_CPUS)."
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = verbose_name_plural = "dispatch settings"
+
+    def __str__(self):
+        return "Dispatch settings"
+
+    def save(self, *args, **kwargs):
+        self.pk = 1  # one row: the deployment's overlay
+        super().save(*args, **kwargs)
+
+    def clean(self):
+        from .runtime_settings import validate_overlay
+
+        validate_overlay(self)

@@ -11,7 +11,7 @@ from . import ladder
 from .jobs import JobSpec, JobSpecError
 from .models import Outcome
 from .records import record_run, record_unreadable_job
-from .verdicts import Verdict
+from .verdicts import Deferred, Verdict
 
 logger = logging.getLogger("pidispatch.worker")
 
@@ -45,6 +45,8 @@ def execute_job(payload: dict):
         crashed = Verdict(outcome=Outcome.FAILED, reason="worker-error")
         record_run(spec, crashed, attempt=attempt, host=host, queue=job.origin)
         raise
+    if isinstance(verdict, Deferred):
+        return verdict  # the worker class puts it back under the same id; no attempt, no record
     record_run(spec, verdict, attempt=attempt, host=host, queue=job.origin)
     if verdict.retryable:
         return _retry_policy()

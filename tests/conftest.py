@@ -150,3 +150,31 @@ def wait_for(predicate, timeout=30.0, interval=0.1, what="condition"):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@pytest.fixture
+def worker_pool(worker_env):
+    """Start long-running `manage.py rqworker` processes (several at once), stopped when the test ends."""
+    import signal
+
+    started = []
+
+    def start(*queues: str, count=1, env_overrides=None):
+        env = {**worker_env, **(env_overrides or {})}
+        for _ in range(count):
+            started.append(subprocess.Popen(
+                [sys.executable, "manage.py", "rqworker", *(queues or ("pi-jobs",))],
+                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            ))
+        return started
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGINT)
+    for process in started:
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)

@@ -40,6 +40,8 @@ logger = logging.getLogger("pidispatch.ladder")
 
 EXIT_COMPLETED, EXIT_INFRASTRUCTURE, EXIT_POLICY = 0, 1, 2
 EXIT_KILLED = 137
+# The runner could not even be executed (docker's and tini's "cannot run"/"not found" codes).
+EXITS_NEVER_STARTED = {125, 126, 127}
 
 
 @dataclass
@@ -95,6 +97,8 @@ def classify(result: container.ContainerExit) -> Verdict:
         return Verdict.refused(telemetry.reason or "runner-policy", **fields)
     if code == EXIT_KILLED and result.oom_killed:
         return Verdict.refused("oom-killed", **fields)
+    if code in EXITS_NEVER_STARTED:
+        return Verdict.infrastructure_fault("container-never-started", **{**fields, "budget_reserved": False})
     if code == EXIT_INFRASTRUCTURE:
         return Verdict.infrastructure_fault("runner-infra", **fields)
     return Verdict.infrastructure_fault("container-exit-unknown", **fields)
@@ -232,5 +236,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         if not settings.PI_KEEP_JOB_DIRS:
             jobfiles.remove(dirs)
     verdict = classify(result)
+    if not verdict.budget_reserved:
+        reservation.give_back(redis)  # nothing ran, so nothing was spent
     budget.record_tokens(redis, verdict.telemetry.tokens_total or 0, now)
     return verdict

@@ -33,7 +33,7 @@ def normalise_folder(path: str) -> str:
 
 def _check_repo(repo: str, original: str) -> str:
     segments = repo.split("/")
-    if len(segments) < 2 or not all(_SEGMENT.fullmatch(segment) for segment in segments):
+    if len(segments) < 2 or not all(_SEGMENT.fullmatch(s) and s not in (".", "..") for s in segments):
         raise ScopeError(
             f"{original!r} is not a scope: use owner/repo (GitLab: group/sub/project), a forge-qualified "
             f"repo like github:owner/repo, or an absolute folder path."

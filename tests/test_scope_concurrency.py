@@ -1,0 +1,100 @@
+"""A scoped limit's `concurrent` holds across worker processes (deferral, never refusal), the local
+folder mutex serialises one folder, and a crashed holder does not keep its slot."""
+
+import threading
+
+import docker
+import pytest
+
+from apps.worker import leases
+from apps.worker.models import Outcome, Run, ScopedLimit
+from tests.conftest import wait_for
+from tests.jobspecs import enqueue_spec, forge_spec
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class ContainerLifetimes:
+    """Start and stop instants of job containers, from the engine's own event stream."""
+
+    def __init__(self):
+        self.engine = docker.from_env()
+        self.events = []
+        self._stream = self.engine.events(decode=True, filters={"label": "pidispatch.job", "type": "container"})
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self):
+        try:
+            for event in self._stream:
+                if event.get("status") in ("start", "die"):
+                    self.events.append((event["Actor"]["Attributes"]["pidispatch.job"], event["status"],
+                                        int(event["timeNano"])))
+        except Exception:  # the stream closes when the test ends
+            pass
+
+    def intervals(self):
+        spans = {}
+        for job, status, at in self.events:
+            spans.setdefault(job, {})[status] = at
+        return {job: (span["start"], span["die"]) for job, span in spans.items() if len(span) == 2}
+
+    def close(self):
+        self._stream.close()
+
+
+def assert_no_overlap(intervals):
+    ordered = sorted(intervals.values())
+    for (_, first_end), (second_start, _) in zip(ordered, ordered[1:]):
+        assert second_start >= first_end, "two containers of one scope ran at the same time"
+
+
+def test_concurrent_one_never_overlaps_across_two_workers(worker_pool):
+    ScopedLimit.objects.create(scope="acme/web", concurrent=1)
+    lifetimes = ContainerLifetimes()
+    jobs = [enqueue_spec(forge_spec(f"gh-c{i}", number=10 + i, body="fake-agent:sleep=2")) for i in range(3)]
+
+    worker_pool("pi-jobs", count=2, env_overrides={"PI_SCOPE_BUSY_RECHECK_SECONDS": "1"})
+
+    wait_for(lambda: Run.objects.count() == 3, timeout=120, interval=0.5, what="three runs")
+    wait_for(lambda: len(lifetimes.intervals()) == 3, timeout=10, what="container events")
+    lifetimes.close()
+    assert set(Run.objects.values_list("outcome", flat=True)) == {Outcome.COMPLETED}
+    assert set(lifetimes.intervals()) == set(jobs)
+    assert_no_overlap(lifetimes.intervals())
+
+
+def test_other_scopes_are_not_held_back(worker_pool):
+    ScopedLimit.objects.create(scope="acme/web", concurrent=1)
+    lifetimes = ContainerLifetimes()
+    enqueue_spec(forge_spec("gh-web", body="fake-agent:sleep=3"))
+    enqueue_spec(forge_spec("gh-api", repo="acme/api", body="fake-agent:sleep=3"))
+
+    worker_pool("pi-jobs", count=2, env_overrides={"PI_SCOPE_BUSY_RECHECK_SECONDS": "1"})
+
+    wait_for(lambda: Run.objects.count() == 2, timeout=120, interval=0.5, what="two runs")
+    wait_for(lambda: len(lifetimes.intervals()) == 2, timeout=10, what="container events")
+    lifetimes.close()
+    (web_start, web_end), (api_start, api_end) = lifetimes.intervals()["gh-web"], lifetimes.intervals()["gh-api"]
+    assert web_start < api_end and api_start < web_end  # different scopes ran side by side
+
+
+def test_a_slot_held_by_a_job_that_is_not_running_is_taken_over(redis_conn):
+    taken = leases.acquire(redis_conn, "s:test", 1, "hostA#gh-crashed", ttl_seconds=3600)
+    assert taken is not None
+
+    # gh-crashed is not a running RQ job (its worker died): the slot is free for the next job.
+    lease = leases.acquire(redis_conn, "s:test", 1, "hostB#gh-next", ttl_seconds=3600)
+    assert lease is not None and redis_conn.get(lease.key) == b"hostB#gh-next"
+
+    leases.release(redis_conn, taken)  # a late release by the old holder must not free the new one
+    assert redis_conn.get(lease.key) == b"hostB#gh-next"
+
+
+def test_a_slot_held_by_a_running_job_is_respected(redis_conn):
+    from rq import Queue
+
+    job = Queue("pi-jobs", connection=redis_conn).enqueue_call("tests.jobfuncs.defer_once", args=(1,), job_id="busy")
+    job.set_status("started")
+    assert leases.acquire(redis_conn, "s:test2", 1, "hostA#busy", ttl_seconds=3600)
+    assert leases.acquire(redis_conn, "s:test2", 1, "hostB#other", ttl_seconds=3600) is None

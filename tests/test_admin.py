@@ -77,3 +77,31 @@ def test_trigger_admin_creates_a_valid_rule_and_explains_a_bad_one(admin_client)
 def test_trigger_list_summarises_the_predicate(admin_client, label_trigger):
     page = admin_client.get("/admin/receiver/trigger/").content.decode()
     assert "any: pi" in page and "fix-bug" in page
+
+
+def test_settings_page_shows_the_values_in_effect_and_refuses_bad_input(admin_client, settings):
+    settings.PI_DAILY_CAP = 25
+    page = admin_client.get("/admin/worker/dispatchsettings/", follow=True).content.decode()
+    assert "daily cap: 25" in page
+
+    bad = admin_client.post("/admin/worker/dispatchsettings/1/change/", {"soft_hold_pct": 150, "job_memory": "lots"})
+    assert "must be between 1 and 99" in bad.content.decode() and "like 512m or 4g" in bad.content.decode()
+
+    admin_client.post("/admin/worker/dispatchsettings/1/change/", {"daily_cap": 3, "job_memory": ""})
+    assert "daily cap: 3" in admin_client.get("/admin/worker/dispatchsettings/1/change/").content.decode()
+
+
+def test_pause_windows_and_limits_are_editable_with_field_errors(admin_client):
+    from apps.worker.models import PauseWindow, ScopedLimit
+
+    created = admin_client.post("/admin/worker/pausewindow/add/", {
+        "scope": "github:acme/web", "enabled": "on", "starts": "22:00", "ends": "06:00", "tz": "Europe/Amsterdam",
+        "days": '["fri"]', "note": "",
+    })
+    assert created.status_code == 302 and PauseWindow.objects.get().days == ["fri"]
+    assert "22:00-06:00 (overnight)" in admin_client.get("/admin/worker/pausewindow/").content.decode()
+
+    refused = admin_client.post("/admin/worker/scopedlimit/add/", {"scope": "acme/*", "note": ""})
+    page = refused.content.decode()
+    assert "globs are not supported" in page and "set at least one of day" in page
+    assert not ScopedLimit.objects.exists()

@@ -212,3 +212,13 @@ def test_no_issue_text_reaches_the_worker_log_or_the_record(post_github, label_t
         assert marker not in output
     record = json.dumps(list(Run.objects.filter(job_id=job_id).values()), default=str)
     assert "SECRET-BODY-MARKER" not in record and "Checkout button" not in record
+
+
+def test_a_confirmed_oom_kill_is_a_policy_stop(post_github, label_trigger, run_worker):
+    job_id = deliver(post_github, "e2e-oom", "fake-agent:oom")
+
+    run_worker("pi-jobs", env_overrides={"PI_JOB_MEMORY": "64m"})
+
+    run = Run.objects.get(job_id=job_id)
+    assert (run.outcome, run.reason, run.exit_code) == (Outcome.POLICY, "oom-killed", 137)
+    assert Run.objects.filter(job_id=job_id).count() == 1  # never retried

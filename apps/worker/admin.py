@@ -1,6 +1,12 @@
 from django.contrib import admin
+from django.shortcuts import redirect
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 
-from .models import Run
+from . import runtime_settings
+
+from .models import DispatchSettings, PauseWindow, Run, ScopedLimit
 
 
 @admin.register(Run)
@@ -47,3 +53,74 @@ class RunAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(PauseWindow)
+class PauseWindowAdmin(admin.ModelAdmin):
+    list_display = ("scope", "hours", "tz", "days_display", "dates", "enabled", "note")
+    list_editable = ("enabled",)
+    list_filter = ("enabled", "tz")
+    search_fields = ("scope", "note")
+    fieldsets = (
+        (None, {"fields": ("scope", "enabled", "note")}),
+        ("When", {"fields": ("starts", "ends", "tz", "days", "date_from", "date_to"),
+                  "description": "Jobs in scope that would start inside [from, to) wait until the window ends."}),
+    )
+
+    @admin.display(description="hours")
+    def hours(self, window: PauseWindow) -> str:
+        overnight = " (overnight)" if window.ends < window.starts else ""
+        return f"{window.starts:%H:%M}-{window.ends:%H:%M}{overnight}"
+
+    @admin.display(description="days")
+    def days_display(self, window: PauseWindow) -> str:
+        return ", ".join(window.days) or "every day"
+
+    @admin.display(description="dates")
+    def dates(self, window: PauseWindow) -> str:
+        if not (window.date_from or window.date_to):
+            return "-"
+        return f"{window.date_from or '…'} to {window.date_to or '…'}"
+
+
+@admin.register(ScopedLimit)
+class ScopedLimitAdmin(admin.ModelAdmin):
+    list_display = ("scope", "day", "week", "month", "concurrent", "note")
+    search_fields = ("scope", "note")
+
+
+@admin.register(DispatchSettings)
+class DispatchSettingsAdmin(admin.ModelAdmin):
+    """The one settings row. Blank fields fall back to the environment; the page shows what applies now."""
+
+    readonly_fields = ("effective_values",)
+    fieldsets = (
+        ("In effect now", {"fields": ("effective_values",)}),
+        ("Job-count caps (UTC day, Monday week, calendar month)",
+         {"fields": ("daily_cap", "weekly_cap", "monthly_cap", "soft_hold_pct")}),
+        ("Per run", {"fields": ("max_turns", "max_tokens", "job_memory", "job_cpus")}),
+        ("Tokens", {"fields": ("daily_token_cap",)}),
+    )
+
+    @admin.display(description="values jobs run under")
+    def effective_values(self, row: DispatchSettings) -> str:
+        try:
+            effective = runtime_settings.current()
+        except runtime_settings.SettingsInvalid as exc:
+            return format_html("<strong>Invalid: every job is refused ({}).</strong>", exc)
+        return format_html_join(
+            mark_safe("<br>"), "{}: {}",
+            ((name.replace("_", " "), "no cap" if value is None else value)
+             for name, value in vars(effective).items()),
+        )
+
+    def has_add_permission(self, request):
+        return not DispatchSettings.objects.exists()
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def changelist_view(self, request, extra_context=None):
+        # One row: the list would only be a detour to it.
+        row, _ = DispatchSettings.objects.get_or_create(pk=1)
+        return redirect(reverse("admin:worker_dispatchsettings_change", args=[row.pk]))

@@ -278,6 +278,7 @@ def run_tests(args) -> int:
             stack.add(dockerd)
             stack.docker_host = docker_host
             services.ensure_demo_image(docker_host, services.DEMO_IMAGE)
+            services.ensure_package("node", "nodejs")  # the image runner's tests run it on the host
 
             env = {
                 **os.environ,

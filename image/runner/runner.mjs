@@ -1,0 +1,176 @@
+#!/usr/bin/env node
+// The in-container runner: turns /job into one pi invocation and reports back by exit code.
+//
+//   exit 0  completed (including "I could not fix this")
+//   exit 1  infrastructure (provider 5xx/429/network, pi crashed): the worker retries
+//   exit 2  policy (turn or token budget, refused credentials, bad job): never retried
+//
+// It streams pi's JSON events to stdout as they come, and its last stdout line is always
+//   {"event":"exit","code":N,"turns":T,"tokens":{...},"usage":{"v":1,"models":[...]},"reason":"..."}
+// which the worker treats as untrusted telemetry. Budgets come from the environment the worker sets
+// (PI_MAX_TURNS, PI_MAX_TOKENS); nothing else of the job is trusted to change them.
+
+import { spawn } from "node:child_process";
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { createInterface } from "node:readline";
+
+const EXIT_COMPLETED = 0;
+const EXIT_INFRASTRUCTURE = 1;
+const EXIT_POLICY = 2;
+const BUILTIN_TOOLS = ["read", "bash", "edit", "write"];
+const MAX_MODEL_ROWS = 8;
+
+const env = process.env;
+const jobDir = env.PI_RUNNER_JOB_DIR || "/job";
+const piBin = env.PI_BIN || "pi";
+
+function positiveInt(value) {
+  const number = Number.parseInt(value ?? "", 10);
+  return Number.isSafeInteger(number) && number > 0 ? number : null;
+}
+
+const maxTurns = positiveInt(env.PI_MAX_TURNS) ?? 30;
+const maxTokens = positiveInt(env.PI_MAX_TOKENS);
+
+const ledger = new Map(); // "provider/model" -> usage row
+let turns = 0;
+let lastAssistant = null;
+let stopping = null; // {code, reason} once the runner decided to stop pi
+
+function emit(object) {
+  process.stdout.write(`${JSON.stringify(object)}\n`);
+}
+
+function totals() {
+  const sum = { input: 0, output: 0, total: 0, cost: 0 };
+  for (const row of ledger.values()) {
+    sum.input += row.input;
+    sum.output += row.output;
+    sum.total += row.total;
+    sum.cost += row.cost;
+  }
+  sum.cost = Math.round(sum.cost * 1e6) / 1e6;
+  return sum;
+}
+
+function usageBlock() {
+  const rows = [...ledger.values()].sort((a, b) => b.total - a.total);
+  const named = rows.slice(0, MAX_MODEL_ROWS);
+  const rest = rows.slice(MAX_MODEL_ROWS);
+  if (rest.length) {
+    const fold = { provider: "other", model: "other", calls: 0, input: 0, output: 0, cacheRead: 0, cacheWrite: 0, total: 0, cost: 0 };
+    for (const row of rest) for (const key of Object.keys(fold)) if (typeof row[key] === "number") fold[key] += row[key];
+    named.push(fold);
+  }
+  return { v: 1, models: named.map((row) => ({ ...row, cost: Math.round(row.cost * 1e6) / 1e6 })) };
+}
+
+function finish(code, reason) {
+  const line = { event: "exit", code, turns, tokens: totals(), usage: ledger.size ? usageBlock() : null };
+  if (reason) line.reason = reason;
+  emit(line);
+  process.exit(code);
+}
+
+function count(value) {
+  return typeof value === "number" && Number.isFinite(value) && value >= 0 ? value : 0;
+}
+
+function recordUsage(message) {
+  const usage = message.usage || {};
+  const provider = String(message.provider || "unknown").toLowerCase();
+  const model = String(message.model || "unknown").toLowerCase();
+  const key = `${provider}/${model}`;
+  const row = ledger.get(key) || { provider, model, calls: 0, input: 0, output: 0, cacheRead: 0, cacheWrite: 0, total: 0, cost: 0 };
+  row.calls += 1;
+  row.input += count(usage.input);
+  row.output += count(usage.output);
+  row.cacheRead += count(usage.cacheRead);
+  row.cacheWrite += count(usage.cacheWrite);
+  row.total += count(usage.totalTokens);
+  row.cost += count(usage.cost && usage.cost.total);
+  ledger.set(key, row);
+}
+
+// A provider error's class decides the exit: refused credentials are policy, the rest is retried.
+function classifyError(message) {
+  const text = String(message.errorMessage || "");
+  const status = Number.parseInt((text.match(/\b([1-5]\d\d)\b/) || [])[1] || "", 10);
+  if (status === 401 || status === 403 || /invalid (x-)?api[ -]?key|authentication/i.test(text)) {
+    return { code: EXIT_POLICY, reason: "provider-auth-refused" };
+  }
+  return { code: EXIT_INFRASTRUCTURE, reason: null };
+}
+
+function stop(child, code, reason) {
+  if (stopping) return;
+  stopping = { code, reason };
+  child.kill("SIGTERM");
+  setTimeout(() => child.kill("SIGKILL"), 5000).unref();
+}
+
+function piArguments() {
+  const args = ["-p", "--mode", "json", "--no-session"];
+  if (env.PI_PROVIDER) args.push("--provider", env.PI_PROVIDER);
+  if (env.PI_MODEL) args.push("--model", env.PI_MODEL);
+  const excluded = new Set((env.PI_EXCLUDE_TOOLS || "").split(",").map((name) => name.trim()).filter(Boolean));
+  if (excluded.size) args.push("--tools", BUILTIN_TOOLS.filter((name) => !excluded.has(name)).join(","));
+  const skills = join(jobDir, "pi", "skills");
+  if (existsSync(skills)) args.push("--skill", skills);
+  const persona = join(jobDir, "pi", "APPEND_SYSTEM.md");
+  if (existsSync(persona)) args.push("--append-system-prompt", persona);
+  // The prompt travels as a file reference: an issue body can be larger than one argv string may be.
+  args.push(`@${join(jobDir, "prompt.md")}`);
+  if (env.PI_COMMAND) args.push(`/${env.PI_COMMAND}`);
+  return args;
+}
+
+function main() {
+  const prompt = join(jobDir, "prompt.md");
+  if (!existsSync(prompt) || !readFileSync(prompt, "utf8").trim()) finish(EXIT_POLICY, "runner-config");
+  if (!env.PI_FLOW && !env.PI_COMMAND) finish(EXIT_POLICY, "runner-config");
+
+  const child = spawn(piBin, piArguments(), { stdio: ["ignore", "pipe", "inherit"], env });
+  child.on("error", () => finish(EXIT_INFRASTRUCTURE, null)); // pi missing or not executable
+
+  for (const signal of ["SIGTERM", "SIGINT"]) {
+    process.on(signal, () => {
+      // The worker is stopping this container (timeout, cancel): pass it on and report what we have.
+      stop(child, EXIT_INFRASTRUCTURE, null);
+    });
+  }
+
+  const lines = createInterface({ input: child.stdout, crlfDelay: Infinity });
+  lines.on("line", (line) => {
+    process.stdout.write(`${line}\n`);
+    let event;
+    try {
+      event = JSON.parse(line);
+    } catch {
+      return; // not an event line
+    }
+    if (!event || typeof event !== "object") return;
+    if (event.type === "turn_start") {
+      turns += 1;
+      if (turns > maxTurns) stop(child, EXIT_POLICY, "turn-budget");
+    } else if (event.type === "message_end" && event.message && event.message.role === "assistant") {
+      lastAssistant = event.message;
+      recordUsage(event.message);
+      if (maxTokens && totals().total > maxTokens) stop(child, EXIT_POLICY, "token-budget");
+    }
+  });
+
+  child.on("close", (code, signal) => {
+    if (stopping) finish(stopping.code, stopping.reason);
+    if (code !== 0 || signal) finish(EXIT_INFRASTRUCTURE, null);
+    if (lastAssistant && lastAssistant.stopReason === "error") {
+      const verdict = classifyError(lastAssistant);
+      finish(verdict.code, verdict.reason);
+    }
+    if (lastAssistant && lastAssistant.stopReason === "aborted") finish(EXIT_INFRASTRUCTURE, null);
+    finish(EXIT_COMPLETED, null);
+  });
+}
+
+main();

@@ -146,13 +146,11 @@ def run_container(
         started = time.time()
         exit_code, timed_out = _wait(container, deadline=started + timeout_seconds)
         ended = time.time()
-        container.reload()
-        state = container.attrs.get("State", {})
         return ContainerExit(
             exit_code=exit_code,
             output_tail=_stdout_tail(container),
             timed_out=timed_out,
-            oom_killed=bool(state.get("OOMKilled")),
+            oom_killed=exit_code == 137 and _oom_killed(container),
             started_at=started,
             ended_at=ended,
         )
@@ -180,6 +178,12 @@ def _wait(container, deadline: float) -> tuple[int | None, bool]:
                 raise
         except requests.exceptions.ReadTimeout:
             pass
+
+
+def _oom_killed(container) -> bool:
+    """Only a SIGKILL exit is worth the extra inspect: did the kernel's OOM killer send it?"""
+    container.reload()
+    return bool(container.attrs.get("State", {}).get("OOMKilled"))
 
 
 def _stdout_tail(container) -> bytes:

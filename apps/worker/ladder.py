@@ -18,6 +18,7 @@ no attempt, no record), or ends it with a `Verdict` (refused, or an infrastructu
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -53,6 +54,7 @@ class Attempt:
     now: datetime
     image: str = ""
     held_leases: list[leases.Lease] = field(default_factory=list)
+    clock: float = field(default_factory=time.perf_counter)  # for the phase timings in the log
 
     @property
     def holder(self) -> str:
@@ -210,6 +212,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
 
     # 12. The container: the only step that spends.
     dirs = jobfiles.prepare(spec, settings.PI_JOB_ROOT, owner=user, workspace=workspace_folder)
+    container_started = time.perf_counter()
     try:
         result = container.run_container(
             client,
@@ -235,6 +238,9 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     finally:
         if not settings.PI_KEEP_JOB_DIRS:
             jobfiles.remove(dirs)
+    container_seconds = time.perf_counter() - container_started
+    logger.info("job_phases job=%s gates_ms=%.1f container_ms=%.1f", spec.job_id,
+                (container_started - attempt.clock) * 1000, container_seconds * 1000)
     verdict = classify(result)
     if not verdict.budget_reserved:
         reservation.give_back(redis)  # nothing ran, so nothing was spent

@@ -16,6 +16,7 @@ from rq.job import JobStatus
 from apps.fleet import hosts
 from apps.fleet.queues import SHARED_QUEUE, host_of_queue, is_dispatch_queue
 
+from . import tasks  # noqa: F401  preloaded: every forked work horse starts with the job code imported
 from .verdicts import Deferred
 
 

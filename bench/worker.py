@@ -1,0 +1,171 @@
+"""How much the worker adds to a job, measured side by side in one run.
+
+    .venv/bin/python bench/worker.py [--jobs 20]
+
+Starts a private Redis and Docker engine (as `make test` does), a temporary SQLite database and one real
+`manage.py rqworker pi-jobs`, then times, one job at a time:
+
+  docker-cli   `docker run --rm` of the demo image with the worker's isolation flags (the baseline)
+  bare-rq      enqueue -> finished of an RQ job that does nothing (RQ's own floor)
+  full path    enqueue -> run record of a real pidispatch job (every gate, the container, the record)
+
+and prints medians, the enqueue-to-container-start latency, the ladder's own share (job start to
+container start, plus container exit to record), and the ratios. Targets: the ladder adds under 20 ms
+median beyond the container itself; the full path stays within 1.2x the docker CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from devtools import services  # noqa: E402
+
+
+def median_ms(values):
+    return statistics.median(values) * 1000
+
+
+def docker_cli_command(docker_host: str, workdir: Path) -> tuple[list[str], dict]:
+    """`docker run` with the worker's isolation flags, on the same image and mounts."""
+    job_dir, workspace = workdir / "cli-job", workdir / "cli-ws"
+    job_dir.mkdir()
+    workspace.mkdir()
+    (job_dir / "prompt.md").write_text("benchmark\n")
+    os.chown(workspace, 1000, 1000)
+    command = ["docker", "run", "--rm", "--init", "--cap-drop=ALL", "--security-opt", "no-new-privileges",
+               "--pids-limit=512", "--memory=256m", "--cpus=2", "--shm-size=1g", "--network=none",
+               "--user=1000:1000", "-v", f"{job_dir}:/job:ro", "-v", f"{workspace}:/workspace",
+               "-e", "PI_JOB_ID=bench", "-e", "PI_FLOW=bench", services.DEMO_IMAGE]
+    return command, {**os.environ, "DOCKER_HOST": docker_host}
+
+
+def read_phases(stream, sink: dict):
+    """The worker logs `job_phases job=<id> gates_ms=<n> container_ms=<n>` for every container it runs."""
+    for line in stream:
+        if "job_phases" in line:
+            fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+            sink[fields["job"]] = (float(fields["gates_ms"]) / 1000, float(fields["container_ms"]) / 1000)
+
+
+def timed(function) -> float:
+    start = time.perf_counter()
+    function()
+    return time.perf_counter() - start
+
+
+def container_events(docker_host: str, sink: dict):
+    import docker
+
+    client = docker.DockerClient(base_url=docker_host)
+    for event in client.events(decode=True, filters={"label": "pidispatch.job", "type": "container"}):
+        if event.get("status") in ("start", "die"):
+            sink.setdefault(event["Actor"]["Attributes"]["pidispatch.job"], {})[event["status"]] = (
+                event["timeNano"] / 1e9)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="time the worker's overhead against docker run and bare RQ")
+    parser.add_argument("--jobs", type=int, default=20)
+    args = parser.parse_args()
+
+    stack = []
+    with tempfile.TemporaryDirectory(prefix="pidispatch-bench-") as scratch:
+        scratch = Path(scratch)
+        scratch.chmod(0o755)
+        try:
+            redis_service = services.start_redis(scratch / "redis", services.free_port(), persistent=False)
+            stack.append(redis_service)
+            docker_host, dockerd = services.start_dockerd(ROOT / "var" / "bench-docker")
+            if dockerd:
+                stack.append(dockerd)
+            services.ensure_demo_image(docker_host)
+            env = {
+                **os.environ, "REDIS_URL": redis_service.env["REDIS_URL"], "DOCKER_HOST": docker_host,
+                "DATABASE_URL": f"sqlite:///{scratch / 'bench.sqlite3'}", "PI_JOB_IMAGE": services.DEMO_IMAGE,
+                "PI_JOB_ROOT": str(scratch / "jobs"), "PI_JOB_MEMORY": "256m", "PI_DAILY_CAP": "100000",
+                "ANTHROPIC_API_KEY": "bench-key", "DJANGO_SETTINGS_MODULE": "pidispatch_site.settings",
+            }
+            subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+            os.environ.update(env)
+            import django
+
+            django.setup()
+            from rq import Queue
+
+            from apps.fleet.connection import get_redis
+            from apps.worker.jobs import JobSpec, enqueue
+            from apps.worker.models import Run
+
+            cli_command, cli_env = docker_cli_command(docker_host, scratch)
+            worker = subprocess.Popen([sys.executable, "manage.py", "rqworker", "pi-jobs"], cwd=ROOT, env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            stack.append(services.Service("worker", worker))
+            phases: dict = {}
+            threading.Thread(target=read_phases, args=(worker.stderr, phases), daemon=True).start()
+            time.sleep(2)  # let it register
+            queue = Queue("pi-jobs", connection=get_redis())
+            events: dict = {}
+            threading.Thread(target=container_events, args=(docker_host, events), daemon=True).start()
+            time.sleep(0.5)
+
+            def bare_job():
+                job = queue.enqueue("builtins.len", "x")
+                while job.get_status(refresh=True) != "finished":
+                    time.sleep(0.002)
+
+            # Interleaved, so a slow phase of the engine hits every measure alike.
+            print(f"==> {args.jobs} rounds of: docker run CLI, bare RQ job, full pidispatch job", flush=True)
+            cli, bare, full, to_start, ladder, gates = [], [], [], [], [], []
+            for index in range(args.jobs):
+                cli.append(timed(lambda: subprocess.run(cli_command, env=cli_env, check=True, capture_output=True)))
+                bare.append(timed(bare_job))
+                spec = JobSpec(job_id=f"gh-bench-{uuid.uuid4().hex[:12]}", kind="github", repo="bench/repo",
+                               target_type="issue", number=index + 1, flow="bench", body="benchmark")
+                enqueued_wall, start = time.time(), time.perf_counter()
+                enqueue(spec, "pi-jobs")
+                while not Run.objects.filter(job_id=spec.job_id).exists():
+                    time.sleep(0.002)
+                full.append(time.perf_counter() - start)
+                run = Run.objects.get(job_id=spec.job_id)
+                deadline = time.time() + 5
+                while (spec.job_id not in phases or "start" not in events.get(spec.job_id, {})) and time.time() < deadline:
+                    time.sleep(0.01)
+                if spec.job_id in phases and "start" in events.get(spec.job_id, {}):
+                    to_start.append(events[spec.job_id]["start"] - enqueued_wall)
+                    # Everything the worker adds beyond the container's own API life (create .. removed):
+                    # RQ pickup and fork, the gates, the job files, the record.
+                    gates.append(phases[spec.job_id][0])
+                    ladder.append(full[-1] - phases[spec.job_id][1])
+                if run.outcome != "completed":
+                    print(f"   job {spec.job_id} ended {run.outcome} {run.reason}", flush=True)
+        finally:
+            for service in reversed(stack):
+                service.stop()
+
+    print()
+    print(f"{'measure':44} {'median ms':>10}")
+    print(f"{'docker run CLI (baseline)':44} {median_ms(cli):10.1f}")
+    print(f"{'bare RQ job, enqueue -> finished':44} {median_ms(bare):10.1f}")
+    print(f"{'pidispatch job, enqueue -> run record':44} {median_ms(full):10.1f}")
+    if to_start:
+        print(f"{'pidispatch job, enqueue -> container start':44} {median_ms(to_start):10.1f}")
+        print(f"{'gates before the container (in the worker)':44} {median_ms(gates):10.1f}")
+        print(f"{'worker share (full path - container create..remove)':44} {median_ms(ladder):10.1f}   target < 20 ms")
+    print(f"{'ratio full path / docker run CLI':44} {statistics.median(full) / statistics.median(cli):10.2f}   target <= 1.2")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

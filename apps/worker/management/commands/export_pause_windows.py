@@ -1,0 +1,10 @@
+from django.core.management.base import BaseCommand
+
+from apps.worker.config_files import export_windows
+
+
+class Command(BaseCommand):
+    help = "Print the enabled pause windows as an ancestor pause-windows.json."
+
+    def handle(self, *args, **options):
+        self.stdout.write(export_windows(), ending="")

@@ -1,0 +1,9 @@
+from apps.worker.config_files import import_limits
+
+from ._config_file_command import ImportCommand
+
+
+class Command(ImportCommand):
+    help = "Replace the scoped limits with those of an ancestor scoped-limits.json (all or nothing)."
+    noun = "scoped limits"
+    importer = staticmethod(import_limits)

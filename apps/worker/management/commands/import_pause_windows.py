@@ -1,0 +1,9 @@
+from apps.worker.config_files import import_windows
+
+from ._config_file_command import ImportCommand
+
+
+class Command(ImportCommand):
+    help = "Replace the pause windows with those of an ancestor pause-windows.json (all or nothing)."
+    noun = "pause windows"
+    importer = staticmethod(import_windows)

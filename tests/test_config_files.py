@@ -1,0 +1,76 @@
+"""Importing and exporting the ancestor's scoped-limits.json and pause-windows JSON: round trips, and a bad
+file changes nothing and says why."""
+
+import json
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from apps.worker.models import PauseWindow, ScopedLimit
+
+pytestmark = pytest.mark.django_db
+
+LIMITS = {"version": 1, "limits": [
+    {"scope": "acme/web", "day": 10, "concurrent": 2},
+    {"scope": "github:acme/api", "week": 20},
+    {"scope": "/srv/code/app", "month": 100},
+]}
+WINDOWS = {"windows": [
+    {"scope": "*", "from": "22:00", "to": "06:00", "tz": "Europe/Amsterdam", "days": ["fri", "sat"]},
+    {"scope": "github:acme/web", "from": "09:00", "to": "10:00", "tz": "UTC", "dateFrom": "2026-12-24",
+     "dateTo": "2026-12-26"},
+]}
+
+
+def write(tmp_path, name, document):
+    path = tmp_path / name
+    path.write_text(document if isinstance(document, str) else json.dumps(document))
+    return str(path)
+
+
+def test_limits_round_trip(tmp_path, capsys):
+    call_command("import_limits", write(tmp_path, "limits.json", LIMITS))
+    assert "imported 3 scoped limits" in capsys.readouterr().out
+
+    call_command("export_limits")
+    exported = json.loads(capsys.readouterr().out)
+    assert exported["version"] == 1
+    assert sorted(exported["limits"], key=lambda row: row["scope"]) == sorted(LIMITS["limits"], key=lambda row: row["scope"])
+
+
+def test_windows_round_trip(tmp_path, capsys):
+    call_command("import_pause_windows", write(tmp_path, "windows.json", WINDOWS))
+    call_command("export_pause_windows")
+    exported = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    assert sorted(exported["windows"], key=lambda w: w["scope"]) == sorted(WINDOWS["windows"], key=lambda w: w["scope"])
+
+
+@pytest.mark.parametrize("document, message", [
+    ("{not json", "not valid JSON"),
+    ({"limits": []}, "`version` must be an integer"),
+    ({"version": 3, "limits": []}, "newer than this build"),
+    ({"version": 1, "limits": [{"scope": "acme/*", "day": 1}]}, "limit at index 0: scope: "),
+    ({"version": 1, "limits": [{"scope": "a/b", "day": 1}, {"scope": "a/b", "week": 1}]}, "listed twice"),
+    ({"version": 1, "limits": [{"scope": "a/b", "dayUsd": "1.5"}]}, "unknown key 'dayUsd'"),
+    ('{"version": 1, "version": 1, "limits": []}', "appears twice"),
+])
+def test_a_bad_limits_file_changes_nothing(tmp_path, document, message):
+    ScopedLimit.objects.create(scope="keep/me", day=1)
+    with pytest.raises(CommandError, match=message) as error:
+        call_command("import_limits", write(tmp_path, "bad.json", document))
+    assert "Nothing was changed" in str(error.value)
+    assert list(ScopedLimit.objects.values_list("scope", flat=True)) == ["keep/me"]
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"scope": "*", "from": "9:00", "to": "10:00"}, "from must be HH:MM"),
+    ({"scope": "*", "from": "09:00", "to": "09:00"}, "cannot last 24 hours"),
+    ({"scope": "*", "from": "09:00", "to": "10:00", "tz": "Nowhere/Land"}, "IANA"),
+    ({"scope": "*", "from": "09:00", "to": "10:00", "repeat": True}, "unknown key 'repeat'"),
+])
+def test_a_bad_windows_file_changes_nothing(tmp_path, entry, message):
+    call_command("import_pause_windows", write(tmp_path, "ok.json", WINDOWS))
+    with pytest.raises(CommandError, match=message):
+        call_command("import_pause_windows", write(tmp_path, "bad.json", {"windows": [WINDOWS["windows"][0], entry]}))
+    assert PauseWindow.objects.count() == 2

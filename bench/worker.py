@@ -110,7 +110,8 @@ def main() -> int:
 
             cli_command, cli_env = docker_cli_command(docker_host, scratch)
             worker = subprocess.Popen([sys.executable, "manage.py", "rqworker", "pi-jobs"], cwd=ROOT, env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                      start_new_session=True)  # Service.stop signals its process group
             stack.append(services.Service("worker", worker))
             phases: dict = {}
             threading.Thread(target=read_phases, args=(worker.stderr, phases), daemon=True).start()

@@ -83,11 +83,12 @@ FORGE_ONLY_RUN_KEYS = {"instructions", "replicas", "waitFor", "repository"}
 # Part of the ancestor's language, not implemented here: refused rather than silently ignored.
 UNSUPPORTED_RUN_KEYS = ("packages", "skillsDir", "backend", "models", "maxCostUsd", "github", "portfolio")
 NEAR_MISS_SUGGESTIONS = {
-    "providerid": "provider", "providers": "provider", "modelid": "model", "modelname": "model",
-    "maxturn": "maxTurns", "allowedmodels": "models", "maxcost": "maxCostUsd", "backends": "backend",
-    "excludetool": "excludeTools", "excludedtools": "excludeTools", "tools": "excludeTools",
-    "notools": "excludeTools", "waitfor": "waitFor", "secretprofile": "secretsProfile", "secret": "secrets",
-    "replica": "replicas", "reviewstates": "reviewState", "actions": "action", "repo": "repository",
+    "providerid": "run.provider", "providers": "run.provider", "modelid": "run.model", "modelname": "run.model",
+    "maxturn": "run.maxTurns", "allowedmodels": "run.models", "maxcost": "run.maxCostUsd", "backends": "run.backend",
+    "excludetool": "run.excludeTools", "excludedtools": "run.excludeTools", "tools": "run.excludeTools",
+    "notools": "run.excludeTools", "secretprofile": "run.secretsProfile", "secret": "run.secrets",
+    "replica": "run.replicas", "repo": "run.repository", "reviewstates": "on.reviewState", "actions": "on.action",
+    "labels": "on.any", "phrases": "on.phrase", "cron": "on.pattern", "schedule": "on.pattern",
 }
 
 # --- the one field table: file spelling <-> model field ------------------------------------------------------
@@ -134,20 +135,22 @@ def key_problems(section: dict, where: str) -> tuple[list[RuleProblem], list[str
             continue
         path = f"{where}.{key}"
         normal = _normalised_key(key)
+        spelled_like = known_by_normal.get(normal)
+        suggestion = f"{where}.{spelled_like}" if spelled_like else NEAR_MISS_SUGGESTIONS.get(normal)
+        unsupported = where == "run" and (key in UNSUPPORTED_RUN_KEYS or (suggestion or "")[4:] in UNSUPPORTED_RUN_KEYS)
         if where == "on" and normal == "waitfor":
             problems.append(RuleProblem(path, f"{path}: waitFor belongs under run (run.waitFor), not under on."))
-        elif where == "run" and key in UNSUPPORTED_RUN_KEYS:
+        elif unsupported:
             problems.append(RuleProblem(path, (
-                f"{path} is part of the ancestor's trigger language but pidispatch does not implement it; "
-                "remove it (ignoring it would run this rule differently than written).")))
-        elif normal in known_by_normal:
+                f"{path} is part of the ancestor's trigger language ({suggestion or path}) but pidispatch does not "
+                "implement it; remove it (ignoring it would run this rule differently than written).")))
+        elif spelled_like:
             problems.append(RuleProblem(path, (
-                f"{path} looks like {where}.{known_by_normal[normal]}; spell it exactly (a misspelt key would "
+                f"{path} looks like {suggestion}; spell it exactly (a misspelt key would silently do nothing).")))
+        elif suggestion:
+            problems.append(RuleProblem(path, (
+                f"{path} is not a trigger field; did you mean {suggestion}? (a key that is not understood would "
                 "silently do nothing).")))
-        elif normal in NEAR_MISS_SUGGESTIONS:
-            problems.append(RuleProblem(path, (
-                f"{path} is not a trigger field; did you mean run.{NEAR_MISS_SUGGESTIONS[normal]}? (a key that "
-                "is not understood would silently do nothing).")))
         else:
             dropped.append(path)
     return problems, dropped

@@ -93,7 +93,9 @@ def _process_safely(delivery: Delivery) -> Answer:
                      delivery.delivery_id)
         return ACCEPTED
     except Exception as error:  # a bug of ours must not lose the delivery (nor print its text)
-        frames = "".join(traceback.format_tb(error.__traceback__, limit=-3)).replace("\n", " | ")
+        # Where, not what: frame names only (a message or a source line could quote payload text).
+        frames = ",".join(f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}:{frame.name}"
+                          for frame in traceback.extract_tb(error.__traceback__)[-4:])
         logger.error("delivery_processing_error forge=%s delivery=%s error=%s at=%s", delivery.forge,
                      delivery.delivery_id, type(error).__name__, frames)
         try:

@@ -100,6 +100,7 @@ class FakeForge:
 
     def __init__(self):
         self.routes: dict = {}
+        self.fallback = None  # answers paths without a route (default: 404)
         self.requests: list[dict] = []
         forge = self
 
@@ -109,7 +110,7 @@ class FakeForge:
                 request = {"method": "GET", "path": parts.path, "query": parse_qs(parts.query),
                            "headers": {k.lower(): v for k, v in self.headers.items()}}
                 forge.requests.append(request)
-                route = forge.routes.get(parts.path)
+                route = forge.routes.get(parts.path, forge.fallback)
                 if callable(route):
                     route = route(request)
                 if route is None:

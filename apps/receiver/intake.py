@@ -20,11 +20,12 @@ import base64
 import json
 import logging
 import traceback
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -32,13 +33,13 @@ from redis.exceptions import RedisError
 
 from apps.fleet.connection import get_redis
 
-from . import authority
+from . import authority, rulebook
 from .dispatch import dispatch, job_specs
 from .forge_config import self_identity
 from .hooks import azure, forgejo, github, gitlab
 from .hooks.base import HookRefused, parse_json_object
 from .matching import decide
-from .models import Delivery, DeliveryStatus, Trigger
+from .models import Delivery, DeliveryStatus
 
 logger = logging.getLogger("pidispatch.receiver")
 
@@ -69,24 +70,27 @@ ACCEPTED = Answer(202, {"status": "accepted"})
 
 # --- the web path ------------------------------------------------------------------------------------------
 
-def receive(forge: str, event: str, delivery_id: str, raw_body: bytes) -> Answer:
-    """A verified delivery whose body is a JSON object. Stored first, then processed."""
+def receive(forge: str, event: str, delivery_id: str, raw_body: bytes, payload: dict | None = None) -> Answer:
+    """A verified delivery whose body is a JSON object (`payload`, when already parsed). Stored first, then
+    processed."""
     now = timezone.now()
     try:
-        with transaction.atomic():
+        # In autocommit the insert is its own transaction; inside an outer one (tests, ATOMIC_REQUESTS) a
+        # savepoint keeps a duplicate's IntegrityError from breaking it.
+        with transaction.atomic() if connection.in_atomic_block else nullcontext():
             delivery = Delivery.objects.create(forge=forge, delivery_id=delivery_id, event=event, payload=raw_body,
                                                attempts=1, attempted_at=now)
     except IntegrityError:
         return _answer_redelivery(forge, delivery_id)
     except DatabaseError:
         return _spool(forge, event, delivery_id, raw_body, now)
-    return _process_safely(delivery)
+    return _process_safely(delivery, payload)
 
 
-def _process_safely(delivery: Delivery) -> Answer:
+def _process_safely(delivery: Delivery, payload: dict | None = None) -> Answer:
     """process(), but a stored delivery is never answered with a 5xx: whatever goes wrong, it is kept."""
     try:
-        return process(delivery)
+        return process(delivery, payload)
     except DatabaseError:
         # Stored, not settled: the replayer picks up stale "received" rows.
         logger.error("delivery_processing_interrupted forge=%s delivery=%s reason=database", delivery.forge,
@@ -163,10 +167,11 @@ def _pend(delivery: Delivery, reason: str) -> Answer:
     return ACCEPTED
 
 
-def process(delivery: Delivery) -> Answer:
+def process(delivery: Delivery, payload: dict | None = None) -> Answer:
     forge, delivery_id = delivery.forge, delivery.delivery_id
     try:
-        payload = parse_json_object(bytes(delivery.payload))
+        if payload is None:
+            payload = parse_json_object(bytes(delivery.payload))
         event = NORMALISERS[forge](delivery.event, delivery_id, payload)
     except HookRefused as refused:
         _settle(delivery, DeliveryStatus.REJECTED, refused.error)
@@ -177,7 +182,7 @@ def process(delivery: Delivery) -> Answer:
     if identity is None:
         return _pend(delivery, "identity-unknown")
 
-    decision = decide(event, identity, list(Trigger.objects.forge_rules()))
+    decision = decide(event, identity, rulebook.forge_rules())
     match = decision.match
     if match is None:
         return _ignore(delivery, decision.reason)

@@ -30,7 +30,8 @@ def disarm_spent(spec) -> bool:
     armed_at = parse_instant(spec.once_armed_at) if spec.once_armed_at else None
     if armed_at is not None:
         rule = rule.filter(armed_at=armed_at)
-    disarmed = rule.update(disarmed_at=timezone.now(), disarmed_job_id=spec.job_id)
+    now = timezone.now()
+    disarmed = rule.update(disarmed_at=now, disarmed_job_id=spec.job_id, updated_at=now)
     if disarmed:
         logger.info("trigger_disarmed trigger=%s job=%s", spec.trigger_id, spec.job_id)
     return bool(disarmed)
@@ -43,8 +44,9 @@ def on_run_recorded(sender, run, spec, **kwargs) -> None:
 
 def rearm(triggers) -> int:
     """Clear the disarm mark of spent one-shot rules; returns how many were re-armed."""
+    now = timezone.now()
     rearmed = triggers.filter(once=True, disarmed_at__isnull=False).update(
-        disarmed_at=None, disarmed_job_id="", armed_at=timezone.now())
+        disarmed_at=None, disarmed_job_id="", armed_at=now, updated_at=now)
     if rearmed:
         logger.info("triggers_rearmed count=%s", rearmed)
     return rearmed

@@ -30,7 +30,7 @@ def _hook(forge: str):
             verified = verify(request, config)
         except HookRefused as refused:
             return JsonResponse({"error": refused.error}, status=refused.status)
-        answer = intake.receive(forge, verified.event, verified.delivery_id, verified.body)
+        answer = intake.receive(forge, verified.event, verified.delivery_id, verified.body, verified.payload)
         return JsonResponse(answer.body, status=answer.status)
 
     view.__name__ = f"{forge}_hook"

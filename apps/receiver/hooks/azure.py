@@ -42,7 +42,8 @@ def verify(request, config) -> Verified:
     body = read_bounded_body(request)
     payload = parse_json_object(body)
     delivery_id = checked_delivery_id(text(payload.get("id")).strip())
-    return Verified(event=text(payload.get("eventType"))[:MAX_EVENT], delivery_id=delivery_id, body=body)
+    return Verified(event=text(payload.get("eventType"))[:MAX_EVENT], delivery_id=delivery_id, body=body,
+                    payload=payload)
 
 
 def _email(value) -> str:

@@ -36,6 +36,7 @@ class Verified:
     event: str
     delivery_id: str
     body: bytes
+    payload: dict
 
 
 @dataclass(frozen=True)

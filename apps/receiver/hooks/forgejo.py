@@ -46,8 +46,8 @@ def verify(request, config) -> Verified:
             raise HookRefused(401, "invalid-signature")
     else:
         verify_github_signature(hub_signature, body, config.webhook_secret)
-    parse_json_object(body)
-    return Verified(event=event, delivery_id=delivery_id, body=body)
+    payload = parse_json_object(body)
+    return Verified(event=event, delivery_id=delivery_id, body=body, payload=payload)
 
 
 def _not_actionable(action: str) -> str:

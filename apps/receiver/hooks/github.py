@@ -30,8 +30,8 @@ def verify(request, config) -> Verified:
     checked_delivery_id(delivery_id)
     body = read_bounded_body(request)
     verify_signature(header(request, "X-Hub-Signature-256"), body, config.webhook_secret)
-    parse_json_object(body)  # only after verification
-    return Verified(event=event, delivery_id=delivery_id, body=body)
+    payload = parse_json_object(body)  # only after verification
+    return Verified(event=event, delivery_id=delivery_id, body=body, payload=payload)
 
 
 def _repo(payload: dict) -> str:

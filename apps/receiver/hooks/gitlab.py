@@ -73,7 +73,7 @@ def verify(request, config) -> Verified:
         verify_token(request, config.token_secret)
     payload = parse_json_object(body)
     kind = text(payload.get("object_kind"))
-    return Verified(event=(kind or gitlab_event)[:MAX_EVENT], delivery_id=delivery_id, body=body)
+    return Verified(event=(kind or gitlab_event)[:MAX_EVENT], delivery_id=delivery_id, body=body, payload=payload)
 
 
 def _label_diff(payload: dict) -> tuple[bool, tuple[str, ...]]:

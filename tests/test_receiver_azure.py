@@ -6,7 +6,7 @@ import pytest
 
 from apps.receiver.models import Delivery
 from tests.receiver_support import (  # noqa: F401
-    AZURE_PROJECT_ID, CORPUS, azure_basic_headers, dumps, fake_forge, forges, job_spec, load, post, queued, rule,
+    AZURE_PROJECT_ID, CORPUS, azure_basic_headers, dumps, fake_forge, forges, job_spec, load, post, rule,
 )
 
 pytestmark = pytest.mark.django_db

@@ -12,7 +12,7 @@ from apps.receiver import forge_config as config_module
 from apps.receiver.forge_config import ForgeConfigError, forge_config, forge_settings, self_identity
 from apps.receiver.models import Delivery, DeliveryStatus
 from tests.receiver_support import (  # noqa: F401
-    dumps, fake_forge, forges, gitlab_token_headers, load, post, queued, rule,
+    dumps, fake_forge, forges, gitlab_token_headers, load, post, rule,
 )
 
 pytestmark = pytest.mark.django_db

@@ -18,7 +18,7 @@ from apps.receiver.models import Delivery, DeliveryStatus
 from devtools import services
 from tests.conftest import ROOT, wait_for
 from tests.receiver_support import (  # noqa: F401
-    dumps, fake_forge, forges, github_headers, job_spec, load, post, queued, rule,
+    dumps, fake_forge, forges, github_headers, load, post, queued, rule,
 )
 
 pytestmark = pytest.mark.django_db
@@ -240,6 +240,8 @@ def test_admin_lists_by_status_and_replays_pending_deliveries(admin_client, clie
 
     listing = admin_client.get("/admin/receiver/delivery/?status__exact=pending").content.decode()
     assert "d-adm-1" in listing and "d-adm-2" in listing and "d-adm-3" not in listing
+    found = admin_client.get("/admin/receiver/delivery/?q=gh-d-adm-3").content.decode()
+    assert "d-adm-3" in found and "d-adm-1" not in found  # searchable by job id
 
     ids = list(Delivery.objects.values_list("pk", flat=True))
     page = admin_client.post("/admin/receiver/delivery/", {"action": "replay_selected", "_selected_action": ids},

@@ -8,7 +8,7 @@ from apps.receiver.models import Trigger
 from apps.worker.jobs import JobSpec
 from apps.worker.models import Run
 from tests.receiver_support import (  # noqa: F401
-    dumps, fake_forge, forges, github_headers, job_spec, load, post, queued, rule,
+    dumps, fake_forge, forges, github_headers, job_spec, load, post, rule,
 )
 
 

@@ -193,6 +193,22 @@ def names(items, key: str) -> tuple[str, ...]:
     return tuple(found)
 
 
+def numbered(item: dict, missing: str) -> int:
+    """The item's `number`, or a 400 naming what is missing (an event that cannot say what it is about)."""
+    number = positive_int(item.get("number"))
+    if number is None:
+        raise HookRefused(400, missing)
+    return number
+
+
+def full_name(payload: dict) -> str:
+    """`repository.full_name` of a GitHub or Forgejo payload, or a 400."""
+    repo = owner_repo(obj(payload.get("repository")).get("full_name"))
+    if not repo:
+        raise HookRefused(400, "missing-repository")
+    return repo
+
+
 def owner_repo(value) -> str:
     """`owner/name` or "" (the only shape GitHub and Forgejo repositories have)."""
     repo = text(value)

@@ -8,8 +8,8 @@ Rules list Forgejo's own action words (`label_updated`, `synchronized`); matchin
 from __future__ import annotations
 
 from .base import (
-    Actor, ForgeEvent, HookRefused, Verified, checked_delivery_id, constant_time_equal, header, hmac_sha256_hex,
-    names, numeric_id, obj, owner_repo, parse_json_object, positive_int, read_bounded_body, text,
+    Actor, ForgeEvent, HookRefused, Verified, checked_delivery_id, constant_time_equal, full_name, header,
+    hmac_sha256_hex, names, numbered, numeric_id, obj, parse_json_object, read_bounded_body, text,
 )
 from .github import verify_signature as verify_github_signature
 
@@ -63,20 +63,6 @@ def _refs(pull: dict) -> tuple[dict, dict]:
     return head_refs, ({"ref": text(base.get("ref"))} if text(base.get("ref")) else {})
 
 
-def _repo(payload: dict) -> str:
-    repo = owner_repo(obj(payload.get("repository")).get("full_name"))
-    if not repo:
-        raise HookRefused(400, "missing-repository")
-    return repo
-
-
-def _numbered(item: dict, missing: str) -> int:
-    number = positive_int(item.get("number"))
-    if number is None:
-        raise HookRefused(400, missing)
-    return number
-
-
 def normalise(event: str, delivery_id: str, payload: dict) -> ForgeEvent:
     action = text(payload.get("action"))
     sender = obj(payload.get("sender"))
@@ -86,9 +72,9 @@ def normalise(event: str, delivery_id: str, payload: dict) -> ForgeEvent:
     if event == "issue_comment":
         if action != "created":
             return ForgeEvent(route=None, drop=_not_actionable(action), **common)
-        repo = _repo(payload)
+        repo = full_name(payload)
         issue = obj(payload.get("issue"))
-        number = _numbered(issue, "missing-issue-number")
+        number = numbered(issue, "missing-issue-number")
         comment = obj(payload.get("comment"))
         return ForgeEvent(
             route="comment", rule_action=action, repo=repo, number=number,
@@ -100,9 +86,9 @@ def normalise(event: str, delivery_id: str, payload: dict) -> ForgeEvent:
     if event == "issues":
         if action not in ISSUE_ACTIONS:
             return ForgeEvent(route=None, drop=_not_actionable(action), **common)
-        repo = _repo(payload)
+        repo = full_name(payload)
         issue = obj(payload.get("issue"))
-        number = _numbered(issue, "missing-issue-number")
+        number = numbered(issue, "missing-issue-number")
         return ForgeEvent(
             route="close" if action == "closed" else "label", rule_action=action, repo=repo, target_type="issue",
             number=number, labels=names(issue.get("labels"), "name"), title=text(issue.get("title")),
@@ -112,9 +98,9 @@ def normalise(event: str, delivery_id: str, payload: dict) -> ForgeEvent:
     if event == "pull_request":
         if action not in PR_ACTIONS:
             return ForgeEvent(route=None, drop=_not_actionable(action), **common)
-        repo = _repo(payload)
+        repo = full_name(payload)
         pull = obj(payload.get("pull_request"))
-        number = _numbered(pull, "missing-pull-request")
+        number = numbered(pull, "missing-pull-request")
         head, base = _refs(pull)
         return ForgeEvent(
             route="close" if action == "closed" else "pull_request", rule_action=action, repo=repo,

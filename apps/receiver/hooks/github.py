@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from .base import (
-    Actor, ForgeEvent, HookRefused, Verified, checked_delivery_id, constant_time_equal, header, hmac_sha256_hex,
-    names, numeric_id, obj, owner_repo, parse_json_object, positive_int, read_bounded_body, text,
+    Actor, ForgeEvent, HookRefused, Verified, checked_delivery_id, constant_time_equal, full_name, header,
+    hmac_sha256_hex, names, numbered, numeric_id, obj, parse_json_object, positive_int, read_bounded_body, text,
 )
 
 FORGE = "github"
@@ -34,27 +34,14 @@ def verify(request, config) -> Verified:
     return Verified(event=event, delivery_id=delivery_id, body=body, payload=payload)
 
 
-def _repo(payload: dict) -> str:
-    repo = owner_repo(obj(payload.get("repository")).get("full_name"))
-    if not repo:
-        raise HookRefused(400, "missing-repository")
-    return repo
-
-
 def _issue(payload: dict) -> tuple[dict, int]:
     issue = obj(payload.get("issue"))
-    number = positive_int(issue.get("number"))
-    if number is None:
-        raise HookRefused(400, "missing-issue-number")
-    return issue, number
+    return issue, numbered(issue, "missing-issue-number")
 
 
 def _pull_request(payload: dict) -> tuple[dict, int]:
     pull = obj(payload.get("pull_request"))
-    number = positive_int(pull.get("number"))
-    if number is None:
-        raise HookRefused(400, "missing-pull-request")
-    return pull, number
+    return pull, numbered(pull, "missing-pull-request")
 
 
 def _refs(pull: dict) -> tuple[dict, dict]:
@@ -72,7 +59,7 @@ def normalise(event: str, delivery_id: str, payload: dict) -> ForgeEvent:
     common = {"forge": FORGE, "delivery_id": delivery_id, "event": event, "action": action}
 
     if event == "issues" and action in LABEL_ROUTE_ACTIONS | {"closed"}:
-        repo = _repo(payload)
+        repo = full_name(payload)
         issue, number = _issue(payload)
         return ForgeEvent(
             route="label" if action != "closed" else "close", rule_action=action, actor=actor, repo=repo,
@@ -81,7 +68,7 @@ def normalise(event: str, delivery_id: str, payload: dict) -> ForgeEvent:
         )
 
     if event == "issue_comment" and action == "created":
-        repo = _repo(payload)
+        repo = full_name(payload)
         issue, number = _issue(payload)
         comment = obj(payload.get("comment"))
         association = text(comment.get("author_association"))
@@ -94,7 +81,7 @@ def normalise(event: str, delivery_id: str, payload: dict) -> ForgeEvent:
         )
 
     if event == "pull_request" and action in PR_ROUTE_ACTIONS | {"closed"}:
-        repo = _repo(payload)
+        repo = full_name(payload)
         pull, number = _pull_request(payload)
         head, base = _refs(pull)
         return ForgeEvent(
@@ -105,7 +92,7 @@ def normalise(event: str, delivery_id: str, payload: dict) -> ForgeEvent:
         )
 
     if event == "pull_request_review" and action == "submitted":
-        repo = _repo(payload)
+        repo = full_name(payload)
         pull, number = _pull_request(payload)
         review = obj(payload.get("review"))
         association = text(review.get("author_association"))

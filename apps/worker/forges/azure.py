@@ -16,7 +16,7 @@ from .base import Authority, ForgeClient, Identity, IdentityUnavailable, Subject
 
 API_VERSION = "7.1-preview.1"
 GUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
-MAX_USER_PAGES = 20  # an email actor is looked up by listing users; a larger directory is "could not tell"
+MAX_PAGES = 20  # an email actor is looked up by listing users; a larger directory is "could not tell"
 MAX_MEMBERSHIP_REQUESTS = 8  # bounds the upward walk through nested groups (a deeper member is refused)
 PROJECT_GROUPS_SECONDS = 600
 NON_MEMBER_GROUPS = {"readers"}
@@ -69,42 +69,33 @@ class AzureClient(ForgeClient):
             raise _Undetermined("malformed-answer")
         return value
 
-    def _user_descriptor_by_email(self, email: str) -> str | None:
+    def _pages(self, path: str, **params):
+        """The entries of a paged Graph listing; more pages than MAX_PAGES is "could not tell"."""
         token = None
-        for _ in range(MAX_USER_PAGES):
-            params = {"subjectTypes": "aad,msa"}
-            if token:
-                params["continuationToken"] = token
-            data, headers = self._graph("users", **params)
-            for user in data.get("value") or []:
-                if not isinstance(user, dict):
-                    continue
-                names = {str(user.get(key) or "").casefold() for key in ("principalName", "mailAddress")}
-                if email.casefold() in names and isinstance(user.get("descriptor"), str):
-                    return user["descriptor"]
+        for _ in range(MAX_PAGES):
+            data, headers = self._graph(path, **params, **({"continuationToken": token} if token else {}))
+            yield from (entry for entry in data.get("value") or [] if isinstance(entry, dict))
             token = headers.get("x-ms-continuationtoken")
             if not token:
-                return None  # the whole directory was listed: a determinate "not found"
-        raise _Undetermined("user-directory-too-large")
+                return
+        raise _Undetermined("listing-too-large")
+
+    def _user_descriptor_by_email(self, email: str) -> str | None:
+        for user in self._pages("users", subjectTypes="aad,msa"):
+            names = {str(user.get(key) or "").casefold() for key in ("principalName", "mailAddress")}
+            if email.casefold() in names and isinstance(user.get("descriptor"), str):
+                return user["descriptor"]
+        return None  # the whole directory was listed: a determinate "not found"
 
     def _project_groups(self, project_descriptor: str) -> set[str]:
         cached = self.project_groups_cache.get((self.graph_url, project_descriptor))
         if cached is not None:
             return cached
-        groups: set[str] = set()
-        token = None
-        for _ in range(MAX_USER_PAGES):
-            params = {"scopeDescriptor": project_descriptor}
-            if token:
-                params["continuationToken"] = token
-            data, headers = self._graph("groups", **params)
-            for group in data.get("value") or []:
-                if isinstance(group, dict) and isinstance(group.get("descriptor"), str):
-                    if str(group.get("displayName") or "").casefold() not in NON_MEMBER_GROUPS:
-                        groups.add(group["descriptor"])
-            token = headers.get("x-ms-continuationtoken")
-            if not token:
-                break
+        groups = {
+            group["descriptor"] for group in self._pages("groups", scopeDescriptor=project_descriptor)
+            if isinstance(group.get("descriptor"), str)
+            and str(group.get("displayName") or "").casefold() not in NON_MEMBER_GROUPS
+        }
         self.project_groups_cache.put((self.graph_url, project_descriptor), groups, PROJECT_GROUPS_SECONDS)
         return groups
 

@@ -215,6 +215,23 @@ class ForgeClient:
         determinate = response.status in (401, 403, 404)
         return IdentityUnavailable(f"status-{response.status}", determinate=determinate)
 
+    def _repository_permission(self, url_template: str, subject: Subject, allowed: set[str]) -> Authority:
+        """GitHub's and Forgejo's shape: `GET .../repos/{owner}/{name}/collaborators/{login}/permission`
+        answering `{"permission": "write", ...}`; 404 = not a collaborator."""
+        repo = split_repo(subject.repo)
+        if repo is None or not safe_path_part(subject.login):
+            return Authority.no("unaskable")
+        owner, name = repo
+        response = self._get(url_template.format(base=self.base_url, owner=owner, name=name, login=subject.login))
+        if response.status == 404:
+            return Authority.no("not-collaborator")
+        if response.status != 200:
+            return Authority.unknown(f"status-{response.status}")
+        permission = response.data.get("permission") if isinstance(response.data, dict) else None
+        if not isinstance(permission, str):
+            return Authority.unknown("malformed-answer")
+        return Authority.yes(permission) if permission in allowed else Authority.no("read-only")
+
     def _numeric_user_identity(self, url: str) -> Identity:
         """`GET <url>` answering a user object with a numeric `id` (GitHub, GitLab and Forgejo `/user`)."""
         response = self._get(url)

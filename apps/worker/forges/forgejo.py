@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Authority, ForgeClient, Identity, Subject, safe_path_part, split_repo
+from .base import Authority, ForgeClient, Identity, Subject
 
 WRITE_PERMISSIONS = {"owner", "admin", "write"}
 
@@ -14,21 +14,10 @@ class ForgejoClient(ForgeClient):
         return {"Authorization": f"token {self.token}", "User-Agent": "pidispatch"}
 
     def _lookup_authority(self, subject: Subject) -> Authority:
-        repo = split_repo(subject.repo)
-        if repo is None or not safe_path_part(subject.login):
-            return Authority.no("unaskable")
-        owner, name = repo
-        response = self._get(f"{self.base_url}/api/v1/repos/{owner}/{name}/collaborators/{subject.login}/permission")
-        if response.status == 404:
-            return Authority.no("not-collaborator")
-        if response.status != 200:
-            # 403 included: a token that may not read permissions is a configuration problem to surface,
-            # not a silent "no".
-            return Authority.unknown(f"status-{response.status}")
-        permission = response.data.get("permission") if isinstance(response.data, dict) else None
-        if not isinstance(permission, str):
-            return Authority.unknown("malformed-answer")
-        return Authority.yes(permission) if permission in WRITE_PERMISSIONS else Authority.no("read-only")
+        # A 403 stays "could not tell": a token that may not read permissions is a configuration problem to
+        # surface (the delivery waits in the inbox), not a silent "no".
+        return self._repository_permission("{base}/api/v1/repos/{owner}/{name}/collaborators/{login}/permission",
+                                           subject, WRITE_PERMISSIONS)
 
     def _lookup_identity(self) -> Identity:
         return self._numeric_user_identity(f"{self.base_url}/api/v1/user")

@@ -110,7 +110,10 @@ def _process_safely(delivery: Delivery, payload: dict | None = None) -> Answer:
 
 
 def _answer_redelivery(forge: str, delivery_id: str) -> Answer:
-    existing = Delivery.objects.filter(forge=forge, delivery_id=delivery_id).first()
+    try:
+        existing = Delivery.objects.filter(forge=forge, delivery_id=delivery_id).first()
+    except DatabaseError:
+        return ACCEPTED  # it is stored; only its outcome cannot be read right now
     logger.info("delivery_redelivered forge=%s delivery=%s status=%s", forge, delivery_id,
                 existing.status if existing else "-")
     if existing is None or existing.status in (DeliveryStatus.PENDING, DeliveryStatus.RECEIVED):

@@ -174,8 +174,36 @@ PI_FAILED_JOB_TTL_SECONDS = env.int("PI_FAILED_JOB_TTL_SECONDS", default=7 * 24 
 # --- Receiver ----------------------------------------------------------------------------------------
 
 PI_WEBHOOK_MAX_BYTES = env.int("PI_WEBHOOK_MAX_BYTES", default=2 * 1024 * 1024)
+# A forge is served once its webhook secret (or mode, or self id) is set; then its block must be complete.
 GITHUB_WEBHOOK_SECRET = env("GITHUB_WEBHOOK_SECRET", default="")
 GITHUB_SELF_ID = env("GITHUB_SELF_ID", default="")
+GITHUB_TOKEN = env("GITHUB_TOKEN", default="")  # closer-permission lookups; resolves GITHUB_SELF_ID when unset
+GITHUB_API_URL = env("GITHUB_API_URL", default="https://api.github.com")
+GITLAB_WEBHOOK_MODE = env("GITLAB_WEBHOOK_MODE", default="")  # "token" or "signature"
+GITLAB_WEBHOOK_SECRET = env("GITLAB_WEBHOOK_SECRET", default="")
+GITLAB_TOKEN = env("GITLAB_TOKEN", default="")
+GITLAB_URL = env("GITLAB_URL", default="https://gitlab.com")
+GITLAB_SELF_ID = env("GITLAB_SELF_ID", default="")
+FORGEJO_WEBHOOK_SECRET = env("FORGEJO_WEBHOOK_SECRET", default="")
+FORGEJO_TOKEN = env("FORGEJO_TOKEN", default="")
+FORGEJO_URL = env("FORGEJO_URL", default="")
+FORGEJO_SELF_ID = env("FORGEJO_SELF_ID", default="")
+AZURE_WEBHOOK_MODE = env("AZURE_WEBHOOK_MODE", default="")  # "basic" or "header"
+AZURE_WEBHOOK_SECRET = env("AZURE_WEBHOOK_SECRET", default="")
+AZURE_WEBHOOK_HEADER = env("AZURE_WEBHOOK_HEADER", default="")
+AZURE_ORG_URL = env("AZURE_ORG_URL", default="")
+AZURE_GRAPH_URL = env("AZURE_GRAPH_URL", default="")  # derived from AZURE_ORG_URL when unset
+AZURE_TOKEN = env("AZURE_TOKEN", default="")
+AZURE_SELF_ID = env("AZURE_SELF_ID", default="")
+AZURE_SELF_EMAIL = env("AZURE_SELF_EMAIL", default="")
+# Authority lookups (member access, permissions): short, cached, and "could not tell" keeps the delivery.
+PI_FORGE_API_TIMEOUT_SECONDS = env.float("PI_FORGE_API_TIMEOUT_SECONDS", default=3.0)
+PI_AUTHORITY_CACHE_SECONDS = env.int("PI_AUTHORITY_CACHE_SECONDS", default=60)
+# A second trigger for the same target and flow inside this window is swallowed (202 duplicate).
+PI_DEDUP_WINDOW_SECONDS = env.int("PI_DEDUP_WINDOW_SECONDS", default=600)
+# The inbox replayer (`manage.py replay_deliveries --follow`): poll interval and the longest retry backoff.
+PI_INBOX_POLL_SECONDS = env.float("PI_INBOX_POLL_SECONDS", default=1.0)
+PI_INBOX_MAX_BACKOFF_SECONDS = env.int("PI_INBOX_MAX_BACKOFF_SECONDS", default=600)
 
 # --- Logging: one JSON object per line, ids only (never titles, bodies or logins) ---------------------
 

@@ -1,12 +1,13 @@
 from django.core.checks import Error, register
 
-from .forge_config import ForgeConfigError, forge_config
+from .forge_config import ForgeConfigError, forge_settings
 
 
 @register("pidispatch")
 def check_forge_config(app_configs, **kwargs):
+    # Settings only: `manage.py` commands (workers included) must not need the forges' APIs to start.
     try:
-        forge_config()
+        forge_settings()
     except ForgeConfigError as exc:
         return [Error(str(exc), id="pidispatch.E001")]
     return []

@@ -1,28 +1,58 @@
-"""The intake service: store a verified delivery in the inbox, decide, enqueue, and say what happened.
+"""The inbox service: the one home of a delivery's state changes.
 
-One home for a delivery's state changes. The webhook views call `receive`; a replay of a pending
-delivery calls `process` on the stored row.
+    receive()     the webhook views: store first, then process, answer the forge
+    process()     decide, check authority, enqueue, settle (or keep pending)
+    replay()      one stored delivery again (admin action, `replay_deliveries`)
+    replay_due()  everything that is due, in arrival order (`replay_deliveries [--follow]`)
+    discard()     an operator gives up on a pending delivery
+
+A verified delivery is stored (with its payload) before anything else. It settles as queued, duplicate,
+ignored or rejected, and then its payload copy is deleted: the row keeps ids and the outcome only. It
+stays pending (payload kept, retried with backoff) while Redis is down, while the forge cannot answer an
+authority lookup, or while our own identity on that forge is unknown. When the database cannot take it,
+the raw delivery is spooled to a Redis list and moved into the inbox later; only when neither can take
+it is the answer 503.
 """
 
-import logging
-from dataclasses import dataclass
+from __future__ import annotations
 
-from django.db import DatabaseError, IntegrityError, transaction
+import base64
+import json
+import logging
+import traceback
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db.models import F, Q
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from redis.exceptions import RedisError
 
-from apps.fleet.queues import SHARED_QUEUE
-from apps.worker.jobs import enqueue
+from apps.fleet.connection import get_redis
 
-from .forge_config import forge_config
-from .hooks import github
+from . import authority, rulebook
+from .dispatch import dispatch, job_specs
+from .forge_config import self_identity
+from .hooks import azure, forgejo, github, gitlab
 from .hooks.base import HookRefused, parse_json_object
 from .matching import decide
 from .models import Delivery, DeliveryStatus
 
 logger = logging.getLogger("pidispatch.receiver")
 
-NORMALISERS = {"github": github.normalise}
+NORMALISERS = {
+    "github": github.normalise,
+    "gitlab": gitlab.normalise,
+    "forgejo": forgejo.normalise,
+    "azure": azure.normalise,
+}
+SPOOL_KEY = "pidispatch:inbox:spool"
+REDIS_UNAVAILABLE = "redis-unavailable"
+STALE_RECEIVED = timedelta(minutes=2)  # a "received" row this old lost its process (crash, killed worker)
+FIRST_BACKOFF_SECONDS = 15
 
 
 @dataclass(frozen=True)
@@ -30,67 +60,264 @@ class Answer:
     status: int
     body: dict
 
+    @property
+    def outcome(self) -> str:
+        return self.body.get("status") or "rejected"
 
-def _self_id(forge: str) -> str:
-    return getattr(forge_config(), forge).self_id
+
+ACCEPTED = Answer(202, {"status": "accepted"})
 
 
-def receive(forge: str, event: str, delivery_id: str, raw_body: bytes) -> Answer:
-    """A verified delivery whose body is a JSON object. Stored first, then processed."""
+# --- the web path ------------------------------------------------------------------------------------------
+
+def receive(forge: str, event: str, delivery_id: str, raw_body: bytes, payload: dict | None = None) -> Answer:
+    """A verified delivery whose body is a JSON object (`payload`, when already parsed). Stored first, then
+    processed."""
+    now = timezone.now()
     try:
-        with transaction.atomic():
-            delivery = Delivery.objects.create(forge=forge, delivery_id=delivery_id, event=event, payload=raw_body)
+        # In autocommit the insert is its own transaction; inside an outer one (tests, ATOMIC_REQUESTS) a
+        # savepoint keeps a duplicate's IntegrityError from breaking it.
+        with transaction.atomic() if connection.in_atomic_block else nullcontext():
+            delivery = Delivery.objects.create(forge=forge, delivery_id=delivery_id, event=event, payload=raw_body,
+                                               attempts=1, attempted_at=now)
     except IntegrityError:
-        existing = Delivery.objects.filter(forge=forge, delivery_id=delivery_id).first()
-        logger.info("delivery_duplicate forge=%s delivery=%s", forge, delivery_id)
-        return Answer(202, {"status": "duplicate", "jobs": existing.job_ids if existing else []})
+        return _answer_redelivery(forge, delivery_id)
     except DatabaseError:
-        logger.error("delivery_store_failed forge=%s delivery=%s", forge, delivery_id)
+        return _spool(forge, event, delivery_id, raw_body, now)
+    return _process_safely(delivery, payload)
+
+
+def _process_safely(delivery: Delivery, payload: dict | None = None) -> Answer:
+    """process(), but a stored delivery is never answered with a 5xx: whatever goes wrong, it is kept."""
+    try:
+        return process(delivery, payload)
+    except DatabaseError:
+        # Stored, not settled: the replayer picks up stale "received" rows.
+        logger.error("delivery_processing_interrupted forge=%s delivery=%s reason=database", delivery.forge,
+                     delivery.delivery_id)
+        return ACCEPTED
+    except Exception as error:  # a bug of ours must not lose the delivery (nor print its text)
+        # Where, not what: frame names only (a message or a source line could quote payload text).
+        frames = ",".join(f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}:{frame.name}"
+                          for frame in traceback.extract_tb(error.__traceback__)[-4:])
+        logger.error("delivery_processing_error forge=%s delivery=%s error=%s at=%s", delivery.forge,
+                     delivery.delivery_id, type(error).__name__, frames)
+        try:
+            _pend(delivery, "processing-error")
+        except DatabaseError:
+            pass
+        return ACCEPTED
+
+
+def _answer_redelivery(forge: str, delivery_id: str) -> Answer:
+    try:
+        existing = Delivery.objects.filter(forge=forge, delivery_id=delivery_id).first()
+    except DatabaseError:
+        return ACCEPTED  # it is stored; only its outcome cannot be read right now
+    logger.info("delivery_redelivered forge=%s delivery=%s status=%s", forge, delivery_id,
+                existing.status if existing else "-")
+    if existing is None or existing.status in (DeliveryStatus.PENDING, DeliveryStatus.RECEIVED):
+        return ACCEPTED
+    if existing.status == DeliveryStatus.IGNORED:
+        return Answer(200, {"status": "ignored", "reason": existing.reason})
+    if existing.status == DeliveryStatus.REJECTED:
+        return Answer(400, {"error": existing.reason})
+    if existing.status == DeliveryStatus.DISCARDED:
+        return Answer(200, {"status": "ignored", "reason": "discarded"})
+    return Answer(202, {"status": "duplicate", "jobs": existing.job_ids})
+
+
+def _spool(forge: str, event: str, delivery_id: str, raw_body: bytes, now: datetime) -> Answer:
+    """The database is down: keep the raw delivery in Redis until the replayer moves it into the inbox."""
+    entry = {"forge": forge, "event": event, "delivery_id": delivery_id, "received_at": now.isoformat(),
+             "payload": base64.b64encode(raw_body).decode()}
+    try:
+        get_redis().rpush(SPOOL_KEY, json.dumps(entry))
+    except RedisError:
+        logger.error("delivery_store_failed forge=%s delivery=%s reason=database-and-redis-down", forge, delivery_id)
         return Answer(503, {"error": "store-failed"})
-    return process(delivery)
+    logger.warning("delivery_spooled forge=%s delivery=%s reason=database-unavailable", forge, delivery_id)
+    return ACCEPTED
 
 
-def _finish(delivery: Delivery, status: str, reason: str = "", job_ids=None) -> None:
+# --- deciding ------------------------------------------------------------------------------------------------
+
+def _settle(delivery: Delivery, status: str, reason: str = "", job_ids=None) -> None:
     delivery.status = status
     delivery.reason = reason
     if job_ids is not None:
         delivery.job_ids = job_ids
     delivery.payload = None  # the texts leave the inbox as soon as the delivery is settled
     delivery.processed_at = timezone.now()
-    delivery.save(update_fields=["status", "reason", "job_ids", "payload", "processed_at"])
+    delivery.next_attempt_at = None
+    delivery.save(update_fields=["status", "reason", "job_ids", "payload", "processed_at", "next_attempt_at"])
 
 
-def process(delivery: Delivery) -> Answer:
+def _backoff(delivery: Delivery, reason: str) -> timedelta:
+    if reason in (REDIS_UNAVAILABLE, "database-unavailable"):
+        return timedelta(0)  # the replayer waits for Redis itself, then goes in arrival order
+    seconds = FIRST_BACKOFF_SECONDS * 2 ** max(0, min(delivery.attempts - 1, 16))
+    return timedelta(seconds=min(seconds, settings.PI_INBOX_MAX_BACKOFF_SECONDS))
+
+
+def _pend(delivery: Delivery, reason: str) -> Answer:
+    delivery.status = DeliveryStatus.PENDING
+    delivery.reason = reason
+    delivery.next_attempt_at = timezone.now() + _backoff(delivery, reason)
+    delivery.save(update_fields=["status", "reason", "next_attempt_at"])
+    logger.warning("delivery_pending forge=%s delivery=%s reason=%s attempts=%s", delivery.forge,
+                   delivery.delivery_id, reason, delivery.attempts)
+    return ACCEPTED
+
+
+def process(delivery: Delivery, payload: dict | None = None) -> Answer:
     forge, delivery_id = delivery.forge, delivery.delivery_id
     try:
-        payload = parse_json_object(bytes(delivery.payload))
+        if payload is None:
+            payload = parse_json_object(bytes(delivery.payload))
         event = NORMALISERS[forge](delivery.event, delivery_id, payload)
     except HookRefused as refused:
-        _finish(delivery, DeliveryStatus.REJECTED, refused.error)
+        _settle(delivery, DeliveryStatus.REJECTED, refused.error)
         logger.info("delivery_rejected forge=%s delivery=%s reason=%s", forge, delivery_id, refused.error)
         return Answer(refused.status, {"error": refused.error})
 
-    decision = decide(event, _self_id(forge))
-    if not decision.specs:
-        _finish(delivery, DeliveryStatus.IGNORED, decision.reason)
-        logger.info("delivery_ignored forge=%s delivery=%s reason=%s", forge, delivery_id, decision.reason)
-        return Answer(200, {"status": "ignored", "reason": decision.reason})
+    identity = self_identity(forge)
+    if identity is None:
+        return _pend(delivery, "identity-unknown")
 
-    job_ids, created = [], []
+    decision = decide(event, identity, rulebook.forge_rules())
+    match = decision.match
+    if match is None:
+        return _ignore(delivery, decision.reason)
+
+    if match.authority:
+        verdict = authority.check(event)
+        if verdict.allowed is None:
+            logger.warning("authority_lookup_failed forge=%s delivery=%s lookup=%s reason=%s", forge, delivery_id,
+                           match.authority, verdict.reason)
+            return _pend(delivery, authority.PENDING_REASONS[forge])
+        if not verdict.allowed:
+            return _ignore(delivery, match.refusal)
+
     try:
-        for spec in decision.specs:
-            job_ids.append(spec.job_id)
-            if enqueue(spec, SHARED_QUEUE):
-                created.append(spec.job_id)
+        result = dispatch(job_specs(event, match))
     except RedisError:
         # Keep the payload: the delivery is enqueued when Redis is back. The forge still gets a 2xx,
         # because GitHub, GitLab and Forgejo never redeliver by themselves.
-        delivery.status = DeliveryStatus.PENDING
-        delivery.save(update_fields=["status"])
-        logger.warning("delivery_pending forge=%s delivery=%s reason=redis-unavailable", forge, delivery_id)
-        return Answer(202, {"status": "accepted"})
+        return _pend(delivery, REDIS_UNAVAILABLE)
 
-    _finish(delivery, DeliveryStatus.QUEUED, job_ids=job_ids)
-    status = "queued" if created else "duplicate"
-    logger.info("delivery_%s forge=%s delivery=%s jobs=%s", status, forge, delivery_id, ",".join(job_ids))
-    return Answer(202, {"status": status, "jobs": job_ids})
+    job_ids = result.job_ids
+    if result.all_swallowed:
+        _settle(delivery, DeliveryStatus.DUPLICATE, "dedup-window", job_ids=job_ids)
+        logger.info("delivery_duplicate forge=%s delivery=%s surviving=%s", forge, delivery_id, ",".join(job_ids))
+        return Answer(202, {"status": "duplicate", "jobs": job_ids})
+    _settle(delivery, DeliveryStatus.QUEUED, job_ids=job_ids)
+    logger.info("delivery_queued forge=%s delivery=%s target=%s jobs=%s created=%s", forge, delivery_id,
+                f"{event.repo or event.project}:{event.number}", ",".join(job_ids), len(result.created))
+    return Answer(202, {"status": "queued", "jobs": job_ids})
+
+
+def _ignore(delivery: Delivery, reason: str) -> Answer:
+    _settle(delivery, DeliveryStatus.IGNORED, reason)
+    logger.info("delivery_ignored forge=%s delivery=%s reason=%s", delivery.forge, delivery.delivery_id, reason)
+    return Answer(200, {"status": "ignored", "reason": reason})
+
+
+# --- replay ------------------------------------------------------------------------------------------------
+
+def _claim(delivery: Delivery) -> bool:
+    """Take a stored delivery for processing; False when another process took it first."""
+    now = timezone.now()
+    claimed = Delivery.objects.filter(
+        pk=delivery.pk, status__in=(DeliveryStatus.PENDING, DeliveryStatus.RECEIVED), attempts=delivery.attempts,
+        payload__isnull=False,
+    ).update(status=DeliveryStatus.RECEIVED, attempts=F("attempts") + 1, attempted_at=now)
+    if claimed:
+        delivery.refresh_from_db()
+    return bool(claimed)
+
+
+def replay(delivery: Delivery) -> Answer | None:
+    """Process a stored delivery again. None when it holds no payload any more or another process has it."""
+    if delivery.payload is None or not _claim(delivery):
+        return None
+    return _process_safely(delivery)
+
+
+def discard(delivery: Delivery) -> bool:
+    """An operator gives up on an unsettled delivery: its payload is deleted, the row remains."""
+    changed = Delivery.objects.filter(
+        pk=delivery.pk, status__in=(DeliveryStatus.PENDING, DeliveryStatus.RECEIVED)
+    ).update(status=DeliveryStatus.DISCARDED, reason="operator-discard", payload=None, processed_at=timezone.now(),
+             next_attempt_at=None)
+    if changed:
+        logger.info("delivery_discarded forge=%s delivery=%s", delivery.forge, delivery.delivery_id)
+    return bool(changed)
+
+
+def drain_spool() -> int:
+    """Move deliveries spooled to Redis (while the database was down) into the inbox, oldest first."""
+    redis, moved = get_redis(), 0
+    while True:
+        raw = redis.lindex(SPOOL_KEY, 0)
+        if raw is None:
+            return moved
+        try:
+            entry = json.loads(raw)
+            received_at = parse_datetime(entry["received_at"]) or timezone.now()
+            with transaction.atomic():
+                delivery = Delivery.objects.create(
+                    forge=entry["forge"], delivery_id=entry["delivery_id"], event=entry["event"],
+                    payload=base64.b64decode(entry["payload"]), status=DeliveryStatus.PENDING,
+                    reason="database-unavailable", next_attempt_at=received_at,
+                )
+                Delivery.objects.filter(pk=delivery.pk).update(received_at=received_at)
+            moved += 1
+        except IntegrityError:
+            pass  # moved before, and the process died before it popped the entry
+        except (ValueError, KeyError, TypeError):
+            logger.error("delivery_spool_entry_unreadable")
+        redis.lpop(SPOOL_KEY)
+
+
+@dataclass
+class ReplayReport:
+    moved_from_spool: int = 0
+    outcomes: dict | None = None
+    redis_down: bool = False
+
+    def count(self, outcome: str) -> None:
+        self.outcomes = self.outcomes or {}
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+
+def due_deliveries(now: datetime | None = None, *, ignore_backoff: bool = False):
+    now = now or timezone.now()
+    pending = Q(status=DeliveryStatus.PENDING)
+    if not ignore_backoff:
+        pending &= Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
+    stale = Q(status=DeliveryStatus.RECEIVED, attempted_at__lt=now - STALE_RECEIVED)
+    return Delivery.objects.holding_payload().filter(pending | stale).replay_order()
+
+
+def replay_due(*, ignore_backoff: bool = False, limit: int = 500, on_replayed=None) -> ReplayReport:
+    """One pass: the spool into the inbox, then every due delivery in arrival order. While Redis is down
+    nothing is processed (order is kept for when it returns)."""
+    report = ReplayReport()
+    try:
+        get_redis().ping()
+        report.moved_from_spool = drain_spool()
+    except RedisError:
+        report.redis_down = True
+        return report
+    for delivery in due_deliveries(ignore_backoff=ignore_backoff)[:limit]:
+        answer = replay(delivery)
+        if answer is None:
+            continue
+        report.count(answer.outcome)
+        if on_replayed is not None:
+            on_replayed(delivery, answer)
+        if answer.outcome == "accepted" and Delivery.objects.filter(pk=delivery.pk, reason=REDIS_UNAVAILABLE).exists():
+            report.redis_down = True  # Redis went away again: stop, keep the rest in order
+            break
+    return report

@@ -1,58 +1,224 @@
-"""Matching: a verified, normalised event against the enabled triggers, behind the actor gates.
+"""Matching: a verified, normalised event against the forge's rules, behind the actor gates.
 
-Pure apart from reading Trigger rows: it decides, it does not enqueue. Gate order (reference 4.1):
-actor id present, bot-loop guard, then the route's own rules.
+Pure: rules and our own identity come in, a Decision comes out; nothing is read or written here. Gate
+order (reference 4.1): actor id present (`missing-sender-id`), bot-loop guard (`self`), then the route and
+its rules. GitHub's authority gates read the payload (`author_association`) and run in the route, as the
+ancestor does. GitLab, Forgejo and Azure (every route) and GitHub closes need the forge API: the Decision
+then says which lookup must still pass (`Match.authority`), so a lookup is only ever paid for an event
+that would otherwise start a job.
 """
 
-from dataclasses import dataclass, field
+from __future__ import annotations
 
-from apps.worker.jobs import JobSpec, delivery_job_id
+import re
+from dataclasses import dataclass, replace
+
+from apps.worker.forges import Identity
 
 from .hooks.base import ForgeEvent
-from .models import Trigger
+from .validation import CLOSE_WORDS, PR_LABEL_ACTIONS, REVIEW_ACTION
+
+TRUSTED_ASSOCIATIONS = {"OWNER", "MEMBER", "COLLABORATOR"}
+API_GATED_FORGES = {"gitlab", "forgejo", "azure"}
+AUTO_PR_ACTIONS = {"opened", "synchronize", "reopened"}
+
+
+@dataclass(frozen=True)
+class Match:
+    trigger: object  # a Trigger row
+    matched: dict  # the decision record carried in the job's context (index, type, label/phrase/action...)
+    flow: str = ""
+    command: str = ""
+    close: bool = False
+    # Which forge-API lookup must still allow the actor: "" none, "actor" (GitLab, Forgejo, Azure),
+    # "closer" (GitHub close rules); and the drop reason when it does not.
+    authority: str = ""
+    refusal: str = ""
 
 
 @dataclass(frozen=True)
 class Decision:
-    specs: list[JobSpec] = field(default_factory=list)
+    match: Match | None = None
     reason: str = ""  # the drop token when nothing fires
 
 
-def decide(event: ForgeEvent, self_id: str) -> Decision:
-    if event.actor_id is None:
-        return Decision(reason="missing-sender-id")
-    if event.actor_id == self_id:
-        return Decision(reason="self")
-    if event.route == "label":
-        return _label_route(event)
-    return Decision(reason="unhandled-event")
+def _drop(reason: str) -> Decision:
+    return Decision(reason=reason)
 
 
-def _label_route(event: ForgeEvent) -> Decision:
-    for trigger in Trigger.objects.armed_for(event.forge, "label"):
-        if trigger.labels_match(event.labels):
-            return Decision(specs=[_spec(event, trigger, matched_label=trigger.matched_label(event.labels))])
-    return Decision(reason="no-allowlisted-label")
+def is_self(event: ForgeEvent, identity: Identity) -> bool:
+    actor = event.actor
+    if actor.id is not None and identity.id and actor.id.lower() == identity.id.lower():
+        return True
+    # Azure actors may be known only by email; an empty side never matches.
+    return bool(actor.email and identity.email and actor.email.lower() == identity.email.lower())
 
 
-def _spec(event: ForgeEvent, trigger: Trigger, matched_label: str | None) -> JobSpec:
-    return JobSpec(
-        job_id=delivery_job_id(event.forge, event.delivery_id),
-        kind=event.forge,
-        repo=event.repo,
-        target_type=event.target_type,
-        number=event.number,
-        flow=trigger.flow,
-        title=event.title,
-        body=event.body,
-        trigger_id=trigger.pk,
-        trigger_type=trigger.on_type,
-        delivery_id=event.delivery_id,
-        context={
-            "event": event.event,
-            "action": event.action,
-            "deliveryId": event.delivery_id,
-            "sender": {"id": event.actor_id},
-            "matched": {"index": trigger.position, "type": trigger.on_type, "label": matched_label},
-        },
-    )
+def decide(event: ForgeEvent, identity: Identity, rules) -> Decision:
+    """`rules`: the enabled, armed, non-cron triggers of every forge, in file order."""
+    if event.actor.id is None:
+        return _drop("missing-sender-id")
+    if is_self(event, identity):
+        return _drop("self")
+    if event.route is None:
+        return _drop(event.drop_reason)
+    own = [rule for rule in rules if rule.kind == event.forge]
+    known_flows = {rule.flow for rule in rules if rule.flow}
+    route = {"label": _label_route, "comment": _comment_route, "pull_request": _pull_request_route,
+             "close": _close_route}[event.route]
+    decision = route(event, own, known_flows)
+    if decision.match is not None and event.forge in API_GATED_FORGES and not decision.match.authority:
+        decision = Decision(match=replace(decision.match, authority="actor", refusal="author-not-allowed"))
+    return decision
+
+
+def _of_type(rules, on_type: str):
+    return [rule for rule in rules if rule.on_type == on_type]
+
+
+def _work(rule) -> dict:
+    return {"flow": rule.flow, "command": rule.command}
+
+
+def _needs_repository(event: ForgeEvent, rule) -> bool:
+    """Azure work items take the repository from the rule, and need the payload's project for it."""
+    return event.repo_from_rule and not (event.project and rule.repository)
+
+
+# --- label ---------------------------------------------------------------------------------------------------
+
+def _label_route(event: ForgeEvent, rules, known_flows) -> Decision:
+    for rule in _of_type(rules, "label"):
+        if rule.labels_match(event.labels):
+            if _needs_repository(event, rule):
+                return _drop("no-repository")
+            matched = {"index": rule.position, "type": "label", "label": rule.matched_label(event.labels)}
+            return Decision(match=Match(trigger=rule, matched=matched, **_work(rule)))
+    return _drop("no-allowlisted-label")
+
+
+# --- comment -------------------------------------------------------------------------------------------------
+
+def _comment_route(event: ForgeEvent, rules, known_flows) -> Decision:
+    if event.forge == "github" and event.actor.association not in TRUSTED_ASSOCIATIONS:
+        return _drop("author-not-allowed")
+    rule = next(iter(_of_type(rules, "comment")), None)
+    if rule is None or not rule.phrase or rule.phrase not in event.comment:
+        return _drop("no-trigger-phrase")
+    if _needs_repository(event, rule):
+        return _drop("no-repository")
+    matched = {"index": rule.position, "type": "comment", "phrase": rule.phrase}
+    if rule.command:
+        # The phrase alone fires a command; words after it are data for the command, never a choice.
+        return Decision(match=Match(trigger=rule, matched=matched, command=rule.command))
+    flow = rule.flow
+    chosen = re.search(re.escape(rule.phrase) + r"\s+(\S+)", event.comment)
+    if chosen and chosen.group(1) in known_flows:
+        flow = chosen.group(1)
+    if not flow:
+        return _drop("no-flow")
+    return Decision(match=Match(trigger=rule, matched=matched, flow=flow))
+
+
+# --- pull request --------------------------------------------------------------------------------------------
+
+def _has_predicate(rule) -> bool:
+    return bool(rule.label_any or rule.label_all or rule.label_none)
+
+
+def _pr_rules(event: ForgeEvent, rules):
+    close_word = CLOSE_WORDS.get(event.forge)
+    return [rule for rule in _of_type(rules, "pull_request")
+            if event.rule_action in rule.actions and close_word not in rule.actions]
+
+
+def _pr_match(event: ForgeEvent, rule, *, label: bool = False) -> Decision:
+    if label:
+        matched = {"index": rule.position, "type": "label", "label": rule.matched_label(event.labels)}
+    else:
+        matched = {"index": rule.position, "type": "pull_request", "action": event.rule_action}
+    return Decision(match=Match(trigger=rule, matched=matched, **_work(rule)))
+
+
+def _pull_request_route(event: ForgeEvent, rules, known_flows) -> Decision:
+    candidates = _pr_rules(event, rules)
+    if event.forge == "github":
+        if event.rule_action == REVIEW_ACTION:
+            return _github_review(event, candidates)
+        return _github_pull_request(event, candidates)
+    if event.forge == "gitlab":
+        for rule in candidates:
+            if rule.has_positive_selector:
+                if rule.labels_match(event.labels):
+                    return _pr_match(event, rule, label=True)
+            else:
+                return _pr_match(event, rule)  # fires on the action alone
+        return _drop("no-matching-pr-trigger")
+    for rule in candidates:  # Forgejo (predicate over the whole label set) and Azure (no predicates)
+        if not _has_predicate(rule) or rule.labels_match(event.labels):
+            return _pr_match(event, rule)
+    return _drop("no-matching-pr-trigger")
+
+
+def _github_pull_request(event: ForgeEvent, candidates) -> Decision:
+    author_trusted = event.pr_association in TRUSTED_ASSOCIATIONS
+    blocked_by_author = False
+    for rule in candidates:
+        if event.rule_action == PR_LABEL_ACTIONS["github"]:
+            # Applying a label already needs write access: the label is the approval.
+            if rule.labels_match(event.labels):
+                return _pr_match(event, rule)
+            continue
+        if not author_trusted:
+            blocked_by_author = True
+            continue
+        if not _has_predicate(rule) or rule.labels_match(event.labels):
+            return _pr_match(event, rule)
+    return _drop("pr-author-not-allowed" if blocked_by_author else "no-matching-pr-trigger")
+
+
+def _github_review(event: ForgeEvent, candidates) -> Decision:
+    review = event.review or {}
+    if event.actor.association not in TRUSTED_ASSOCIATIONS:  # the reviewer's, never the PR author's
+        return _drop("review-author-not-allowed")
+    state = review.get("state", "")
+    if state == "commented" and not str(review.get("body") or "").strip():
+        return _drop("no-review-body")
+    state_only = False
+    for rule in candidates:
+        if rule.review_states and state not in rule.review_states:
+            state_only = True
+            continue
+        if not _has_predicate(rule) or rule.labels_match(event.labels):
+            return _pr_match(event, rule)
+    return _drop("review-state-not-matched" if state_only else "no-matching-pr-trigger")
+
+
+# --- close ---------------------------------------------------------------------------------------------------
+
+def _close_route(event: ForgeEvent, rules, known_flows) -> Decision:
+    close_word = CLOSE_WORDS.get(event.forge)
+    rule_type = "issue" if event.target_type == "issue" else "pull_request"
+    numbered_elsewhere = False
+    for rule in _of_type(rules, rule_type):
+        if close_word not in rule.actions:
+            continue
+        if rule.number is not None and rule.number != event.number:
+            numbered_elsewhere = True
+            continue
+        matched = {"index": rule.position, "type": rule_type, "action": close_word}
+        if rule_type == "issue":
+            matched["number"] = event.number
+        if rule.once:
+            matched["once"] = True
+        github = event.forge == "github"
+        return Decision(match=Match(
+            trigger=rule, matched=matched, close=True, **_work(rule),
+            authority="closer" if github else "", refusal="closer-not-allowed" if github else "",
+        ))
+    if event.label_fallback:
+        # GitLab: one click that closes and labels an issue yields at most one job.
+        fallback = _label_route(event, rules, known_flows)
+        if fallback.match is not None:
+            return fallback
+    return _drop("close-number-not-matched" if numbered_elsewhere else "no-matching-close-trigger")

@@ -1,17 +1,28 @@
 from django.db import models
+from django.utils import timezone
+from django.db.models import Q
 
 from .validation import validate_trigger_fields
 
 
 class TriggerType(models.TextChoices):
+    CRON = "cron", "cron (schedule)"
     LABEL = "label", "label"
+    COMMENT = "comment", "comment"
+    PULL_REQUEST = "pull_request", "pull request"
+    ISSUE = "issue", "issue (close)"
 
 
 class RunKind(models.TextChoices):
+    LOCAL = "local", "local folder (cron)"
     GITHUB = "github", "GitHub"
     GITLAB = "gitlab", "GitLab"
     FORGEJO = "forgejo", "Forgejo / Gitea"
     AZURE = "azure", "Azure DevOps"
+
+
+JSON_LIST_FIELDS = ("label_any", "label_all", "label_none", "actions", "review_states", "wait_for", "exclude_tools")
+JSON_OBJECT_FIELDS = ("secrets",)
 
 
 class TriggerQuerySet(models.QuerySet):
@@ -19,12 +30,19 @@ class TriggerQuerySet(models.QuerySet):
         """File order of the ancestor's triggers.json: the first matching rule wins."""
         return self.order_by("position", "id")
 
-    def armed_for(self, kind: str, on_type: str):
-        return self.filter(enabled=True, kind=kind, on_type=on_type).matching_order()
+    def forge_rules(self):
+        """Every rule a forge delivery can fire: enabled, not cron (schedules fire those), and not a spent
+        one-shot (a disarmed rule matches nothing until an operator re-arms it)."""
+        return (self.filter(enabled=True).exclude(on_type=TriggerType.CRON)
+                .exclude(once=True, disarmed_at__isnull=False).matching_order())
 
 
 class Trigger(models.Model):
-    """One rule of the trigger language: `on` (what fires it) and `run` (what the job does)."""
+    """One rule of the trigger language: `on` (what fires it) and `run` (what the job does).
+
+    Field names follow the ancestor's `triggers.json` (the verbose names are its spelling), so
+    `import_triggers` and `export_triggers` round-trip that file.
+    """
 
     position = models.PositiveIntegerField(
         default=0, help_text="Rules are tried in this order; the first match wins (the ancestor's file order)."
@@ -34,6 +52,9 @@ class Trigger(models.Model):
 
     # on.*
     on_type = models.CharField("on.type", max_length=32, choices=TriggerType.choices, default=TriggerType.LABEL)
+    cron_id = models.CharField("on.id", max_length=64, blank=True, help_text="Cron: the schedule's unique name.")
+    cron_pattern = models.CharField("on.pattern", max_length=120, blank=True,
+                                    help_text='Cron: 5 or 6 fields, e.g. "0 6 * * 1-5" (host local time).')
     label_any = models.JSONField(
         "on.any", default=list, blank=True, help_text="Fires when the item carries at least one of these labels."
     )
@@ -43,10 +64,50 @@ class Trigger(models.Model):
     label_none = models.JSONField(
         "on.none", default=list, blank=True, help_text="Never fires while the item carries any of these labels."
     )
+    phrase = models.CharField("on.phrase", max_length=100, blank=True,
+                              help_text='Comment: the text a comment must contain, e.g. "@pi" ("@pi <flow>" picks '
+                                        "another known flow).")
+    actions = models.JSONField("on.action", default=list, blank=True,
+                               help_text="Pull request / issue: the forge's action words that fire this rule.")
+    review_states = models.JSONField("on.reviewState", default=list, blank=True,
+                                     help_text="GitHub review_submitted: approved, changes_requested, commented "
+                                               "(empty = every verdict).")
+    number = models.PositiveIntegerField("on.number", null=True, blank=True,
+                                         help_text="Close rules: only this issue or pull request.")
+    once = models.BooleanField("on.once", default=False,
+                               help_text="Close rules with a number: fire once, then the rule disarms itself.")
+    armed_at = models.DateTimeField(null=True, blank=True, editable=False,
+                                    help_text="When the one-shot rule was last armed; older runs cannot spend it.")
+    disarmed_at = models.DateTimeField("on.disarmed.at", null=True, blank=True, editable=False)
+    disarmed_job_id = models.CharField("on.disarmed.jobId", max_length=200, blank=True, editable=False)
 
     # run.*
     kind = models.CharField("run.kind", max_length=16, choices=RunKind.choices)
-    flow = models.CharField("run.flow", max_length=64, help_text="The pi skill the job runs.")
+    flow = models.CharField("run.flow", max_length=64, blank=True, help_text="The pi skill the job runs.")
+    command = models.CharField("run.command", max_length=200, blank=True,
+                               help_text="Instead of a flow: a pi extension command (no leading '/').")
+    task = models.TextField("run.task", blank=True, help_text="Cron with a flow: the job's prompt.")
+    folder = models.CharField("run.folder", max_length=500, blank=True,
+                              help_text="Cron: the folder on the worker host the job works in.")
+    image = models.CharField("run.image", max_length=300, blank=True, help_text="Job image override.")
+    instructions = models.TextField("run.instructions", blank=True,
+                                    help_text="Forge rules: standing operator text above the issue text (at most "
+                                              "2000 characters).")
+    replicas = models.PositiveSmallIntegerField("run.replicas", null=True, blank=True,
+                                                help_text="2 or 3 parallel jobs per event (empty = one).")
+    wait_for = models.JSONField("run.waitFor", default=list, blank=True,
+                                help_text='Hold the job: [{"after": "<ISO instant>"}, {"profile": "<name>"}].')
+    secrets = models.JSONField("run.secrets", default=dict, blank=True,
+                               help_text="NAME: reference pairs the worker resolves (references only, never values).")
+    secrets_profile = models.CharField("run.secretsProfile", max_length=64, blank=True,
+                                       help_text="The host-local resolver for run.secrets.")
+    repository = models.CharField("run.repository", max_length=200, blank=True,
+                                  help_text="Azure DevOps label/comment rules: the repository the job works on.")
+    exclude_tools = models.JSONField("run.excludeTools", default=list, blank=True)
+    provider = models.CharField("run.provider", max_length=64, blank=True)
+    model = models.CharField("run.model", max_length=64, blank=True)
+    max_turns = models.PositiveIntegerField("run.maxTurns", null=True, blank=True)
+    resume = models.BooleanField("run.resume", default=False)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -58,13 +119,51 @@ class Trigger(models.Model):
         indexes = [models.Index(fields=["kind", "on_type", "enabled", "position"], name="trigger_match_idx")]
 
     def __str__(self):
-        return f"#{self.position} {self.kind} {self.on_type} -> {self.flow}"
+        return f"#{self.position} {self.kind} {self.on_type} -> {self.flow or '/' + self.command}"
+
+    def normalise_empty_values(self) -> None:
+        # JSON fields left empty in a form arrive as None; the rule means "not set".
+        for name in JSON_LIST_FIELDS:
+            if getattr(self, name) is None:
+                setattr(self, name, [])
+        for name in JSON_OBJECT_FIELDS:
+            if getattr(self, name) is None:
+                setattr(self, name, {})
 
     def clean(self):
+        self.normalise_empty_values()
         validate_trigger_fields(self)
+        self._validate_against_other_rules()
+
+    def _validate_against_other_rules(self):
+        from django.core.exceptions import ValidationError
+
+        others = Trigger.objects.exclude(pk=self.pk)
+        if self.on_type == TriggerType.COMMENT and others.filter(on_type=TriggerType.COMMENT, kind=self.kind).exists():
+            raise ValidationError({"on_type": (
+                f"There is already a comment trigger for {self.kind}: one comment trigger per forge (a comment picks "
+                "another flow with `<phrase> <flow>`).")})
+        if self.on_type == TriggerType.CRON and others.filter(on_type=TriggerType.CRON, cron_id=self.cron_id).exists():
+            raise ValidationError({"cron_id": f"cron id {self.cron_id!r} is already used; cron ids are unique."})
+
+    def save(self, *args, **kwargs):
+        self.normalise_empty_values()
+        if not self.once:
+            self.armed_at, self.disarmed_at, self.disarmed_job_id = None, None, ""
+        elif self.armed_at is None:
+            self.armed_at = timezone.now()  # a new one-shot is armed from now on
+        super().save(*args, **kwargs)
+
+    # --- state ---
+
+    @property
+    def disarmed(self) -> bool:
+        return self.once and self.disarmed_at is not None
+
+    # --- the label predicate ---
 
     def labels_match(self, labels) -> bool:
-        """The label predicate: (any is empty or hit) and all present and none absent."""
+        """(any is empty or hit) and all present and none absent."""
         present = set(labels)
         return (
             (not self.label_any or bool(present.intersection(self.label_any)))
@@ -77,20 +176,42 @@ class Trigger(models.Model):
         hit = next((name for name in self.label_any if name in present), None)
         return hit or (self.label_all[0] if self.label_all else None)
 
+    @property
+    def has_positive_selector(self) -> bool:
+        return bool(self.label_any or self.label_all)
+
 
 class DeliveryStatus(models.TextChoices):
     RECEIVED = "received", "received (being processed)"
+    PENDING = "pending", "pending (will be retried)"
     QUEUED = "queued"
+    DUPLICATE = "duplicate", "duplicate (dedup window)"
     IGNORED = "ignored"
     REJECTED = "rejected", "rejected (malformed)"
-    PENDING = "pending", "pending (waiting for Redis)"
+    DISCARDED = "discarded", "discarded by an operator"
+
+
+SETTLED_STATUSES = (DeliveryStatus.QUEUED, DeliveryStatus.DUPLICATE, DeliveryStatus.IGNORED,
+                    DeliveryStatus.REJECTED, DeliveryStatus.DISCARDED)
+
+
+class DeliveryQuerySet(models.QuerySet):
+    def replay_order(self):
+        return self.order_by("received_at", "id")
+
+    def holding_payload(self):
+        return self.filter(payload__isnull=False)
+
+    def waiting_for_redis(self):
+        return self.filter(status=DeliveryStatus.PENDING, reason="redis-unavailable")
 
 
 class Delivery(models.Model):
     """The inbox: every verified delivery, stored before anything else happens.
 
-    The payload copy exists only until the delivery is queued, ignored or rejected; afterwards the row
-    keeps ids and the outcome only.
+    The payload copy exists only until the delivery settles (queued, duplicate, ignored, rejected or
+    discarded); afterwards the row keeps ids and the outcome only. A pending delivery keeps its payload
+    and is retried (`manage.py replay_deliveries`).
     """
 
     forge = models.CharField(max_length=16)
@@ -102,12 +223,25 @@ class Delivery(models.Model):
     reason = models.CharField(max_length=64, blank=True)
     job_ids = models.JSONField(default=list, blank=True)
     payload = models.BinaryField(null=True, blank=True, editable=False)
+    attempts = models.PositiveIntegerField(default=0, help_text="How often the delivery has been processed.")
+    attempted_at = models.DateTimeField(null=True, blank=True)
+    next_attempt_at = models.DateTimeField(null=True, blank=True, help_text="Pending: when it is retried next.")
+
+    objects = DeliveryQuerySet.as_manager()
 
     class Meta:
         verbose_name_plural = "deliveries"
         ordering = ["-received_at", "-id"]
         constraints = [models.UniqueConstraint(fields=["forge", "delivery_id"], name="delivery_forge_id_unique")]
-        indexes = [models.Index(fields=["status", "received_at"], name="delivery_status_idx")]
+        indexes = [
+            models.Index(fields=["status", "received_at"], name="delivery_status_idx"),
+            models.Index(fields=["status", "reason"], name="delivery_pending_idx",
+                         condition=Q(status="pending")),
+        ]
 
     def __str__(self):
         return f"{self.forge}:{self.delivery_id}"
+
+    @property
+    def holds_payload(self) -> bool:
+        return self.payload is not None

@@ -1,36 +1,48 @@
-"""Webhook intake views: thin. Verify the raw request, then hand the bytes to the intake service."""
+"""Webhook intake views: thin. Route by path, verify the raw request, then hand the bytes to the inbox.
 
-import logging
+The forge is chosen by the URL alone, never by a header (Forgejo also sends GitHub's headers, and a
+request must never choose which verification it faces).
+"""
 
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from . import intake
-from .forge_config import forge_config
-from .hooks import github
-from .hooks.base import HookRefused, parse_json_object, read_bounded_body, require_json_content_type
+from .forge_config import forge_settings
+from .hooks import azure, forgejo, github, gitlab
+from .hooks.base import HookRefused, require_json_content_type
 
-logger = logging.getLogger("pidispatch.receiver")
+VERIFIERS = {"github": github.verify, "gitlab": gitlab.verify, "forgejo": forgejo.verify, "azure": azure.verify}
 
 
-def _refusal(refused: HookRefused) -> JsonResponse:
-    return JsonResponse({"error": refused.error}, status=refused.status)
+def _hook(forge: str):
+    verify = VERIFIERS[forge]
+
+    @csrf_exempt
+    def view(request):
+        config = getattr(forge_settings(), forge)
+        if config is None:
+            return JsonResponse({"error": "forge-not-configured"}, status=404)
+        try:
+            if request.method != "POST":
+                raise HookRefused(405, "method-not-allowed")
+            require_json_content_type(request)
+            verified = verify(request, config)
+        except HookRefused as refused:
+            return JsonResponse({"error": refused.error}, status=refused.status)
+        answer = intake.receive(forge, verified.event, verified.delivery_id, verified.body, verified.payload)
+        return JsonResponse(answer.body, status=answer.status)
+
+    view.__name__ = f"{forge}_hook"
+    return view
+
+
+github_hook = _hook("github")
+gitlab_hook = _hook("gitlab")
+forgejo_hook = _hook("forgejo")
+azure_hook = _hook("azure")
 
 
 @csrf_exempt
-def github_hook(request):
-    config = forge_config().github
-    if config is None:
-        return JsonResponse({"error": "forge-not-configured"}, status=404)
-    try:
-        if request.method != "POST":
-            raise HookRefused(405, "method-not-allowed")
-        require_json_content_type(request)
-        event, delivery_id = github.delivery_headers(request)
-        body = read_bounded_body(request)
-        github.verify(request, body, config.webhook_secret)
-        parse_json_object(body)  # only after verification; the stored bytes are re-read on processing
-    except HookRefused as refused:
-        return _refusal(refused)
-    answer = intake.receive("github", event, delivery_id, body)
-    return JsonResponse(answer.body, status=answer.status)
+def unknown_hook(request, name=""):
+    return JsonResponse({"error": "unknown-forge"}, status=404)

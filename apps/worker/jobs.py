@@ -71,6 +71,12 @@ class JobSpec:
     repo: str = ""
     target_type: str = ""  # "issue" | "pull_request" | "local"
     number: int | None = None
+    # Forge ids the API and clone steps need: GitLab numeric project id; Azure project and repository GUIDs.
+    project_id: str = ""
+    repository_id: str = ""
+    # Pull requests: head {ref, sha, repo} and base {ref}, as the forge sent them. Data only, never a clone ref.
+    head: dict[str, Any] = field(default_factory=dict)
+    base: dict[str, Any] = field(default_factory=dict)
     # Exactly one of flow / command.
     flow: str = ""
     command: str = ""

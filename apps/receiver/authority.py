@@ -1,0 +1,29 @@
+"""The forge-API half of the actor gates: may this actor start the job a rule matched?
+
+Matching says which lookup a match still needs; this asks the forge (`apps.worker.forges`) and keeps the
+tri-state: allowed, refused, or "could not tell" (the delivery then stays pending and is retried).
+"""
+
+from __future__ import annotations
+
+from apps.worker.forges import Authority, Subject, forge_client
+
+from .hooks.base import ForgeEvent
+
+# The inbox reason of a delivery whose lookup could not be answered (the ancestor's 503 tokens).
+PENDING_REASONS = {
+    "github": "permission-lookup-failed",
+    "gitlab": "access-lookup-failed",
+    "forgejo": "permission-lookup-failed",
+    "azure": "membership-lookup-failed",
+}
+
+
+def subject_of(event: ForgeEvent) -> Subject:
+    actor = event.actor
+    return Subject(repo=event.repo, project_id=event.project_id, actor_id=actor.id or "", login=actor.login,
+                   email=actor.email)
+
+
+def check(event: ForgeEvent) -> Authority:
+    return forge_client(event.forge).authority(subject_of(event))

@@ -1,0 +1,155 @@
+"""From a match to queued jobs: JobSpecs (one per replica), the semantic dedup window, routing, enqueue.
+
+Two dedup layers, as the ancestor has them:
+- exact: the job id is derived from the delivery id and RQ's enqueue is atomic-unique on it;
+- semantic: a second delivery for the same target and flow inside PI_DEDUP_WINDOW_SECONDS is swallowed.
+  `SET pidispatch:dedup:<key> <job id> NX PX <window>` claims the key atomically; its value names the
+  surviving job. The key holds the claimer's own job id, so a retry of the same delivery (after Redis went
+  away halfway) passes its own claim and converges on exactly the jobs it should have made.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from django.conf import settings
+
+from apps.fleet import routing
+from apps.fleet.connection import get_redis
+from apps.fleet.queues import SHARED_QUEUE
+from apps.worker.jobs import JobSpec, delivery_job_id, enqueue
+
+from .hooks.base import ForgeEvent
+from .matching import Match
+
+logger = logging.getLogger("pidispatch.receiver")
+
+DEDUP_KEY_PREFIX = "pidispatch:dedup:"
+
+
+def job_specs(event: ForgeEvent, match: Match) -> list[JobSpec]:
+    """The jobs a match starts: one, or `run.replicas` of them (`<id>-r<i>`)."""
+    rule = match.trigger
+    context = {
+        "event": event.event,
+        "action": event.action,
+        "deliveryId": event.delivery_id,
+        "sender": {"id": event.actor.id},
+        "matched": match.matched,
+    }
+    if event.route == "comment":
+        context["comment"] = {"body": event.comment}
+        if event.forge == "github":
+            context["comment"]["author_association"] = event.actor.association
+    if event.review is not None:
+        context["review"] = dict(event.review)
+    once = bool(rule.once and match.close)
+    fields = dict(
+        kind=event.forge,
+        repo=event.repo or f"{event.project}/{rule.repository}",
+        target_type=event.target_type,
+        number=event.number,
+        project_id=event.project_id,
+        repository_id=event.repository_id,
+        head=dict(event.head),
+        base=dict(event.base),
+        flow=match.flow,
+        command=match.command,
+        title=event.title,
+        body=event.body,
+        comment=event.comment,
+        instructions=rule.instructions,
+        image=rule.image,
+        provider=rule.provider,
+        model=rule.model,
+        max_turns=rule.max_turns,
+        exclude_tools=tuple(rule.exclude_tools),
+        wait_for=tuple(rule.wait_for),
+        secrets=dict(rule.secrets),
+        secrets_profile=rule.secrets_profile,
+        resume=rule.resume,
+        once=once,
+        once_armed_at=rule.armed_at.isoformat() if once and rule.armed_at else "",
+        trigger_id=rule.pk,
+        trigger_type=rule.on_type,
+        delivery_id=event.delivery_id,
+        context=context,
+    )
+    if not rule.replicas:
+        return [JobSpec(job_id=delivery_job_id(event.forge, event.delivery_id), **fields)]
+    return [
+        JobSpec(job_id=delivery_job_id(event.forge, event.delivery_id, replica=i), replica=i,
+                replicas=rule.replicas, **fields)
+        for i in range(1, rule.replicas + 1)
+    ]
+
+
+def semantic_key(spec: JobSpec) -> str:
+    """`<repo>#<n>:<flow>` (`!` for merge/pull requests on GitLab and Azure), `cmd:<command>` for commands,
+    `closed:` before the slot for close jobs, `:r<i>` for replicas."""
+    slot = spec.flow or f"cmd:{spec.command}"
+    if spec.context.get("matched", {}).get("action") in ("closed", "close") or spec.trigger_type == "issue":
+        slot = f"closed:{slot}"
+    key = f"{spec.target}:{slot}"
+    return f"{key}:r{spec.replica}" if spec.replica is not None else key
+
+
+def capability_needs(spec: JobSpec) -> frozenset[str]:
+    """Host capabilities the job binds: `secrets:<profile>` and `wait:<profile>` for each waitFor profile."""
+    needs = {f"secrets:{spec.secrets_profile}"} if spec.secrets_profile else set()
+    needs.update(f"wait:{condition['profile']}" for condition in spec.wait_for
+                 if isinstance(condition, dict) and isinstance(condition.get("profile"), str))
+    return frozenset(needs)
+
+
+def queue_for(spec: JobSpec) -> str:
+    needs = capability_needs(spec)
+    if not needs:
+        return SHARED_QUEUE  # the common case: no registry read at all
+    try:
+        queue = routing.queue_for(needs)
+    except Exception:  # routing must never drop work: any doubt goes to the shared queue
+        logger.warning("job_route_failed job=%s needs=%s", spec.job_id, ",".join(sorted(needs)))
+        return SHARED_QUEUE
+    if queue != SHARED_QUEUE:
+        logger.info("job_routed job=%s queue=%s needs=%s", spec.job_id, queue, ",".join(sorted(needs)))
+    return queue
+
+
+@dataclass
+class DispatchResult:
+    created: list[str] = field(default_factory=list)  # new jobs
+    existing: list[str] = field(default_factory=list)  # this delivery's jobs that already existed
+    swallowed: list[tuple[str, str]] = field(default_factory=list)  # (job id, surviving job id)
+
+    @property
+    def job_ids(self) -> list[str]:
+        return self.created + self.existing + [surviving for _, surviving in self.swallowed]
+
+    @property
+    def all_swallowed(self) -> bool:
+        return bool(self.swallowed) and not self.created and not self.existing
+
+
+def dispatch(specs: list[JobSpec]) -> DispatchResult:
+    """Claim each spec's semantic key, route and enqueue it. Redis errors propagate (the caller keeps the
+    delivery pending); what was done before the error is convergent on retry."""
+    redis = get_redis()
+    window_ms = settings.PI_DEDUP_WINDOW_SECONDS * 1000
+    result = DispatchResult()
+    for spec in specs:
+        key = DEDUP_KEY_PREFIX + semantic_key(spec)
+        if window_ms > 0 and not redis.set(key, spec.job_id, nx=True, px=window_ms):
+            surviving = redis.get(key)
+            surviving = surviving.decode() if isinstance(surviving, bytes) else surviving
+            if surviving and surviving != spec.job_id:
+                result.swallowed.append((spec.job_id, surviving))
+                logger.info("job_deduplicated delivery=%s job=%s surviving=%s", spec.delivery_id, spec.job_id,
+                            surviving)
+                continue
+        if enqueue(spec, queue_for(spec)):
+            result.created.append(spec.job_id)
+        else:
+            result.existing.append(spec.job_id)
+    return result

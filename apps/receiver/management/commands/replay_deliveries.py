@@ -1,0 +1,71 @@
+"""python manage.py replay_deliveries [--follow]: process the inbox's pending deliveries in arrival order.
+
+Without --follow: one pass, then exit (0 when nothing is left waiting, 1 when Redis is down or deliveries
+are still pending). With --follow: the replayer loop a deployment runs beside the web server; it waits
+for Redis when Redis is down and enqueues what arrived meanwhile as soon as it is back.
+"""
+
+import signal
+import time
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from apps.receiver import intake
+from apps.receiver.models import Delivery, DeliveryStatus
+
+
+class Command(BaseCommand):
+    help = "Replay pending deliveries of the inbox (in arrival order); --follow keeps doing it."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--follow", action="store_true", help="keep running and replay whatever becomes due")
+        parser.add_argument("--now", action="store_true", help="ignore the retry backoff of pending deliveries")
+        parser.add_argument("--interval", type=float, default=None,
+                            help="seconds between passes with --follow (default PI_INBOX_POLL_SECONDS)")
+
+    def handle(self, *args, follow, now, interval, **options):
+        interval = interval if interval is not None else settings.PI_INBOX_POLL_SECONDS
+        self._stopping = False
+        if follow:
+            signal.signal(signal.SIGTERM, self._stop)
+            signal.signal(signal.SIGINT, self._stop)
+            self.stdout.write(f"replaying the inbox every {interval:g} s; Ctrl-C stops")
+            was_down = False
+            while not self._stopping:
+                report = intake.replay_due(ignore_backoff=now, on_replayed=self._print)
+                if report.redis_down and not was_down:
+                    self.stderr.write("Redis is unreachable: deliveries wait in the inbox until it is back")
+                elif was_down and not report.redis_down:
+                    self.stdout.write("Redis is back: replaying in arrival order")
+                was_down = report.redis_down
+                self._sleep(interval)
+            return
+        report = intake.replay_due(ignore_backoff=now, on_replayed=self._print)
+        waiting = Delivery.objects.filter(status=DeliveryStatus.PENDING).count()
+        if report.moved_from_spool:
+            self.stdout.write(f"moved {report.moved_from_spool} spooled delivery(ies) into the inbox")
+        done = sum((report.outcomes or {}).values())
+        self.stdout.write(f"replayed {done} delivery(ies); {waiting} still pending")
+        if report.redis_down:
+            self.stderr.write("Redis is unreachable: nothing was replayed. Start Redis, then run this again.")
+            raise SystemExit(1)
+        if waiting:
+            self.stderr.write("pending deliveries wait for their retry time (see the inbox in the admin); "
+                              "--now retries them immediately")
+            raise SystemExit(1)
+
+    def _print(self, delivery, answer):
+        pending = answer.outcome == "accepted"
+        state = "still pending" if pending else answer.outcome
+        detail = (delivery.reason if pending else ",".join(answer.body.get("jobs", []))
+                  or answer.body.get("reason") or answer.body.get("error") or "")
+        self.stdout.write(f"{delivery.forge}:{delivery.delivery_id} {state} {detail}".rstrip())
+
+    def _stop(self, signum, frame):
+        self._stopping = True
+
+    def _sleep(self, seconds: float):
+        deadline = time.monotonic() + seconds
+        while not self._stopping and time.monotonic() < deadline:
+            time.sleep(min(0.1, seconds))

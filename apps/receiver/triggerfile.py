@@ -1,0 +1,86 @@
+"""The ancestor's `triggers.json` file: parse (all or nothing, every problem named) and write.
+
+    {"triggers": [{"on": {...}, "run": {...}}, ...]}
+
+The 0-based position in the array is a rule's identity (run history refers to it), cron entries
+included. pidispatch adds two optional per-entry keys the ancestor ignores: `"enabled": false` and
+`"note": "..."`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from .validation import collection_problems, entry_problems
+
+ENTRY_KEYS = {"on", "run", "enabled", "note"}
+MAX_NOTE = 200
+
+
+class TriggerFileError(Exception):
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass
+class ParsedFile:
+    entries: list[dict]
+    warnings: list[str] = field(default_factory=list)
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _refuse_duplicate_keys(pairs):
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            # JSON keeps the last value, so the reviewed file and the running rules would differ.
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
+def parse(text: str | bytes) -> ParsedFile:
+    """Validate a whole file; raise TriggerFileError listing every problem (then nothing may change)."""
+    try:
+        document = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
+    except _DuplicateKey as duplicate:
+        raise TriggerFileError([f"the file repeats the key {duplicate.args[0]!r} inside one object; JSON keeps "
+                                "only the last value, so remove the other."]) from None
+    except (ValueError, RecursionError) as error:
+        raise TriggerFileError([f"the file is not valid JSON: {error}"]) from None
+    if not isinstance(document, dict) or not isinstance(document.get("triggers"), list):
+        raise TriggerFileError(['the file must be an object with a "triggers" array: {"triggers": [...]}'])
+
+    problems, warnings = [], []
+    entries = document["triggers"]
+    for index, entry in enumerate(entries):
+        where = f"trigger at index {index}"
+        entry_errors, dropped = entry_problems(entry)
+        problems.extend(f"{where}: {problem.message}" for problem in entry_errors)
+        warnings.extend(f"{where}: {path} is not a trigger field and is ignored" for path in dropped)
+        if isinstance(entry, dict):
+            problems.extend(f"{where}: {message}" for message in _extension_problems(entry))
+            warnings.extend(f"{where}: {key} is not a trigger field and is ignored"
+                            for key in entry if key not in ENTRY_KEYS)
+    problems.extend(f"trigger at index {index}: {problem.message}" for index, problem in collection_problems(entries))
+    if problems:
+        raise TriggerFileError(problems)
+    return ParsedFile(entries=entries, warnings=warnings)
+
+
+def _extension_problems(entry: dict) -> list[str]:
+    found = []
+    if "enabled" in entry and not isinstance(entry["enabled"], bool):
+        found.append("enabled must be true or false.")
+    if "note" in entry and (not isinstance(entry["note"], str) or len(entry["note"]) > MAX_NOTE):
+        found.append(f"note must be text of at most {MAX_NOTE} characters.")
+    return found
+
+
+def render(entries: list[dict]) -> str:
+    return json.dumps({"triggers": entries}, indent=2, ensure_ascii=False) + "\n"

@@ -1,0 +1,238 @@
+"""Exact and semantic dedup, replicas, and routing of jobs that bind a host capability."""
+
+import threading
+
+import pytest
+from django.db import connections
+
+from apps.receiver.models import Delivery, DeliveryStatus
+from tests.receiver_support import (  # noqa: F401
+    dumps, fake_forge, forges, github_headers, gitlab_token_headers, job_spec, load, post, queued, rule,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+def labelled(number=7, labels=("pi",)):
+    payload = load("github/issues_labeled.json")
+    payload["issue"]["number"] = number
+    payload["issue"]["labels"] = [{"name": name} for name in labels]
+    return payload
+
+
+@pytest.fixture
+def send(client, forges):
+    def send(payload, delivery, event="issues"):
+        body = dumps(payload)
+        return post(client, "github", body, github_headers(body, event, delivery))
+
+    return send
+
+
+def test_a_second_label_event_for_the_same_issue_and_flow_is_swallowed(send, redis_conn, caplog):
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+
+    first = send(labelled(), "d-first").json()
+    with caplog.at_level("INFO"):
+        second = send(labelled(labels=("pi", "frontend")), "d-second")
+
+    assert first == {"status": "queued", "jobs": ["gh-d-first"]}
+    assert second.status_code == 202
+    assert second.json() == {"status": "duplicate", "jobs": ["gh-d-first"]}
+    assert queued(redis_conn) == ["gh-d-first"]
+    assert "job=gh-d-second surviving=gh-d-first" in caplog.text
+    delivery = Delivery.objects.get(delivery_id="d-second")
+    assert (delivery.status, delivery.job_ids, delivery.payload) == (DeliveryStatus.DUPLICATE, ["gh-d-first"], None)
+    assert redis_conn.pttl("pidispatch:dedup:acme/web#7:fix-bug") > 590_000  # 10-minute window
+
+
+def test_other_targets_and_other_flows_are_not_swallowed(send, redis_conn):
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+    rule(position=1, kind="github", on_type="label", label_any=["docs"], flow="write-docs")
+
+    send(labelled(7), "d-7")
+    send(labelled(8), "d-8")
+    send(labelled(7, labels=("docs",)), "d-7-docs")
+
+    assert sorted(queued(redis_conn)) == ["gh-d-7", "gh-d-7-docs", "gh-d-8"]
+
+
+def test_the_window_is_configurable(send, redis_conn, settings):
+    settings.PI_DEDUP_WINDOW_SECONDS = 0  # off
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+    send(labelled(), "d-a")
+    send(labelled(), "d-b")
+    assert sorted(queued(redis_conn)) == ["gh-d-a", "gh-d-b"]
+
+
+def test_semantic_keys(forges):
+    from apps.receiver.dispatch import semantic_key
+    from apps.worker.jobs import JobSpec
+
+    def key(**fields):
+        base = dict(job_id="gh-x", kind="github", repo="octo/repo", target_type="issue", number=42, flow="frontend-fix")
+        return semantic_key(JobSpec(**{**base, **fields}))
+
+    assert key() == "octo/repo#42:frontend-fix"
+    assert key(kind="gitlab", repo="group/sub/proj", number=5) == "group/sub/proj#5:frontend-fix"
+    assert key(kind="gitlab", repo="group/sub/proj", number=5, target_type="pull_request") == "group/sub/proj!5:frontend-fix"
+    assert key(kind="github", target_type="pull_request") == "octo/repo#42:frontend-fix"  # shared numbering
+    assert key(kind="azure", repo="Fabrikam/widgets", number=7, flow="fix") == "Fabrikam/widgets#7:fix"
+    assert key(flow="", command="summarise") == "octo/repo#42:cmd:summarise"
+    assert key(trigger_type="issue", context={"matched": {"action": "closed"}}) == "octo/repo#42:closed:frontend-fix"
+    assert key(replica=1, replicas=2) == "octo/repo#42:frontend-fix:r1"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_redeliveries_of_one_delivery_make_exactly_one_job(forges, redis_conn):
+    """Eight threads POST the same delivery at once through real requests: one job, one inbox row."""
+    from django.test import Client
+
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+    body = dumps(labelled())
+    headers = github_headers(body, "issues", "d-race")
+    answers, barrier = [], threading.Barrier(8)
+
+    def deliver():
+        barrier.wait()
+        try:
+            answers.append(post(Client(), "github", body, headers))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=deliver) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert len(answers) == 8 and all(answer.status_code == 202 for answer in answers), [a.content for a in answers]
+    assert queued(redis_conn) == ["gh-d-race"]
+    assert Delivery.objects.filter(delivery_id="d-race").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_different_deliveries_for_one_target_make_one_job(forges, redis_conn):
+    from django.test import Client
+
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+    body = dumps(labelled())
+    barrier = threading.Barrier(6)
+    answers = []
+
+    def deliver(i):
+        barrier.wait()
+        try:
+            answers.append(post(Client(), "github", body, github_headers(body, "issues", f"d-burst-{i}")).json())
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=deliver, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert len(queued(redis_conn)) == 1
+    assert sorted(answer["status"] for answer in answers) == ["duplicate"] * 5 + ["queued"]
+    survivor = queued(redis_conn)[0]
+    assert all(answer["jobs"] == [survivor] for answer in answers)
+
+
+# --- replicas ------------------------------------------------------------------------------------------------
+
+def test_replicas_are_separate_jobs_with_separate_keys(send, redis_conn):
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug", replicas=3)
+
+    response = send(labelled(), "d-rep").json()
+
+    assert response == {"status": "queued", "jobs": ["gh-d-rep-r1", "gh-d-rep-r2", "gh-d-rep-r3"]}
+    for i in (1, 2, 3):
+        spec = job_spec(redis_conn, f"gh-d-rep-r{i}")
+        assert (spec["replica"], spec["replicas"]) == (i, 3)
+        assert redis_conn.get(f"pidispatch:dedup:acme/web#7:fix-bug:r{i}") == f"gh-d-rep-r{i}".encode()
+
+
+def test_a_replica_that_failed_halfway_converges_on_retry(client, forges, redis_conn, monkeypatch):
+    """Redis dies after replica 1: the delivery stays pending; the retry makes replicas 2 and 3, not more."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from apps.receiver import dispatch, intake
+
+    rule(position=0, kind="gitlab", on_type="label", label_any=["pi"], flow="fix-bug", replicas=3)
+    forges.gitlab_member("4711", 1201, 40)
+    real_enqueue, calls = dispatch.enqueue, []
+
+    def flaky_enqueue(spec, queue):
+        calls.append(spec.job_id)
+        if len(calls) == 2:
+            raise RedisConnectionError("connection lost")
+        return real_enqueue(spec, queue)
+
+    monkeypatch.setattr(dispatch, "enqueue", flaky_enqueue)
+    body = dumps(load("gitlab/issue_update_labels.json"))
+    response = post(client, "gitlab", body, gitlab_token_headers("Issue Hook", "idem-rep"))
+    assert response.json() == {"status": "accepted"}
+    assert queued(redis_conn) == ["gl-idem-rep-r1"]
+
+    monkeypatch.setattr(dispatch, "enqueue", real_enqueue)
+    answer = intake.replay(Delivery.objects.get(delivery_id="idem-rep"))
+
+    assert answer.body == {"status": "queued", "jobs": ["gl-idem-rep-r2", "gl-idem-rep-r3", "gl-idem-rep-r1"]}
+    assert sorted(queued(redis_conn)) == ["gl-idem-rep-r1", "gl-idem-rep-r2", "gl-idem-rep-r3"]
+
+
+# --- routing -------------------------------------------------------------------------------------------------
+
+def test_jobs_binding_a_host_capability_are_routed(send, redis_conn, monkeypatch):
+    from apps.fleet import routing
+
+    asked = []
+
+    def queue_for(needs=frozenset()):
+        asked.append(needs)
+        return "pi-jobs@hostA"
+
+    monkeypatch.setattr(routing, "queue_for", queue_for)
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug", secrets={"NPM_TOKEN": "npm/ci"},
+         secrets_profile="vault", wait_for=[{"profile": "ci-green"}, {"after": "2026-01-01T00:00:00Z"}])
+    rule(position=1, kind="github", on_type="label", label_any=["plain"], flow="fix-bug")
+
+    routed = send(labelled(), "d-routed").json()
+    plain = send(labelled(8, labels=("plain",)), "d-plain").json()
+
+    assert asked == [frozenset({"secrets:vault", "wait:ci-green"})]  # plain jobs never ask the registry
+    assert queued(redis_conn, "pi-jobs@hostA") == routed["jobs"]
+    assert queued(redis_conn) == plain["jobs"]
+    spec = job_spec(redis_conn, routed["jobs"][0], "pi-jobs@hostA")
+    assert spec["secrets"] == {"NPM_TOKEN": "npm/ci"} and spec["secrets_profile"] == "vault"
+    assert list(spec["wait_for"]) == [{"profile": "ci-green"}, {"after": "2026-01-01T00:00:00Z"}]
+
+
+def test_routing_errors_fall_back_to_the_shared_queue(send, redis_conn, monkeypatch):
+    from apps.fleet import routing
+
+    def broken(needs=frozenset()):
+        raise RuntimeError("registry unreadable")
+
+    monkeypatch.setattr(routing, "queue_for", broken)
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug", secrets={"A": "b"},
+         secrets_profile="vault")
+
+    assert queued(redis_conn) == [] and send(labelled(), "d-fallback").status_code == 202
+    assert queued(redis_conn) == ["gh-d-fallback"]
+
+
+def test_every_execution_field_of_the_rule_reaches_the_job(send, redis_conn):
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug", image="registry/pi:2",
+         instructions="Keep the change small.", provider="anthropic", model="claude-sonnet-4",
+         max_turns=12, exclude_tools=["bash", "write"], resume=True)
+
+    spec = job_spec(redis_conn, send(labelled(), "d-fields").json()["jobs"][0])
+
+    assert {k: spec[k] for k in ("image", "instructions", "provider", "model", "max_turns", "exclude_tools",
+                                 "resume", "once")} == {
+        "image": "registry/pi:2", "instructions": "Keep the change small.", "provider": "anthropic",
+        "model": "claude-sonnet-4", "max_turns": 12, "exclude_tools": ("bash", "write"), "resume": True,
+        "once": False}
+    assert set(spec["context"]) == {"event", "action", "deliveryId", "sender", "matched"}  # no execution knobs

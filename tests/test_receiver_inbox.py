@@ -1,0 +1,286 @@
+"""The inbox never loses a delivery: Redis down, the database down, forge lookups that cannot be answered,
+our own bugs; the replayer (`replay_deliveries`) and the admin's replay and discard actions."""
+
+import os
+import signal
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+from django.db import OperationalError
+from django.utils import timezone
+from rq import Queue
+
+from apps.fleet import connection as fleet_connection
+from apps.receiver import intake
+from apps.receiver.models import Delivery, DeliveryStatus
+from devtools import services
+from tests.conftest import ROOT, wait_for
+from tests.receiver_support import (  # noqa: F401
+    dumps, fake_forge, forges, github_headers, load, post, queued, rule,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+def labelled(number):
+    payload = load("github/issues_labeled.json")
+    payload["issue"]["number"] = number
+    return payload
+
+
+def deliver(client, number, delivery):
+    body = dumps(labelled(number))
+    return post(client, "github", body, github_headers(body, "issues", delivery))
+
+
+@pytest.fixture
+def label_rule(db):
+    return rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+
+
+@pytest.fixture
+def redis_down(settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    fleet_connection._client.cache_clear()
+    yield
+    fleet_connection._client.cache_clear()
+
+
+@pytest.fixture
+def own_redis(tmp_path, settings):
+    """A redis-server of this test's own (persistent, like a real one), so the test may stop and restart it."""
+    port = services.free_port()
+    data = tmp_path / "redis"
+
+    class OwnRedis:
+        url = f"redis://127.0.0.1:{port}/0"
+
+        def __init__(self):
+            self.service = None
+
+        def start(self):
+            self.service = services.start_redis(data, port, persistent=True)
+
+        def stop(self):
+            self.service.stop()
+
+    redis = OwnRedis()
+    redis.start()
+    settings.REDIS_URL = redis.url
+    fleet_connection._client.cache_clear()
+    yield redis
+    redis.stop()
+    fleet_connection._client.cache_clear()
+
+
+# --- Redis down -------------------------------------------------------------------------------------------
+
+@pytest.mark.django_db(transaction=True)
+def test_redis_stopped_mid_test_deliveries_become_jobs_exactly_once_when_it_returns(
+        client, forges, label_rule, own_redis, worker_env, tmp_path):
+    import redis as redis_py
+
+    assert deliver(client, 1, "d-before").json()["status"] == "queued"
+    own_redis.stop()
+
+    answers = [deliver(client, number, f"d-during-{number}") for number in (2, 3, 4)]
+
+    assert all((a.status_code, a.json()) == (202, {"status": "accepted"}) for a in answers)
+    pending = Delivery.objects.filter(status=DeliveryStatus.PENDING).order_by("received_at")
+    assert [d.delivery_id for d in pending] == ["d-during-2", "d-during-3", "d-during-4"]
+    assert all(d.payload is not None and d.reason == "redis-unavailable" for d in pending)
+
+    # The replayer runs before Redis is back: it waits, then enqueues in arrival order on its own.
+    env = {**worker_env, "REDIS_URL": own_redis.url, "PI_INBOX_POLL_SECONDS": "0.2",
+           "GITHUB_API_URL": forges.url}
+    log = tmp_path / "replayer.log"
+    with open(log, "w") as sink:
+        replayer = subprocess.Popen([sys.executable, "manage.py", "replay_deliveries", "--follow"], cwd=ROOT, env=env,
+                                    stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: "Redis is unreachable" in log.read_text(), timeout=60, what="the replayer to notice Redis")
+        own_redis.start()
+        connection = redis_py.Redis.from_url(own_redis.url)
+        wait_for(lambda: len(Queue("pi-jobs", connection=connection).get_job_ids()) == 4, timeout=60,
+                 what="the pending deliveries to become jobs")
+    finally:
+        os.killpg(replayer.pid, signal.SIGTERM)
+        replayer.wait(timeout=30)
+    output = log.read_text()
+    assert replayer.returncode == 0, output
+    assert "Redis is back" in output
+
+    jobs = Queue("pi-jobs", connection=connection).get_job_ids()
+    assert jobs == ["gh-d-before", "gh-d-during-2", "gh-d-during-3", "gh-d-during-4"]  # arrival order, once each
+    assert set(Delivery.objects.values_list("status", flat=True)) == {DeliveryStatus.QUEUED}
+    assert not Delivery.objects.filter(payload__isnull=False).exists()
+
+    result = subprocess.run([sys.executable, "manage.py", "replay_deliveries"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "replayed 0 delivery(ies); 0 still pending" in result.stdout
+    assert Queue("pi-jobs", connection=connection).get_job_ids() == jobs
+
+
+def test_one_shot_replay_command_reports_redis_down(forges, label_rule, redis_down, client, capsys):
+    deliver(client, 2, "d-wait")
+    with pytest.raises(SystemExit) as exited:
+        from django.core.management import call_command
+
+        call_command("replay_deliveries")
+    assert exited.value.code == 1
+    assert "Redis is unreachable: nothing was replayed" in capsys.readouterr().err
+    assert Delivery.objects.get(delivery_id="d-wait").status == DeliveryStatus.PENDING
+
+
+# --- the database down -----------------------------------------------------------------------------------------
+
+def test_database_down_spools_the_delivery_to_redis_and_the_replayer_moves_it_in(
+        client, forges, label_rule, redis_conn, monkeypatch):
+    def database_down(*args, **kwargs):
+        raise OperationalError("could not connect to server")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Delivery.objects, "create", database_down)
+        response = deliver(client, 5, "d-spooled")
+
+    assert (response.status_code, response.json()) == (202, {"status": "accepted"})
+    assert Delivery.objects.count() == 0 and redis_conn.llen(intake.SPOOL_KEY) == 1
+
+    report = intake.replay_due()
+
+    assert report.moved_from_spool == 1 and report.outcomes == {"queued": 1}
+    delivery = Delivery.objects.get(delivery_id="d-spooled")
+    assert (delivery.status, delivery.job_ids, delivery.payload) == (DeliveryStatus.QUEUED, ["gh-d-spooled"], None)
+    assert redis_conn.llen(intake.SPOOL_KEY) == 0 and queued(redis_conn) == ["gh-d-spooled"]
+
+
+def test_only_when_neither_the_database_nor_redis_can_take_it_is_the_answer_503(
+        client, forges, label_rule, redis_down, monkeypatch):
+    def database_down(*args, **kwargs):
+        raise OperationalError("could not connect to server")
+
+    monkeypatch.setattr(Delivery.objects, "create", database_down)
+    response = deliver(client, 6, "d-lost")
+
+    assert (response.status_code, response.json()) == (503, {"error": "store-failed"})
+
+
+# --- pending deliveries ----------------------------------------------------------------------------------------
+
+def test_pending_lookups_wait_for_their_backoff(client, forges, redis_conn):
+    rule(position=0, kind="github", on_type="issue", actions=["closed"], flow="retro")
+    forges.routes["/repos/acme/web/collaborators/maintainer-mia/permission"] = (500, {})
+    payload = labelled(7)
+    payload["action"] = "closed"
+    body = dumps(payload)
+    post(client, "github", body, github_headers(body, "issues", "d-back"))
+    delivery = Delivery.objects.get()
+    assert delivery.next_attempt_at > timezone.now() + timedelta(seconds=10)
+
+    forges.github_permission("acme/web", "maintainer-mia", "write")
+    assert intake.replay_due().outcomes is None  # not due yet
+    assert intake.replay_due(ignore_backoff=True).outcomes == {"queued": 1}
+    assert queued(redis_conn) == ["gh-d-back"]
+
+
+def test_a_delivery_whose_process_died_is_picked_up(forges, label_rule, redis_conn):
+    delivery = Delivery.objects.create(forge="github", delivery_id="d-orphan", event="issues",
+                                       payload=dumps(labelled(9)), attempts=1,
+                                       attempted_at=timezone.now() - timedelta(minutes=5))
+
+    assert intake.replay_due().outcomes == {"queued": 1}
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.attempts) == (DeliveryStatus.QUEUED, 2)
+
+
+def test_our_own_bug_keeps_the_delivery_and_never_answers_500(client, forges, label_rule, monkeypatch, caplog):
+    from apps.receiver import intake as intake_module
+
+    def broken(*args, **kwargs):
+        raise KeyError("Checkout button overlaps the footer")  # an error message may quote payload text
+
+    monkeypatch.setattr(intake_module, "decide", broken)
+    with caplog.at_level("INFO"):
+        response = deliver(client, 7, "d-bug")
+
+    assert (response.status_code, response.json()) == (202, {"status": "accepted"})
+    delivery = Delivery.objects.get()
+    assert (delivery.status, delivery.reason) == (DeliveryStatus.PENDING, "processing-error")
+    assert delivery.payload is not None
+    assert "error=KeyError" in caplog.text and "Checkout button" not in caplog.text
+
+
+def test_redeliveries_get_the_first_answer(client, forges, label_rule, redis_down):
+    assert deliver(client, 2, "d-again").json() == {"status": "accepted"}
+    assert deliver(client, 2, "d-again").json() == {"status": "accepted"}
+
+    payload = labelled(3)
+    payload["issue"]["labels"] = [{"name": "docs"}]
+    body = dumps(payload)
+    first = post(client, "github", body, github_headers(body, "issues", "d-ign")).json()
+    assert first == post(client, "github", body, github_headers(body, "issues", "d-ign")).json() == {
+        "status": "ignored", "reason": "no-allowlisted-label"}
+    assert Delivery.objects.count() == 2
+
+
+# --- the admin ------------------------------------------------------------------------------------------------
+
+def test_admin_lists_by_status_and_replays_pending_deliveries(admin_client, client, forges, label_rule, settings,
+                                                              redis_conn):
+    real_url = settings.REDIS_URL
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    fleet_connection._client.cache_clear()
+    deliver(client, 11, "d-adm-1")
+    deliver(client, 12, "d-adm-2")
+    settings.REDIS_URL = real_url
+    fleet_connection._client.cache_clear()
+    deliver(client, 13, "d-adm-3")
+
+    listing = admin_client.get("/admin/receiver/delivery/?status__exact=pending").content.decode()
+    assert "d-adm-1" in listing and "d-adm-2" in listing and "d-adm-3" not in listing
+    found = admin_client.get("/admin/receiver/delivery/?q=gh-d-adm-3").content.decode()
+    assert "d-adm-3" in found and "d-adm-1" not in found  # searchable by job id
+
+    ids = list(Delivery.objects.values_list("pk", flat=True))
+    page = admin_client.post("/admin/receiver/delivery/", {"action": "replay_selected", "_selected_action": ids},
+                             follow=True).content.decode()
+
+    assert "Replayed 2 delivery(ies): 2 queued." in page
+    assert "1 delivery(ies) skipped: already settled" in page
+    assert sorted(queued(redis_conn)) == ["gh-d-adm-1", "gh-d-adm-2", "gh-d-adm-3"]
+
+
+def test_admin_discards_pending_deliveries(admin_client, client, forges, label_rule, redis_down):
+    deliver(client, 21, "d-disc")
+    pk = Delivery.objects.get().pk
+
+    page = admin_client.post("/admin/receiver/delivery/", {"action": "discard_selected", "_selected_action": [pk]},
+                             follow=True).content.decode()
+
+    assert "1 delivery(ies) discarded" in page
+    delivery = Delivery.objects.get()
+    assert (delivery.status, delivery.payload) == (DeliveryStatus.DISCARDED, None)
+    assert intake.replay(delivery) is None  # nothing left to replay
+
+
+def test_admin_inbox_actions_need_the_change_permission(client, django_user_model, forges, label_rule, redis_down):
+    from django.contrib.auth.models import Permission
+
+    deliver(client, 31, "d-perm")
+    viewer = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_delivery"))
+    client.force_login(viewer)
+
+    page = client.get("/admin/receiver/delivery/").content.decode()
+
+    assert "d-perm" in page and "replay_selected" not in page and "discard_selected" not in page
+
+
+def test_process_leaves_no_text_in_the_inbox(client, forges, label_rule):
+    deliver(client, 41, "d-clean")
+    row = Delivery.objects.values().get()
+    assert row["payload"] is None
+    assert "Checkout" not in str(row) and "maintainer-mia" not in str(row)
+

@@ -1,0 +1,173 @@
+"""Property tests: random bodies, headers and sizes at all four endpoints, unsigned and correctly signed (so
+the payload reaches the normalisers and matching). No input may produce a 5xx, and none may reach the
+inbox's last-resort error path (a bug we would otherwise hide behind a 202)."""
+
+import copy
+import json
+
+import pytest
+from django.conf import settings as django_settings
+from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
+from hypothesis.configuration import set_hypothesis_home_dir
+
+from apps.receiver.models import Delivery
+from tests.receiver_support import (  # noqa: F401
+    azure_basic_headers, fake_forge, forgejo_headers, forges, github_headers, gitlab_token_headers, load, post, rule,
+)
+
+pytestmark = pytest.mark.django_db
+set_hypothesis_home_dir(str(django_settings.VAR_DIR / "hypothesis"))  # not a .hypothesis/ folder in the checkout
+
+FORGES = ("github", "gitlab", "forgejo", "azure")
+BASE_PAYLOADS = {  # (the event header the forge sends with it, the payload)
+    "github": [("issues", load("github/issues_labeled.json")), ("issue_comment", load("github/issue_comment_created.json")),
+               ("pull_request", load("github/pull_request_opened.json")),
+               ("pull_request_review", load("github/pull_request_review_submitted.json")),
+               ("pull_request", load("github/pull_request_closed.json"))],
+    "gitlab": [("Issue Hook", load("gitlab/issue_update_labels.json")),
+               ("Merge Request Hook", load("gitlab/merge_request_update_labels.json")),
+               ("Note Hook", load("gitlab/note_issue.json"))],
+    "forgejo": [("issues", load("forgejo/issues_label_updated.json")),
+                ("pull_request", load("forgejo/pull_request_label_updated.json"))],
+    "azure": [("", load("azure/workitem_updated_tags.json")), ("", load("azure/workitem_commented.json")),
+              ("", load("azure/pullrequest_comment.json"))],
+}
+EVENTS = {
+    "github": ["issues", "issue_comment", "pull_request", "pull_request_review", "push", "ping", ""],
+    "gitlab": ["Issue Hook", "Note Hook", "Merge Request Hook", "System Hook", "Push Hook"],
+    "forgejo": ["issues", "issue_comment", "pull_request", "push", "release"],
+    "azure": [""],
+}
+ACTIONS = ["opened", "labeled", "closed", "created", "submitted", "synchronize", "reopened", "label_updated",
+           "synchronized", "open", "update", "close", "approved", "merge", "edited", "", None, 7]
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) | st.text(max_size=30),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4),
+    max_leaves=12,
+)
+header_names = st.sampled_from([
+    "X-GitHub-Event", "X-GitHub-Delivery", "X-Hub-Signature-256", "X-Gitlab-Event", "X-Gitlab-Token",
+    "webhook-id", "webhook-timestamp", "webhook-signature", "Idempotency-Key", "X-Gitlab-Event-UUID",
+    "X-Forgejo-Signature", "X-Gitea-Signature", "X-Gitea-Event", "X-Gitea-Delivery", "Authorization",
+    "Content-Length", "X-Anything",
+])
+header_values = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=80)
+PROPERTY_SETTINGS = hypothesis_settings(
+    max_examples=60, deadline=None, derandomize=True, database=None,  # reproducible runs
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+@pytest.fixture
+def armed(forges):
+    """Rules on every route of every forge, and a forge API that allows everyone, so inputs go deep."""
+    forges.fallback = (200, {"permission": "write", "access_level": 40, "value": "aad.x", "id": 1,
+                             "count": 1, "value_list": []})
+    rules = [
+        dict(kind="github", on_type="label", label_any=["pi"], flow="fix-bug"),
+        dict(kind="github", on_type="comment", phrase="@pi", flow="triage"),
+        dict(kind="github", on_type="pull_request", actions=["opened", "synchronize", "review_submitted"],
+             flow="review"),
+        dict(kind="github", on_type="pull_request", actions=["labeled"], label_any=["pi-review"], flow="review",
+             replicas=2),
+        dict(kind="github", on_type="issue", actions=["closed"], flow="retro"),
+        dict(kind="gitlab", on_type="label", label_any=["pi"], flow="fix-bug"),
+        dict(kind="gitlab", on_type="comment", phrase="@pi", flow="triage"),
+        dict(kind="gitlab", on_type="pull_request", actions=["update", "open"], flow="review"),
+        dict(kind="gitlab", on_type="issue", actions=["close"], number=5, once=True, flow="retro"),
+        dict(kind="forgejo", on_type="label", label_any=["pi"], flow="fix-bug"),
+        dict(kind="forgejo", on_type="pull_request", actions=["label_updated"], label_any=["pi-review"], flow="review"),
+        dict(kind="azure", on_type="label", label_any=["pi-fix"], repository="storefront", flow="fix-bug"),
+        dict(kind="azure", on_type="comment", phrase="@pi", repository="storefront", flow="triage"),
+    ]
+    for position, fields in enumerate(rules):
+        rule(position=position, **fields)
+    return forges
+
+
+def signed_headers(forge: str, body: bytes, event: str, delivery: str) -> dict:
+    if forge == "github":
+        return github_headers(body, event, delivery)
+    if forge == "gitlab":
+        return gitlab_token_headers(event, delivery)
+    if forge == "forgejo":
+        return forgejo_headers(body, event, delivery)
+    return azure_basic_headers()
+
+
+def assert_no_hidden_errors():
+    assert not Delivery.objects.filter(reason="processing-error").exists(), "an input reached the last-resort path"
+
+
+@PROPERTY_SETTINGS
+@given(forge=st.sampled_from(FORGES), body=st.binary(max_size=2048),
+       headers=st.dictionaries(header_names, header_values, max_size=8),
+       content_type=st.sampled_from(["application/json", "application/json; charset=utf-8", "text/plain", ""]),
+       method=st.sampled_from(["POST", "POST", "POST", "GET", "PUT"]))
+def test_random_requests_never_5xx(client, armed, forge, body, headers, content_type, method):
+    headers = {k: v for k, v in headers.items() if k != "Content-Length"}
+    response = client.generic(method, f"/hooks/{forge}", data=body, content_type=content_type, headers=headers)
+    assert response.status_code < 500
+    assert response["Content-Type"] == "application/json"
+
+
+@PROPERTY_SETTINGS
+@given(forge=st.sampled_from(FORGES), payload=json_values, data=st.data())
+def test_signed_random_json_never_5xx(client, armed, forge, payload, data):
+    body = json.dumps(payload).encode()
+    event = data.draw(st.sampled_from(EVENTS[forge]))
+    delivery = data.draw(st.text(min_size=1, max_size=40, alphabet=st.characters(min_codepoint=33, max_codepoint=126)))
+    response = post(client, forge, body, signed_headers(forge, body, event, delivery))
+    assert response.status_code < 500
+    assert_no_hidden_errors()
+
+
+def _paths(value, prefix=()):
+    yield prefix
+    if isinstance(value, dict):
+        for key, child in value.items():
+            yield from _paths(child, prefix + (key,))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            yield from _paths(child, prefix + (index,))
+
+
+def _replace(document, path, new_value):
+    if not path:
+        return new_value
+    target = document
+    for step in path[:-1]:
+        target = target[step]
+    target[path[-1]] = new_value
+    return document
+
+
+@hypothesis_settings(PROPERTY_SETTINGS, max_examples=200)
+@given(forge=st.sampled_from(FORGES), data=st.data())
+def test_signed_mutations_of_real_payloads_never_5xx(client, armed, forge, data):
+    """Real payloads with a few subtrees replaced by anything: the shapes forges send, almost."""
+    event, original = data.draw(st.sampled_from(BASE_PAYLOADS[forge]))
+    payload = copy.deepcopy(original)
+    for _ in range(data.draw(st.integers(1, 3))):
+        paths = list(_paths(payload))
+        path = data.draw(st.sampled_from(paths[1:] or paths))
+        replacement = data.draw(json_values | st.sampled_from(ACTIONS))
+        payload = _replace(payload, path, replacement)
+    body = json.dumps(payload).encode()
+    if data.draw(st.integers(0, 9)) == 0:
+        event = data.draw(st.sampled_from(EVENTS[forge]))
+    delivery = data.draw(st.uuids()).hex
+    response = post(client, forge, body, signed_headers(forge, body, event, delivery))
+    assert response.status_code < 500
+    assert_no_hidden_errors()
+
+
+@PROPERTY_SETTINGS
+@given(forge=st.sampled_from(FORGES), size=st.integers(0, 6000))
+def test_sizes_around_the_limit_never_5xx(client, armed, settings, forge, size):
+    settings.PI_WEBHOOK_MAX_BYTES = 4096
+    body = json.dumps({"id": "sized", "pad": "x" * size}).encode()
+    response = post(client, forge, body, signed_headers(forge, body, EVENTS[forge][0], f"size-{size}"))
+    assert response.status_code < 500
+    assert (response.status_code == 413) == (len(body) > 4096)

@@ -233,6 +233,8 @@ def run_platform(args) -> int:
                                env))
         stack.add(_start_child("worker", [sys.executable, "manage.py", "rqworker", "pi-jobs"], env,
                                stop_signal=signal.SIGINT))
+        # Enqueues deliveries the inbox kept while Redis (or a forge lookup) was unavailable.
+        stack.add(_start_child("replayer", [sys.executable, "manage.py", "replay_deliveries", "--follow"], env))
         services.wait_until(lambda: _http_ok(f"{base_url}/healthz"), 30, "the web server")
         say(f"web server up at {base_url}/ ; worker draining pi-jobs")
 

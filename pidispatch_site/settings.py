@@ -90,6 +90,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
     )
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-pidispatch.sqlite3")}
+else:
+    # Keep server connections between requests (a webhook burst would otherwise open one per delivery).
+    DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=60))
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

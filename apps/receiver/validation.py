@@ -19,6 +19,8 @@ from datetime import timezone as dt_timezone
 from croniter import croniter
 from django.core.exceptions import ValidationError
 
+from apps.worker.validation import FLOW_PATTERN
+
 # --- vocabulary ------------------------------------------------------------------------------------------
 
 TRIGGER_TYPES = ("cron", "label", "comment", "pull_request", "issue")
@@ -37,7 +39,6 @@ REVIEW_ACTION = "review_submitted"
 REVIEW_STATES = ("approved", "changes_requested", "commented")
 EXCLUDABLE_TOOLS = ("read", "bash", "powershell", "edit", "write", "grep", "find", "ls")
 
-FLOW_PATTERN = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?$")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 CRON_ID_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 PROVIDER_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

@@ -59,6 +59,10 @@ def event_document(spec: JobSpec) -> dict:
         "command": spec.command or None,
         "trigger": spec.context,
     }
+    if spec.head or spec.base:  # pull requests: what the forge sent, as data (the clone is the default branch)
+        document["target"].update(head=spec.head, base=spec.base)
+    if spec.project_id or spec.repository_id:
+        document.update(projectId=spec.project_id or None, repositoryId=spec.repository_id or None)
     if spec.replica is not None:
         document.update(replica=spec.replica, replicas=spec.replicas)
     return document

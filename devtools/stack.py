@@ -235,6 +235,7 @@ def run_platform(args) -> int:
                                stop_signal=signal.SIGINT))
         # Enqueues deliveries the inbox kept while Redis (or a forge lookup) was unavailable.
         stack.add(_start_child("replayer", [sys.executable, "manage.py", "replay_deliveries", "--follow"], env))
+        stack.add(_start_child("cron", [sys.executable, "manage.py", "run_cron"], env))
         services.wait_until(lambda: _http_ok(f"{base_url}/healthz"), 30, "the web server")
         say(f"web server up at {base_url}/ ; worker draining pi-jobs")
 

@@ -166,6 +166,8 @@ PI_WAIT_CHECK_TIMEOUT_SECONDS = env.int("PI_WAIT_CHECK_TIMEOUT_SECONDS", default
 PI_WAIT_AFTER_MAX_DAYS = 30
 # How long a job that found its scope's slots (or its folder) busy waits before it looks again.
 PI_SCOPE_BUSY_RECHECK_SECONDS = env.int("PI_SCOPE_BUSY_RECHECK_SECONDS", default=5)
+# The time zone cron patterns are read in.
+PI_CRON_TZ = env("PI_CRON_TZ", default="UTC")
 PI_RETRY_ATTEMPTS = 2
 PI_RETRY_BACKOFF_SECONDS = env.int("PI_RETRY_BACKOFF_SECONDS", default=60)
 # How long RQ keeps a finished job (its payload holds issue text). The DB holds history and the

@@ -271,7 +271,7 @@ def _check_on(on_type, kind, on, run, problems: _Problems) -> None:
         if not isinstance(cron_id, str) or not CRON_ID_PATTERN.fullmatch(cron_id):
             problems.add("on.id", "on.id must name the cron trigger: 1-64 letters, digits, '.', '_' or '-' (no ':').")
         fields = pattern.split() if isinstance(pattern, str) else []
-        if len(fields) not in (5, 6) or not croniter.is_valid(pattern):
+        if len(fields) not in (5, 6) or not croniter.is_valid(pattern, second_at_beginning=len(fields) == 6):
             problems.add("on.pattern", "on.pattern must be a cron expression of 5 or 6 space-separated fields, "
                                        "e.g. \"0 6 * * 1-5\".")
         return

@@ -1,0 +1,121 @@
+"""Cron triggers become jobs: the schedule producer that runs on every worker host (`manage.py run_cron`).
+
+Each enabled cron trigger whose folder exists on this host fires on its pattern (5 fields, or 6 with
+seconds first, as the ancestor's cron-parser reads them) in PI_CRON_TZ, onto this host's queue. Triggers
+are re-read on every tick, so an edit in the admin applies without a restart.
+
+- Job id `cron-<trigger id>-<unix seconds of the occurrence>`: hosts holding the same folder race for one
+  id and exactly one job exists.
+- No backfill: after downtime only the latest missed occurrence fires, once. A new or re-enabled trigger
+  waits for its next occurrence.
+- At most one pending occurrence: while the previous job has not started, a new occurrence is skipped.
+
+Redis keys (per trigger):
+    pidispatch:cron:last:<trigger id>      unix seconds of the last occurrence handled (fired or skipped)
+    pidispatch:cron:pending:<trigger id>   job id of the last occurrence enqueued
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
+from croniter import croniter
+from django.conf import settings
+from rq.job import Job, JobStatus
+
+from apps.fleet.hosts import HostIdentity
+from apps.fleet.queues import SHARED_QUEUE, host_queue
+from apps.worker.jobs import JobSpec, enqueue
+
+from .models import Trigger, TriggerType
+
+logger = logging.getLogger("pidispatch.cron")
+
+PREFIX = "pidispatch:cron"
+NOT_STARTED = {JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED}
+KEY_TTL_SECONDS = 400 * 86400  # longer than any yearly schedule
+
+
+@dataclass(frozen=True)
+class TickResult:
+    fired: list[str]
+    skipped: list[str]
+
+
+def _latest_occurrence(pattern: str, now: datetime) -> datetime:
+    seconds_first = len(pattern.split()) == 6
+    return croniter(pattern, now.astimezone(ZoneInfo(settings.PI_CRON_TZ)),
+                    second_at_beginning=seconds_first).get_prev(datetime)
+
+
+def _pending(redis, job_id: str | None) -> bool:
+    if not job_id:
+        return False
+    try:
+        return Job.fetch(job_id, connection=redis).get_status(refresh=False) in NOT_STARTED
+    except Exception:  # gone: finished and expired, or removed
+        return False
+
+
+def _spec(trigger: Trigger, occurrence: datetime) -> JobSpec:
+    stamp = int(occurrence.timestamp())
+    return JobSpec(
+        job_id=f"cron-{trigger.pk}-{stamp}",
+        kind="local",
+        folder=trigger.folder,
+        target_type="local",
+        flow=trigger.flow,
+        command=trigger.command,
+        task=trigger.task,
+        image=trigger.image,
+        provider=trigger.provider,
+        model=trigger.model,
+        max_turns=trigger.max_turns,
+        exclude_tools=tuple(trigger.exclude_tools),
+        secrets=dict(trigger.secrets),
+        secrets_profile=trigger.secrets_profile,
+        trigger_id=trigger.pk,
+        trigger_type=TriggerType.CRON,
+        context={"event": "cron", "cronId": trigger.cron_id, "scheduledFor": occurrence.isoformat(),
+                 "matched": {"index": trigger.position, "type": TriggerType.CRON}},
+    )
+
+
+# Claim an occurrence: 1 for the one caller that moves `last` forward to it, 0 for everyone else.
+# A trigger seen for the first time only remembers its latest occurrence (nothing fires for the past).
+_CLAIM = """
+local last = tonumber(redis.call('GET', KEYS[1]))
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+if last == nil then return 0 end
+if tonumber(ARGV[1]) <= last then redis.call('SET', KEYS[1], last, 'EX', ARGV[2]) return 0 end
+return 1
+"""
+
+
+def tick(redis, host: HostIdentity, now: datetime) -> TickResult:
+    """Fire every cron trigger of this host whose latest occurrence has not been handled yet."""
+    queue = host_queue(host.name) if host.declared else SHARED_QUEUE
+    fired, skipped = [], []
+    for trigger in Trigger.objects.filter(enabled=True, on_type=TriggerType.CRON).order_by("position", "id"):
+        if not os.path.isdir(trigger.folder):
+            continue  # another host holds this folder
+        occurrence = _latest_occurrence(trigger.cron_pattern, now)
+        stamp = int(occurrence.timestamp())
+        if not redis.eval(_CLAIM, 1, f"{PREFIX}:last:{trigger.pk}", stamp, KEY_TTL_SECONDS):
+            continue
+        pending_key = f"{PREFIX}:pending:{trigger.pk}"
+        previous = redis.get(pending_key)
+        if _pending(redis, previous.decode() if previous else None):
+            skipped.append(trigger.cron_id)
+            logger.info("cron_skipped_pending trigger=%s occurrence=%s", trigger.pk, stamp)
+            continue
+        spec = _spec(trigger, occurrence)
+        if enqueue(spec, queue):
+            redis.set(pending_key, spec.job_id, ex=KEY_TTL_SECONDS)
+            fired.append(spec.job_id)
+            logger.info("cron_fired trigger=%s job=%s queue=%s", trigger.pk, spec.job_id, queue)
+    return TickResult(fired, skipped)

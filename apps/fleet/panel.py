@@ -7,7 +7,7 @@ in the UTC day, Monday week and month against the deployment's caps, and today's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db import DatabaseError
 from django.db.models import Count, Q, Sum
@@ -43,7 +43,7 @@ class Spend:
 
 def windows(now: datetime) -> dict[str, datetime]:
     """UTC calendar windows; weeks start on Monday."""
-    day = now.astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    day = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     return {"day": day, "week": day - timedelta(days=day.weekday()), "month": day.replace(day=1)}
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import UTC
 
 from django.db import DatabaseError
 from django.utils import timezone
@@ -102,7 +103,7 @@ def _record(job: Job, attempt: int, *, host: str, reason: str, budget_reserved: 
         outcome = Verdict.refused(reason) if reason == OPERATOR_CANCEL else Verdict(outcome=Outcome.FAILED, reason=reason)
         started = job.started_at or timezone.now()
         verdict = Verdict(outcome=outcome.outcome, reason=reason, budget_reserved=budget_reserved,
-                          started_at=started if started.tzinfo else timezone.make_aware(started, timezone.utc),
+                          started_at=started if started.tzinfo else started.replace(tzinfo=UTC),
                           ended_at=timezone.now())
         record_run(spec, verdict, attempt=attempt, host=host, queue=job.origin)
     except DatabaseError as exc:

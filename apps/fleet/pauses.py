@@ -189,8 +189,19 @@ def read_flags(redis, now: datetime | None = None) -> dict[str, PauseFlag]:
     pipe = redis.pipeline(transaction=False)
     for name in names:
         pipe.hgetall(flag_key(name))
-    flags = {name: _flag(name, raw) for name, raw in zip(names, pipe.execute()) if raw}
+    flags = {}
+    for name, raw in zip(names, pipe.execute(raise_on_error=False)):
+        if isinstance(raw, Exception):
+            flags[name] = _unreadable(name, raw)
+        elif raw:
+            flags[name] = _flag(name, raw)
     return _without_expired(redis, flags, now)
+
+
+def _unreadable(queue: str, error: Exception) -> PauseFlag:
+    """A flag key that cannot be read counts as a pause (a stop switch fails safe); resuming deletes it."""
+    return PauseFlag(queue=queue, by="?", at=None,
+                     note=f"pause flag unreadable ({str(error).split(' ', 1)[0]}): resume the queue to clear it")
 
 
 def paused_among(redis, queues, now: datetime | None = None) -> set[str]:
@@ -200,7 +211,11 @@ def paused_among(redis, queues, now: datetime | None = None) -> set[str]:
     for queue in queues:
         pipe.hmget(flag_key(queue), "at", "until")
     flags = {}
-    for queue, (at, until) in zip(queues, pipe.execute()):
+    for queue, reply in zip(queues, pipe.execute(raise_on_error=False)):
+        if isinstance(reply, Exception):
+            flags[queue] = _unreadable(queue, reply)
+            continue
+        at, until = reply
         if at is not None:
             flags[queue] = PauseFlag(queue=queue, by="", at=_instant(_text(at)), until=_instant(_text(until)))
     return set(_without_expired(redis, flags, now))

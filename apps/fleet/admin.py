@@ -91,14 +91,9 @@ class FleetPanelAdmin(admin.ModelAdmin):
     def panel_view(self, request: HttpRequest) -> HttpResponse:
         return TemplateResponse(request, "admin/fleet/panel.html", self._context(request))
 
-    @staticmethod
-    def _no_store(response):
-        response["Cache-Control"] = "no-store"
-        return response
-
     def body_view(self, request: HttpRequest) -> HttpResponse:
         """The refreshed part of the panel, fetched every few seconds by the page's script."""
-        return self._no_store(TemplateResponse(request, "admin/fleet/_panel_body.html", self._context(request)))
+        return TemplateResponse(request, "admin/fleet/_panel_body.html", self._context(request))
 
     # --- changing (POST + CSRF, one service function each) ----------------------------------------------
 

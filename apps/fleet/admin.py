@@ -22,8 +22,21 @@ from .union import resolve_scope
 VIEW, PAUSE, CANCEL = "fleet.view_fleet", "fleet.pause_fleet", "fleet.cancel_job"
 
 
+class ReadOnly:
+    """Nothing here is added, edited or deleted through the admin's forms."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(FleetAction)
-class FleetActionAdmin(admin.ModelAdmin):
+class FleetActionAdmin(ReadOnly, admin.ModelAdmin):
     """The audit trail: read-only evidence of who paused, resumed or cancelled what."""
 
     list_display = ("at", "action", "actor", "queue_list", "job_id", "note", "until", "outcome")
@@ -36,18 +49,9 @@ class FleetActionAdmin(admin.ModelAdmin):
     def queue_list(self, action: FleetAction) -> str:
         return ", ".join(action.queues or [])
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(FleetPanel)
-class FleetPanelAdmin(admin.ModelAdmin):
+class FleetPanelAdmin(ReadOnly, admin.ModelAdmin):
     def get_urls(self):
         view = self.admin_site.admin_view
         return [
@@ -63,15 +67,6 @@ class FleetPanelAdmin(admin.ModelAdmin):
 
     def has_view_permission(self, request, obj=None):
         return request.user.has_perm(VIEW)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     # --- reading ----------------------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from rq.job import Job, JobStatus
 from rq.registry import DeferredJobRegistry, ScheduledJobRegistry
 
 from . import audit, registry, waiting
-from .connection import get_redis
+from .connection import get_redis, text
 
 logger = logging.getLogger("pidispatch.fleet")
 
@@ -77,9 +77,6 @@ class CancelResult:
     def changed(self) -> bool:
         return self.outcome in ("removed", "stopping")
 
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else (value or "")
 
 
 def cancel_job(redis, job_id: str, *, by: str, ack_seconds: float | None = None) -> CancelResult:
@@ -135,7 +132,7 @@ def _await_acknowledgement(redis, job: Job, ack_seconds: float | None) -> Cancel
     wait = settings.PI_FLEET_CANCEL_ACK_SECONDS if ack_seconds is None else ack_seconds
     deadline = time.monotonic() + wait
     while True:
-        state, worker = (_text(v) for v in redis.hmget(key, "state", "worker"))
+        state, worker = (text(v) for v in redis.hmget(key, "state", "worker"))
         if state == ACKNOWLEDGED:
             return CancelResult(job.id, "stopping", f"cancel of running job {job.id} acknowledged by "
                                                     f"{_where(redis, worker)}: its container is being stopped "

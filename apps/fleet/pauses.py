@@ -20,6 +20,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from . import audit
+from .connection import text
 from .queues import is_dispatch_queue
 
 logger = logging.getLogger("pidispatch.fleet")
@@ -85,9 +86,6 @@ class SwitchResult:
         return text
 
 
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else (value or "")
-
 
 def _instant(value: str) -> datetime | None:
     try:
@@ -97,7 +95,7 @@ def _instant(value: str) -> datetime | None:
 
 
 def _flag(queue: str, raw: dict) -> PauseFlag:
-    data = {_text(k): _text(v) for k, v in raw.items()}
+    data = {text(k): text(v) for k, v in raw.items()}
     return PauseFlag(queue=queue, by=data.get("by", ""), at=_instant(data.get("at", "")), note=data.get("note", ""),
                      until=_instant(data.get("until", "")))
 
@@ -184,7 +182,7 @@ def _log_and_audit(result: SwitchResult, *, by: str, note: str = "", until=None,
 def read_flags(redis, now: datetime | None = None) -> dict[str, PauseFlag]:
     """Every pause in force, by queue. Flags past their `until` are cleared here (auto-resume)."""
     now = now or timezone.now()
-    names = sorted(_text(name) for name in redis.smembers(INDEX))
+    names = sorted(text(name) for name in redis.smembers(INDEX))
     names = [name for name in names if is_dispatch_queue(name)]
     pipe = redis.pipeline(transaction=False)
     for name in names:
@@ -217,7 +215,7 @@ def paused_among(redis, queues, now: datetime | None = None) -> set[str]:
             continue
         at, until = reply
         if at is not None:
-            flags[queue] = PauseFlag(queue=queue, by="", at=_instant(_text(at)), until=_instant(_text(until)))
+            flags[queue] = PauseFlag(queue=queue, by="", at=_instant(text(at)), until=_instant(text(until)))
     return set(_without_expired(redis, flags, now))
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from django.conf import settings
 from redis.exceptions import RedisError
 
+from .connection import text
 from .queues import is_dispatch_queue, is_valid_host_name
 
 INDEX = "pidispatch:hosts"
@@ -180,23 +181,20 @@ def withdraw(redis, host_name: str, worker_name: str) -> None:
 
 # --- reading ------------------------------------------------------------------------------------------
 
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else (value or "")
-
 
 def _number(value) -> float | None:
     try:
-        return float(_text(value))
+        return float(text(value))
     except ValueError:
         return None
 
 
 def _names(value, valid) -> tuple[str, ...]:
-    return tuple(name for name in _text(value).split(",") if name and valid(name))
+    return tuple(name for name in text(value).split(",") if name and valid(name))
 
 
 def _process(worker_name: str, raw: dict) -> WorkerProcess | None:
-    data = {_text(k): _text(v) for k, v in raw.items()}
+    data = {text(k): text(v) for k, v in raw.items()}
     host = data.get("host", "")
     if not is_valid_host_name(host):
         return None
@@ -221,7 +219,7 @@ def read_hosts(redis, now: float | None = None) -> list[HostRow]:
     """Every host in the index, with its liveness and processes. RegistryUnreadable if it cannot be read."""
     now = time.time() if now is None else now
     try:
-        indexed = [(_text(name), score) for name, score in redis.zrange(INDEX, 0, -1, withscores=True)]
+        indexed = [(text(name), score) for name, score in redis.zrange(INDEX, 0, -1, withscores=True)]
         names = [(name, score) for name, score in indexed if is_valid_host_name(name)]
         pipe = redis.pipeline(transaction=False)
         for name, _ in names:
@@ -229,7 +227,7 @@ def read_hosts(redis, now: float | None = None) -> list[HostRow]:
             pipe.smembers(host_workers_key(name))
         replies = pipe.execute()
         rows_raw = replies[0::2]
-        members = [sorted(_text(m) for m in workers) for workers in replies[1::2]]
+        members = [sorted(text(m) for m in workers) for workers in replies[1::2]]
         pipe = redis.pipeline(transaction=False)
         for workers in members:
             for worker_name in workers:
@@ -249,7 +247,7 @@ def read_hosts(redis, now: float | None = None) -> list[HostRow]:
             process = _process(worker_name, raw_entry) if raw_entry else None
             if process and process.host == name:
                 processes.append(process)
-        row = {_text(k): _text(v) for k, v in raw.items()}
+        row = {text(k): text(v) for k, v in raw.items()}
         beat_at = _number(row.get("beat_at")) if row else indexed_beat
         if now - indexed_beat > GONE_KEPT_SECONDS:
             continue
@@ -270,7 +268,7 @@ def read_hosts(redis, now: float | None = None) -> list[HostRow]:
 
 def _read(path: str) -> str:
     try:
-        return Path(path).read_text().strip()
+        return Path(path).readtext().strip()
     except OSError:
         return ""
 

@@ -11,10 +11,11 @@ from dataclasses import asdict, dataclass, field
 
 from rq import Queue
 from rq.job import Job
-from rq.utils import utcparse
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
+from rq.utils import utcparse
 
 from . import pauses, registry, waiting
+from .connection import text
 from .queues import host_of_queue
 from .union import queue_union
 
@@ -93,9 +94,6 @@ class FleetSnapshot:
         }
 
 
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
 
 def snapshot(redis, now: float | None = None) -> FleetSnapshot:
     now = time.time() if now is None else now
@@ -115,7 +113,7 @@ def snapshot(redis, now: float | None = None) -> FleetSnapshot:
         queued, scheduled, running, failed_count, latest = replies[index * 5:index * 5 + 5]
         queues.append(QueueState(name=name, host=host_of_queue(name), queued=queued, scheduled=scheduled,
                                  running=running, failed=failed_count, pause=flags.get(name)))
-        failed += [(_text(job_id), name) for job_id, _ in latest]
+        failed += [(text(job_id), name) for job_id, _ in latest]
     return FleetSnapshot(
         taken_at=now, queues=queues, hosts=None if union.hosts is None else list(union.hosts),
         waiting=waiting.list_waiting(redis, names), failed=_latest_failures(redis, failed), degraded=union.degraded,
@@ -130,7 +128,7 @@ def _latest_failures(redis, candidates: list[tuple[str, str]]) -> list[FailedJob
     failed = []
     for (job_id, queue), ended in zip(candidates, pipe.execute()):
         try:
-            ended_at = utcparse(_text(ended)).timestamp() if ended else None
+            ended_at = utcparse(text(ended)).timestamp() if ended else None
         except ValueError:
             ended_at = None
         failed.append(FailedJob(job_id=job_id, queue=queue, failed_at=ended_at))

@@ -22,6 +22,7 @@ from redis.exceptions import RedisError
 from rq import Queue
 
 from . import pauses, registry
+from .connection import text
 from .queues import SHARED_QUEUE, host_queue, is_dispatch_queue
 
 LAST_UNION = "pidispatch:fleet:last-union"
@@ -34,14 +35,11 @@ class QueueUnion:
     degraded: str = ""
 
 
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
 
 def existing_queues(redis) -> set[str]:
     """Our queues among RQ's queue set (`rq:queues`, written on every enqueue)."""
     prefix = Queue.redis_queue_namespace_prefix
-    names = (_text(key)[len(prefix):] for key in redis.smembers(Queue.redis_queues_keys))
+    names = (text(key)[len(prefix):] for key in redis.smembers(Queue.redis_queues_keys))
     return {name for name in names if is_dispatch_queue(name)}
 
 
@@ -80,7 +78,7 @@ def queue_union(redis, now: float | None = None) -> QueueUnion:
 
 
 def _flagged(redis) -> set[str]:
-    return {name for name in (_text(n) for n in redis.smembers(pauses.INDEX)) if is_dispatch_queue(name)}
+    return {name for name in (text(n) for n in redis.smembers(pauses.INDEX)) if is_dispatch_queue(name)}
 
 
 def _remember(redis, queues: set[str], now: float) -> None:

@@ -19,6 +19,8 @@ from datetime import datetime
 
 from rq.registry import ScheduledJobRegistry
 
+from .connection import text
+
 HELD_REASONS = ("wait-for",)
 DETAIL_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
 DETAIL_TEXT = re.compile(r"^[A-Za-z0-9 ._:+#!/@,=-]{0,120}$")
@@ -86,23 +88,20 @@ def forget(redis, job_id: str) -> None:
     redis.delete(note_key(job_id))
 
 
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else (value or "")
-
 
 def list_waiting(redis, queues, limit: int = 200) -> list[WaitingJob]:
     """Jobs in the scheduled registries of these queues, soonest first, with why each waits."""
     pipe = redis.pipeline(transaction=False)
     for queue in queues:
         pipe.zrange(ScheduledJobRegistry(queue, connection=redis).key, 0, limit - 1, withscores=True)
-    scheduled = sorted(((_text(job_id), queue, score) for queue, members in zip(queues, pipe.execute())
+    scheduled = sorted(((text(job_id), queue, score) for queue, members in zip(queues, pipe.execute())
                         for job_id, score in members), key=lambda item: item[2])[:limit]
     pipe = redis.pipeline(transaction=False)
     for job_id, _, _ in scheduled:
         pipe.hgetall(note_key(job_id))
     waiting = []
     for (job_id, queue, score), raw in zip(scheduled, pipe.execute()):
-        data = {_text(k): _text(v) for k, v in raw.items()}
+        data = {text(k): text(v) for k, v in raw.items()}
         reason = data.get("reason", "")
         try:
             detail = json.loads(data.get("detail") or "{}")

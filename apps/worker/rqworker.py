@@ -38,6 +38,7 @@ from rq.worker.base import WorkerStatus
 
 from apps.fleet import hosts, pauses, waiting
 from apps.fleet.cancel import is_cancel_requested
+from apps.fleet.connection import text
 from apps.fleet.queues import SHARED_QUEUE, host_of_queue, is_dispatch_queue
 from apps.fleet.union import register_queues
 
@@ -126,7 +127,7 @@ class DispatchWorker(Worker):
             result = self.queue_class.lpop([queues[0].key], timeout, connection=self.connection)
             if result is None:
                 return None
-            queue_key, job_id = (value.decode() if isinstance(value, bytes) else value for value in result)
+            queue_key, job_id = (text(value) for value in result)
             found = self.queue_class._fetch_dequeued_job(self.connection, queue_key, job_id, job_class=self.job_class,
                                                          serializer=self.serializer,
                                                          death_penalty_class=self.death_penalty_class)

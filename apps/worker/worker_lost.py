@@ -33,6 +33,7 @@ from rq.registry import StartedJobRegistry
 
 from apps.fleet import registry
 from apps.fleet.cancel import is_cancel_requested
+from apps.fleet.connection import text
 from apps.fleet.union import existing_queues
 
 from . import container
@@ -139,7 +140,7 @@ def live_sibling_jobs(worker) -> set[str]:
     redis = worker.connection
     running = set()
     for worker_name in redis.smembers(registry.host_workers_key(host)):
-        worker_name = worker_name.decode() if isinstance(worker_name, bytes) else worker_name
+        worker_name = text(worker_name)
         if worker_name == worker.name:
             continue
         process = registry.read_process(redis, worker_name)

@@ -268,7 +268,7 @@ def read_hosts(redis, now: float | None = None) -> list[HostRow]:
 
 def _read(path: str) -> str:
     try:
-        return Path(path).readtext().strip()
+        return Path(path).read_text().strip()
     except OSError:
         return ""
 

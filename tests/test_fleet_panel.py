@@ -111,6 +111,7 @@ def test_viewers_see_no_buttons_and_cannot_post(redis_conn):
 
     page = client.get(PANEL).content.decode()
     assert "Pause all" not in page and "Resume all" not in page and 'name="job_id"' not in page
+    assert 'id="fleet-cancel-by-id"' not in page
     assert csrf_post(client, PANEL + "pause/", {"scope": "queue", "queue": "pi-jobs"}).status_code == 403
     assert csrf_post(client, PANEL + "cancel/", {"job_id": "x"}).status_code == 403
     assert pauses.read_flags(redis_conn) == {}
@@ -164,6 +165,7 @@ def test_cancel_a_waiting_job_from_the_panel(redis_conn):
     job = queue.enqueue_call("tests.jobfuncs.defer_once", args=(1,), job_id="gh-panel-cancel")
     queue.schedule_job(job, timezone.now() + timedelta(minutes=5))
     client = staff("view_fleet", "cancel_job")
+    assert 'id="fleet-cancel-by-id"' in client.get(PANEL).content.decode()
 
     page = csrf_post(client, PANEL + "cancel/", {"job_id": "gh-panel-cancel"}).content.decode()
 

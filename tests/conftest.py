@@ -200,13 +200,19 @@ class WorkerProcess:
             self.process.wait(timeout=30)
 
     def stop(self, timeout=30):
-        if self.alive():
+        """The whole process group, even when the main process was killed: nothing it started may linger."""
+        try:
             os.killpg(self.process.pid, 15)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, 9)
-                self.process.wait(timeout=30)
+            self.process.wait(timeout=timeout)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.process.pid, 9)
+        except ProcessLookupError:
+            pass
+        self.process.wait(timeout=30)
         self._log.close()
 
 

@@ -23,6 +23,14 @@ def runs(job_id):
     return list(Run.objects.filter(job_id=job_id).order_by("attempt"))
 
 
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
 def horse_of(worker_pid: int) -> int:
     """The work horse: the worker's child that leads its own process group (RQ's scheduler does not)."""
     children = Path(f"/proc/{worker_pid}/task/{worker_pid}/children").read_text().split()
@@ -38,6 +46,7 @@ def test_a_worker_killed_mid_job_is_reaped_and_recorded_at_restart_and_nothing_r
     wait_for(lambda: job_containers("hostA").get("gh-orphaned"), timeout=90, what="the job's container")
 
     first.kill()
+    wait_for(lambda: not group_alive(first.pid), timeout=30, what="its scheduler and horse to die with it")
     assert "gh-orphaned" in job_containers("hostA")  # the engine keeps it: nothing in the dead worker can stop it
     start_worker(*QUEUES, env=HOST, name="restarted")
 

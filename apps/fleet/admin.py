@@ -98,6 +98,12 @@ class FleetPanelAdmin(ReadOnly, admin.ModelAdmin):
     def _back(self):
         return redirect(reverse("admin:fleet_fleetpanel_changelist"))
 
+    def _refused(self, request: HttpRequest, exc: Exception):
+        """Bad input or no Redis: say why; nothing was changed."""
+        why = str(exc) if isinstance(exc, ValueError) else f"Redis unreachable ({type(exc).__name__}); nothing was changed"
+        self.message_user(request, why, messages.ERROR)
+        return self._back()
+
     def _switch(self, request: HttpRequest, action: str):
         if not request.user.has_perm(PAUSE):
             raise PermissionDenied
@@ -117,12 +123,8 @@ class FleetPanelAdmin(ReadOnly, admin.ModelAdmin):
                                       until=until, degraded=degraded)
             else:
                 result = pauses.resume(redis, queues, by=self._actor(request), degraded=degraded)
-        except ValueError as exc:
-            self.message_user(request, str(exc), messages.ERROR)
-            return self._back()
-        except RedisError as exc:
-            self.message_user(request, f"Redis unreachable ({type(exc).__name__}); nothing was changed", messages.ERROR)
-            return self._back()
+        except (ValueError, RedisError) as exc:
+            return self._refused(request, exc)
         level = messages.SUCCESS if result.ok and not result.degraded else messages.WARNING if result.ok else messages.ERROR
         self.message_user(request, result.summary(), level)
         if result.audit_error:
@@ -143,11 +145,7 @@ class FleetPanelAdmin(ReadOnly, admin.ModelAdmin):
             raise PermissionDenied
         try:
             result = cancel.cancel_job(get_redis(), request.POST.get("job_id", "").strip(), by=self._actor(request))
-        except ValueError as exc:
-            self.message_user(request, str(exc), messages.ERROR)
-            return self._back()
-        except RedisError as exc:
-            self.message_user(request, f"Redis unreachable ({type(exc).__name__}); nothing was changed", messages.ERROR)
-            return self._back()
+        except (ValueError, RedisError) as exc:
+            return self._refused(request, exc)
         self.message_user(request, result.message, messages.SUCCESS if result.changed else messages.WARNING)
         return self._back()

@@ -32,8 +32,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Worker
+from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.exceptions import DequeueTimeout
 from rq.job import JobStatus
+from rq.scheduler import RQScheduler
 from rq.worker.base import WorkerStatus
 
 from apps.fleet import hosts, pauses, waiting
@@ -52,6 +54,21 @@ logger = logging.getLogger("pidispatch.worker")
 # How often an idle worker looks at pause flags and a busy one at cancel requests (issue: about a second).
 TICK_SECONDS = 1
 PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Linux: this child process is SIGKILLed when its parent dies, so a SIGKILLed worker leaves no work
+    horse running a job unwatched and no scheduler promoting jobs behind a dead worker's back."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+class DispatchScheduler(RQScheduler):
+    def work(self):
+        die_with_parent()
+        return super().work()
 
 
 class DispatchWorker(Worker):
@@ -96,6 +113,26 @@ class DispatchWorker(Worker):
             return super().work(*args, **kwargs)
         finally:
             self.presence.withdraw()
+
+    def _start_scheduler(self, burst=False, logging_level="INFO", date_format=DEFAULT_LOGGING_DATE_FORMAT,
+                         log_format=DEFAULT_LOGGING_FORMAT):
+        """RQ's, with a scheduler process that dies with this worker."""
+        self.scheduler = DispatchScheduler(
+            self.queues, connection=self.connection, serializer=self.serializer, date_format=date_format,
+            log_format=log_format, logging_level=logging_level if logging_level is not None else self.log.level,
+        )
+        self.scheduler.acquire_locks()
+        if not self.scheduler.acquired_locks:
+            return
+        if burst:
+            try:
+                self.scheduler.register_birth()
+                self.scheduler.enqueue_scheduled_jobs()
+            finally:
+                self.scheduler.release_locks()
+                self.scheduler.register_death()
+        else:
+            self.scheduler.start()
 
     def pulse(self) -> None:
         """Every beat: the registry row, RQ's own heartbeat, and the sweep for jobs of dead workers."""
@@ -189,12 +226,9 @@ class DispatchWorker(Worker):
         super().fork_work_horse(job, queue)
 
     def main_work_horse(self, job, queue):
-        """The horse dies with its worker (SIGKILL of the worker leaves no horse running a job unwatched:
-        the container it started is then reaped and the job recorded `worker-lost`)."""
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            pass
+        """The horse dies with its worker: the container it started is then reaped and the job recorded
+        `worker-lost` by the worker's next incarnation or a live sibling."""
+        die_with_parent()
         if os.getppid() != self.pid:
             os._exit(1)  # the worker died while the horse was being born
         return super().main_work_horse(job, queue)

@@ -282,6 +282,7 @@ def run_tests(args) -> int:
             stack.docker_host = docker_host
             services.ensure_demo_image(docker_host, services.DEMO_IMAGE)
             services.ensure_package("node", "nodejs")  # the image runner's tests run it on the host
+            services.ensure_package("chromium", "chromium")  # the fleet panel's browser test
 
             env = {
                 **os.environ,

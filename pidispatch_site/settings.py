@@ -177,6 +177,19 @@ PI_FAILED_JOB_TTL_SECONDS = env.int("PI_FAILED_JOB_TTL_SECONDS", default=7 * 24 
 
 # --- Fleet -------------------------------------------------------------------------------------------
 
+# Host registry: each worker process beats every PI_FLEET_BEAT_SECONDS; a row expires after
+# PI_FLEET_ROW_TTL_SECONDS; a host is live (routable) while its beat is at most PI_FLEET_LIVE_SECONDS old.
+PI_FLEET_BEAT_SECONDS = env.float("PI_FLEET_BEAT_SECONDS", default=15)
+PI_FLEET_ROW_TTL_SECONDS = env.int("PI_FLEET_ROW_TTL_SECONDS", default=90)
+PI_FLEET_LIVE_SECONDS = env.float("PI_FLEET_LIVE_SECONDS", default=45)
+# Routing reads the registry at most this often per process.
+PI_FLEET_ROUTE_CACHE_SECONDS = env.float("PI_FLEET_ROUTE_CACHE_SECONDS", default=5)
+# Cancel of a running job: how long to wait for its worker to acknowledge, and how long a request lasts.
+PI_FLEET_CANCEL_ACK_SECONDS = env.float("PI_FLEET_CANCEL_ACK_SECONDS", default=10)
+PI_FLEET_CANCEL_TTL_SECONDS = env.int("PI_FLEET_CANCEL_TTL_SECONDS", default=7 * 24 * 3600)
+# The admin fleet panel refreshes itself this often.
+PI_FLEET_PANEL_REFRESH_SECONDS = env.int("PI_FLEET_PANEL_REFRESH_SECONDS", default=3)
+
 # --- Receiver ----------------------------------------------------------------------------------------
 
 PI_WEBHOOK_MAX_BYTES = env.int("PI_WEBHOOK_MAX_BYTES", default=2 * 1024 * 1024)

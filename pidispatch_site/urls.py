@@ -1,6 +1,7 @@
 from django.conf import settings
 from django.contrib import admin
 from django.urls import path, re_path
+from django.views.generic import RedirectView
 
 from apps.receiver import views as receiver_views
 
@@ -17,4 +18,8 @@ urlpatterns = [
 ]
 
 if not settings.PI_PUBLIC_EDGE:
-    urlpatterns += [path("admin/", admin.site.urls)]
+    urlpatterns += [
+        # The fleet panel is the fleet app's page in the admin.
+        path("admin/fleet/", RedirectView.as_view(pattern_name="admin:fleet_fleetpanel_changelist"), name="fleet-panel"),
+        path("admin/", admin.site.urls),
+    ]

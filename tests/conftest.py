@@ -152,29 +152,115 @@ def wait_for(predicate, timeout=30.0, interval=0.1, what="condition"):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+# --- Fleet and worker-process fixtures ---------------------------------------------------------------
+
+FAST_FLEET_ENV = {
+    # Registry intervals in seconds instead of 15/90/45, so a row can expire inside a test.
+    "PI_FLEET_BEAT_SECONDS": "0.5",
+    "PI_FLEET_ROW_TTL_SECONDS": "4",
+    "PI_FLEET_LIVE_SECONDS": "2",
+    "PI_FLEET_CANCEL_ACK_SECONDS": "15",
+}
+
+
 @pytest.fixture
-def worker_pool(worker_env):
-    """Start long-running `manage.py rqworker` processes (several at once), stopped when the test ends."""
-    import signal
+def fast_fleet(settings):
+    settings.PI_FLEET_BEAT_SECONDS = 0.5
+    settings.PI_FLEET_ROW_TTL_SECONDS = 4
+    settings.PI_FLEET_LIVE_SECONDS = 2
+    settings.PI_FLEET_ROUTE_CACHE_SECONDS = 0
+    settings.PI_FLEET_CANCEL_ACK_SECONDS = 15
+    return settings
 
-    started = []
 
-    def start(*queues: str, count=1, env_overrides=None):
-        env = {**worker_env, **(env_overrides or {})}
-        for _ in range(count):
-            started.append(subprocess.Popen(
-                [sys.executable, "manage.py", "rqworker", *(queues or ("pi-jobs",))],
-                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            ))
-        return started
+class WorkerProcess:
+    """A long-running `manage.py rqworker` (or `rqworker-pool`) started by a test, in its own session."""
+
+    def __init__(self, command, env, log_path):
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def output(self) -> str:
+        self._log.flush()
+        return Path(self.log_path).read_text()
+
+    def kill(self):
+        """SIGKILL the worker's main process only (its work horse dies with it)."""
+        if self.alive():
+            os.kill(self.process.pid, 9)
+            self.process.wait(timeout=30)
+
+    def stop(self, timeout=30):
+        """The whole process group, even when the main process was killed: nothing it started may linger."""
+        try:
+            os.killpg(self.process.pid, 15)
+            self.process.wait(timeout=timeout)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.process.pid, 9)
+        except ProcessLookupError:
+            pass
+        self.process.wait(timeout=30)
+        self._log.close()
+
+
+@pytest.fixture
+def start_worker(worker_env, tmp_path):
+    """Start real worker processes (`manage.py rqworker <queues>`); all are stopped when the test ends."""
+    started: list[WorkerProcess] = []
+
+    def start(*queues, env=None, pool: int = 0, name=None):
+        command = [sys.executable, "manage.py", "rqworker-pool" if pool else "rqworker", *queues]
+        if pool:
+            command += ["--num-workers", str(pool)]
+        full_env = {**worker_env, **FAST_FLEET_ENV, **(env or {})}
+        worker = WorkerProcess(command, full_env, tmp_path / f"worker-{name or len(started)}.log")
+        started.append(worker)
+        return worker
 
     yield start
-    for process in started:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGINT)
-    for process in started:
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture
+def fleet_command(worker_env):
+    """`python manage.py fleet ...` as an operator runs it: its own process, this test's Redis and database."""
+
+    def run(*args, env=None, timeout=60):
+        return subprocess.run([sys.executable, "manage.py", "fleet", *args], cwd=ROOT,
+                              env={**worker_env, **FAST_FLEET_ENV, **(env or {})},
+                              capture_output=True, text=True, timeout=timeout)
+
+    return run
+
+
+@pytest.fixture
+def job_containers():
+    """The job containers on the test's Docker engine, by job id (removed again when the test ends)."""
+    import docker
+
+    engine = docker.from_env()
+
+    def listing(host=None):
+        filters = {"label": f"pidispatch.host={host}"} if host else {"label": "pidispatch.job"}
+        return {c.labels["pidispatch.job"]: c for c in engine.containers.list(all=True, filters=filters)}
+
+    yield listing
+    for leftover in listing().values():
         try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
+            leftover.remove(force=True)
+        except docker.errors.APIError:
+            pass

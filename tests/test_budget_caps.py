@@ -121,11 +121,12 @@ def test_bare_and_qualified_rows_for_one_repo_conflict():
         ScopedLimit(scope="github:acme/web", week=1).full_clean()
 
 
-def test_twenty_jobs_against_a_cap_of_five_across_four_workers_run_exactly_five(worker_pool):
+def test_twenty_jobs_against_a_cap_of_five_across_four_workers_run_exactly_five(start_worker):
     for index in range(20):
         enqueue_spec(forge_spec(f"gh-race-{index}", number=100 + index))
 
-    worker_pool("pi-jobs", count=4, env_overrides={"PI_DAILY_CAP": "5"})
+    for _ in range(4):
+        start_worker("pi-jobs", env={"PI_DAILY_CAP": "5"})
 
     from tests.conftest import wait_for
     wait_for(lambda: Run.objects.count() == 20, timeout=180, interval=0.5, what="20 run records")

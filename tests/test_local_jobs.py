@@ -84,14 +84,15 @@ def test_a_repository_without_a_commit_is_refused(tmp_path, run_worker):
     assert Run.objects.get(job_id=job_id).reason == "workspace-no-commit"
 
 
-def test_one_job_per_folder_at_a_time(repo, worker_pool):
+def test_one_job_per_folder_at_a_time(repo, start_worker):
     from tests.test_scope_concurrency import ContainerLifetimes, assert_no_overlap
 
     lifetimes = ContainerLifetimes()
     for index in range(2):
         enqueue_spec(local_spec(f"run-mutex-{index}", str(repo), task="fake-agent:sleep=2", force=True))
 
-    worker_pool("pi-jobs", count=2, env_overrides={"PI_SCOPE_BUSY_RECHECK_SECONDS": "1"})
+    for _ in range(2):
+        start_worker("pi-jobs", env={"PI_SCOPE_BUSY_RECHECK_SECONDS": "1"})
 
     wait_for(lambda: Run.objects.count() == 2, timeout=120, interval=0.5, what="two runs")
     wait_for(lambda: len(lifetimes.intervals()) == 2, timeout=10, what="container events")

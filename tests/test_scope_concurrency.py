@@ -49,12 +49,13 @@ def assert_no_overlap(intervals):
         assert second_start >= first_end, "two containers of one scope ran at the same time"
 
 
-def test_concurrent_one_never_overlaps_across_two_workers(worker_pool):
+def test_concurrent_one_never_overlaps_across_two_workers(start_worker):
     ScopedLimit.objects.create(scope="acme/web", concurrent=1)
     lifetimes = ContainerLifetimes()
     jobs = [enqueue_spec(forge_spec(f"gh-c{i}", number=10 + i, body="fake-agent:sleep=2")) for i in range(3)]
 
-    worker_pool("pi-jobs", count=2, env_overrides={"PI_SCOPE_BUSY_RECHECK_SECONDS": "1"})
+    for _ in range(2):
+        start_worker("pi-jobs", env={"PI_SCOPE_BUSY_RECHECK_SECONDS": "1"})
 
     wait_for(lambda: Run.objects.count() == 3, timeout=120, interval=0.5, what="three runs")
     wait_for(lambda: len(lifetimes.intervals()) == 3, timeout=10, what="container events")
@@ -64,13 +65,14 @@ def test_concurrent_one_never_overlaps_across_two_workers(worker_pool):
     assert_no_overlap(lifetimes.intervals())
 
 
-def test_other_scopes_are_not_held_back(worker_pool):
+def test_other_scopes_are_not_held_back(start_worker):
     ScopedLimit.objects.create(scope="acme/web", concurrent=1)
     lifetimes = ContainerLifetimes()
     enqueue_spec(forge_spec("gh-web", body="fake-agent:sleep=3"))
     enqueue_spec(forge_spec("gh-api", repo="acme/api", body="fake-agent:sleep=3"))
 
-    worker_pool("pi-jobs", count=2, env_overrides={"PI_SCOPE_BUSY_RECHECK_SECONDS": "1"})
+    for _ in range(2):
+        start_worker("pi-jobs", env={"PI_SCOPE_BUSY_RECHECK_SECONDS": "1"})
 
     wait_for(lambda: Run.objects.count() == 2, timeout=120, interval=0.5, what="two runs")
     wait_for(lambda: len(lifetimes.intervals()) == 2, timeout=10, what="container events")

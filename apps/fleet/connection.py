@@ -15,3 +15,8 @@ def _client(url: str) -> redis.Redis:
 
 def get_redis() -> redis.Redis:
     return _client(settings.REDIS_URL)
+
+
+def text(reply) -> str:
+    """A Redis reply as text (the pool does not decode, RQ's pickled payloads need bytes); None is ""."""
+    return reply.decode() if isinstance(reply, bytes) else (reply or "")

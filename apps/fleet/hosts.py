@@ -58,3 +58,13 @@ def this_host() -> HostIdentity:
     if name:
         return HostIdentity(name, True)
     return HostIdentity(sanitise_host_name(socket.gethostname()), False)
+
+
+def code_version() -> str:
+    """The installed pidispatch version, as the registry row reports it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pidispatch")
+    except PackageNotFoundError:
+        return "unknown"

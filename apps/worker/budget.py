@@ -112,6 +112,13 @@ def reserve(redis, limit, caps, now: datetime) -> Reservation:
     return Reservation(held + [window.key for window in windows])
 
 
+def deployment_counts(redis, now: datetime) -> dict[str, int]:
+    """Runs reserved so far in the deployment's current day, week and month (refusals included)."""
+    keys = window_keys("all", now)
+    values = redis.mget([keys[DAY], keys[WEEK], keys[MONTH]])
+    return {name: int(value or 0) for name, value in zip((DAY, WEEK, MONTH), values)}
+
+
 # --- daily tokens -----------------------------------------------------------------------------------
 
 def tokens_key(now: datetime) -> str:

@@ -2,6 +2,7 @@
 container last. Each gate lets the job climb on, defers it (`Deferred`: back to the scheduled registry,
 no attempt, no record), or ends it with a `Verdict` (refused, or an infrastructure fault to retry).
 
+    1 cancelled before start -> operator-cancel (no container)
     2 pause windows          -> defer to the latest window end
     3 wait-for               -> defer / wait-refused / wait-expired / wait-unanswerable / ...
     4 scope concurrency, folder mutex -> defer (PI_SCOPE_BUSY_RECHECK_SECONDS)
@@ -27,6 +28,7 @@ from django.conf import settings
 from django.utils import timezone
 from redis.exceptions import RedisError
 
+from apps.fleet import cancel
 from apps.fleet.connection import get_redis
 
 from . import budget, container, jobfiles, leases, providers, quiet_hours, runtime_settings, waitfor
@@ -128,6 +130,10 @@ def run(spec: JobSpec, host: str) -> Verdict | Deferred:
 
 def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     spec, now = attempt.spec, attempt.now
+
+    # 1. An operator cancelled it while it was on its way to this worker.
+    if cancel.is_cancel_requested(spec.job_id, redis):
+        return Verdict.refused("operator-cancel")
 
     # 2. Quiet hours.
     until = quiet_hours.paused_until(PauseWindow.objects.filter(enabled=True), job_scopes(spec), now)
@@ -242,6 +248,10 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     logger.info("job_phases job=%s gates_ms=%.1f container_ms=%.1f", spec.job_id,
                 (container_started - attempt.clock) * 1000, container_seconds * 1000)
     verdict = classify(result)
+    if cancel.is_cancel_requested(spec.job_id, redis):
+        # The operator stopped it: whatever the exit code says, the run ends as their decision, not retried.
+        verdict = Verdict.refused("operator-cancel", exit_code=verdict.exit_code, telemetry=verdict.telemetry,
+                                  budget_reserved=True)
     if not verdict.budget_reserved:
         reservation.give_back(redis)  # nothing ran, so nothing was spent
     budget.record_tokens(redis, verdict.telemetry.tokens_total or 0, now)

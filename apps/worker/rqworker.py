@@ -1,31 +1,90 @@
-"""The RQ worker class that plain `python manage.py rqworker pi-jobs pi-jobs@hostA` uses (settings.RQ).
+"""The RQ worker class that plain `python manage.py rqworker pi-jobs pi-jobs@hostA` uses (settings.RQ),
+and django-rq's `rqworker-pool` for N processes on one host.
 
 What it adds to RQ's forking worker:
 - it only drains pidispatch queues, and a host queue on the command line declares the host's name;
 - it always runs RQ's scheduler (retries and deferrals wait in the scheduled registry), so no extra
   flag or process is needed;
-- a job that returns `Deferred(until)` goes back to the scheduled registry under the same id, with no
-  attempt used and no record written;
+- it publishes its process in the host registry, and at boot, before taking work, removes this host's
+  stray job containers that no live sibling process runs (apps/worker/worker_lost.py);
+- it honours per-queue pause flags: a paused queue is skipped within about a second while the others
+  keep draining, and a running job finishes;
+- a job that returns `Deferred(until, reason, detail)` goes back to the scheduled registry under the same
+  id, with no attempt used and no record written, and a note says why it waits (apps/fleet/waiting.py);
+- while a job runs, its main process watches for a cancel request and stops the container itself
+  (apps/worker/worker_cancel.py); a cancelled job is never retried;
+- a job whose work horse or whole worker died is recorded `worker-lost` and never re-run;
 - it never logs a job's description (RQ's default would print the payload, which holds issue text).
 """
 
-from django.core.exceptions import ImproperlyConfigured
-from rq import Worker
-from rq.job import JobStatus
+from __future__ import annotations
 
-from apps.fleet import hosts
+import ctypes
+import logging
+import os
+import signal
+import time
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+from django.conf import settings
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from rq import Worker
+from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
+from rq.exceptions import DequeueTimeout
+from rq.job import JobStatus
+from rq.scheduler import RQScheduler
+from rq.worker.base import WorkerStatus
+
+from apps.fleet import hosts, pauses, waiting
+from apps.fleet.cancel import is_cancel_requested
+from apps.fleet.connection import text
 from apps.fleet.queues import SHARED_QUEUE, host_of_queue, is_dispatch_queue
+from apps.fleet.union import register_queues
 
 from . import tasks  # noqa: F401  preloaded: every forked work horse starts with the job code imported
+from . import worker_lost
 from .verdicts import Deferred
+from .worker_cancel import CancelWatch
+from .worker_presence import Presence, job_target
+
+logger = logging.getLogger("pidispatch.worker")
+
+# How often an idle worker looks at pause flags and a busy one at cancel requests (issue: about a second).
+TICK_SECONDS = 1
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Linux: this child process is SIGKILLed when its parent dies, so a SIGKILLed worker leaves no work
+    horse running a job unwatched and no scheduler promoting jobs behind a dead worker's back."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+class DispatchScheduler(RQScheduler):
+    def work(self):
+        die_with_parent()
+        return super().work()
 
 
 class DispatchWorker(Worker):
     log_job_description = False
 
     def __init__(self, queues, *args, **kwargs):
+        kwargs.setdefault("job_monitoring_interval", TICK_SECONDS)
         super().__init__(queues, *args, **kwargs)
         self._declare_host(self.queue_names())
+        self.presence = Presence(self)
+        self.cancel_watch = CancelWatch(self)
+        self.push_exc_handler(worker_lost.abandoned_job_handler)
+        self._next_beat = 0.0
+        self._paused: set[str] = set()
+        self._deferred_since: float | None = None
 
     @staticmethod
     def _declare_host(queue_names: list[str]) -> None:
@@ -43,9 +102,165 @@ class DispatchWorker(Worker):
         if named:
             hosts.declare_from_queue(named[0])
 
+    # --- boot and shutdown ----------------------------------------------------------------------------
+
     def work(self, *args, **kwargs):
         kwargs["with_scheduler"] = True
-        return super().work(*args, **kwargs)
+        register_queues(self.connection, self.queue_names())
+        self.presence.beat()
+        worker_lost.reap_strays(self)
+        connections.close_all()  # the reaper may have written records; a forked horse must not share them
+        try:
+            return super().work(*args, **kwargs)
+        finally:
+            self.presence.withdraw()
+
+    def _start_scheduler(self, burst=False, logging_level="INFO", date_format=DEFAULT_LOGGING_DATE_FORMAT,
+                         log_format=DEFAULT_LOGGING_FORMAT):
+        """RQ's, with a scheduler process that dies with this worker."""
+        self.scheduler = DispatchScheduler(
+            self.queues, connection=self.connection, serializer=self.serializer, date_format=date_format,
+            log_format=log_format, logging_level=logging_level if logging_level is not None else self.log.level,
+        )
+        self.scheduler.acquire_locks()
+        if not self.scheduler.acquired_locks:
+            return
+        if burst:
+            try:
+                self.scheduler.register_birth()
+                self.scheduler.enqueue_scheduled_jobs()
+            finally:
+                self.scheduler.release_locks()
+                self.scheduler.register_death()
+        else:
+            self.scheduler.start()
+
+    def pulse(self) -> None:
+        """Every beat: the registry row, RQ's own heartbeat, and the sweep for jobs of dead workers."""
+        now = time.monotonic()
+        if now < self._next_beat:
+            return
+        self._next_beat = now + settings.PI_FLEET_BEAT_SECONDS
+        self.presence.beat()
+        self.heartbeat()
+        worker_lost.sweep(self)
+        connections.close_all()
+
+    # --- taking work: skip paused queues --------------------------------------------------------------
+
+    def _active_queues(self):
+        try:
+            paused = pauses.paused_among(self.connection, self.queue_names())
+        except RedisError:
+            paused = self._paused  # keep the last known answer through a blip
+        for name in sorted(paused ^ self._paused):
+            logger.info("queue_%s queue=%s", "paused" if name in paused else "resumed", name)
+        self._paused = paused
+        return [queue for queue in self._ordered_queues if queue.name not in paused]
+
+    def _pop(self, queues, timeout):
+        if len(queues) == 1 and len(self.queues) > 1:
+            # RQ's single-queue pop parks the id in an intermediate list that only a single-queue worker
+            # clears; a worker of several queues, one of them paused, must pop the way it always does.
+            result = self.queue_class.lpop([queues[0].key], timeout, connection=self.connection)
+            if result is None:
+                return None
+            queue_key, job_id = (text(value) for value in result)
+            found = self.queue_class._fetch_dequeued_job(self.connection, queue_key, job_id, job_class=self.job_class,
+                                                         serializer=self.serializer,
+                                                         death_penalty_class=self.death_penalty_class)
+            return found if found is not None else self._pop(queues, timeout)
+        return self.queue_class.dequeue_any(queues, timeout, connection=self.connection, job_class=self.job_class,
+                                            serializer=self.serializer, death_penalty_class=self.death_penalty_class)
+
+    def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
+        """RQ's dequeue, in one-second slices so pause flags are honoured within about a second."""
+        self.set_state(WorkerStatus.IDLE)
+        self.procline("Listening on " + ",".join(self.queue_names()))
+        idle_since = time.monotonic()
+        connection_wait = 1.0
+        while True:
+            try:
+                self.pulse()
+                if self.should_run_maintenance_tasks:
+                    self.run_maintenance_tasks()
+                active = self._active_queues()
+                if timeout is None:  # burst: take what is there now from the queues not paused, then stop
+                    result = self._pop(active, None) if active else None
+                elif max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
+                    return None
+                elif not active:
+                    time.sleep(TICK_SECONDS)
+                    continue
+                else:
+                    result = self._pop(active, TICK_SECONDS)
+                if result is not None:
+                    job, queue = result
+                    self.reorder_queues(reference_queue=queue)
+                    job.redis_server_version = self.get_redis_server_version()
+                    self.log.info("Worker %s: %s: %s", self.name, queue.name, job.id)
+                    self.heartbeat()
+                return result
+            except DequeueTimeout:
+                continue
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                self.log.error("Worker %s: could not reach Redis (%s); retrying in %d s", self.name,
+                               type(exc).__name__, connection_wait)
+                time.sleep(connection_wait)
+                connection_wait = min(connection_wait * self.exponential_backoff_factor, self.max_connection_wait_time)
+
+    # --- running a job ---------------------------------------------------------------------------------
+
+    def execute_job(self, job, queue):
+        self._deferred_since = waiting.take(self.connection, job.id)
+        self.presence.job_started(job, queue.name)
+        self.cancel_watch.start(job.id)
+        try:
+            super().execute_job(job, queue)
+        finally:
+            self.cancel_watch.reset()
+            self.presence.job_ended()
+            connections.close_all()
+
+    def fork_work_horse(self, job, queue):
+        connections.close_all()  # a forked horse must never share the main process's database socket
+        super().fork_work_horse(job, queue)
+
+    def main_work_horse(self, job, queue):
+        """The horse dies with its worker: the container it started is then reaped and the job recorded
+        `worker-lost` by the worker's next incarnation or a live sibling."""
+        die_with_parent()
+        if os.getppid() != self.pid:
+            os._exit(1)  # the worker died while the horse was being born
+        return super().main_work_horse(job, queue)
+
+    def maintain_heartbeats(self, job, execution):
+        """Every tick while the horse works: RQ's heartbeats, the cancel watch, the registry beat."""
+        super().maintain_heartbeats(job, execution)
+        try:
+            self.cancel_watch.check()
+        except RedisError as exc:
+            logger.warning("job_cancel_check_failed job=%s error=%s", job.id, type(exc).__name__)
+        self.pulse()
+
+    def handle_work_horse_killed(self, job, retpid, ret_val, rusage):
+        super().handle_work_horse_killed(job, retpid, ret_val, rusage)
+        worker_lost.horse_lost(self, job, stopped_by_operator=False)
+
+    def _handle_stopped_job(self, job, queue, execution):
+        """RQ's stop-job command SIGKILLed the horse: the container is stopped from here."""
+        worker_lost.horse_lost(self, job, stopped_by_operator=True)
+        super()._handle_stopped_job(job, queue, execution)
+
+    def handle_job_retry(self, job, queue, retry, started_job_registry, execution):
+        if is_cancel_requested(job.id, self.connection):
+            job.number_of_retries = max(retry.max, 1)  # RQ's "retries exhausted" path: failed, not re-run
+            logger.info("job_not_retried job=%s why=operator-cancel", job.id)
+        return super().handle_job_retry(job, queue, retry, started_job_registry, execution)
+
+    def clean_registries(self):
+        worker_lost.sweep(self)  # before RQ's cleanup, which would retry a lost job that has retries left
+        super().clean_registries()
 
     def _finalize_success(self, job, queue, execution, return_value):
         if not isinstance(return_value, Deferred):
@@ -56,5 +271,11 @@ class DispatchWorker(Worker):
             self.cleanup_execution(job, pipeline=pipeline, execution=execution)
             pipeline.execute()
         job._status = JobStatus.SCHEDULED
+        try:
+            waiting.note(self.connection, job.id, queue=queue.name, reason=return_value.reason,
+                         until=return_value.until, detail=return_value.detail, target=job_target(job),
+                         since=self._deferred_since)
+        except RedisError:
+            logger.warning("job_wait_note_failed job=%s", job.id)
         self.log.info("job_deferred job=%s until=%s reason=%s", job.id, return_value.until.isoformat(),
                       return_value.reason)

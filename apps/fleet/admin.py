@@ -1,0 +1,151 @@
+"""The fleet panel (django-rq's pattern: a placeholder model, `get_urls`, `admin_view`) and the audit log.
+
+Every state change is a POST with CSRF that calls the same service function as `manage.py fleet`.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from redis.exceptions import RedisError
+
+from . import cancel, panel, pauses
+from .connection import get_redis
+from .models import FleetAction, FleetPanel
+from .union import resolve_scope
+
+VIEW, PAUSE, CANCEL = "fleet.view_fleet", "fleet.pause_fleet", "fleet.cancel_job"
+
+
+class ReadOnly:
+    """Nothing here is added, edited or deleted through the admin's forms."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(FleetAction)
+class FleetActionAdmin(ReadOnly, admin.ModelAdmin):
+    """The audit trail: read-only evidence of who paused, resumed or cancelled what."""
+
+    list_display = ("at", "action", "actor", "queue_list", "job_id", "note", "until", "outcome")
+    list_filter = ("action", "at")
+    search_fields = ("actor", "job_id", "note")
+    date_hierarchy = "at"
+    show_full_result_count = False
+
+    @admin.display(description="queues")
+    def queue_list(self, action: FleetAction) -> str:
+        return ", ".join(action.queues or [])
+
+
+@admin.register(FleetPanel)
+class FleetPanelAdmin(ReadOnly, admin.ModelAdmin):
+    def get_urls(self):
+        view = self.admin_site.admin_view
+        return [
+            path("", view(self.panel_view), name="fleet_fleetpanel_changelist"),
+            path("body/", view(self.body_view), name="fleet_panel_body"),
+            path("pause/", view(self.pause_view), name="fleet_pause"),
+            path("resume/", view(self.resume_view), name="fleet_resume"),
+            path("cancel/", view(self.cancel_view), name="fleet_cancel"),
+        ]
+
+    def has_module_permission(self, request):
+        return request.user.has_perm(VIEW)
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.has_perm(VIEW)
+
+    # --- reading ----------------------------------------------------------------------------------------
+
+    def _context(self, request: HttpRequest) -> dict:
+        if not request.user.has_perm(VIEW):
+            raise PermissionDenied
+        return {
+            **self.admin_site.each_context(request),
+            **panel.context(get_redis()),
+            "title": "Fleet",
+            "opts": self.model._meta,
+            "can_pause": request.user.has_perm(PAUSE),
+            "can_cancel": request.user.has_perm(CANCEL),
+            "refresh_seconds": settings.PI_FLEET_PANEL_REFRESH_SECONDS,
+        }
+
+    def panel_view(self, request: HttpRequest) -> HttpResponse:
+        return TemplateResponse(request, "admin/fleet/panel.html", self._context(request))
+
+    def body_view(self, request: HttpRequest) -> HttpResponse:
+        """The refreshed part of the panel, fetched every few seconds by the page's script."""
+        return TemplateResponse(request, "admin/fleet/_panel_body.html", self._context(request))
+
+    # --- changing (POST + CSRF, one service function each) ----------------------------------------------
+
+    def _actor(self, request: HttpRequest) -> str:
+        return f"admin:{request.user.get_username()}"
+
+    def _back(self):
+        return redirect(reverse("admin:fleet_fleetpanel_changelist"))
+
+    def _refused(self, request: HttpRequest, exc: Exception):
+        """Bad input or no Redis: say why; nothing was changed."""
+        why = str(exc) if isinstance(exc, ValueError) else f"Redis unreachable ({type(exc).__name__}); nothing was changed"
+        self.message_user(request, why, messages.ERROR)
+        return self._back()
+
+    def _switch(self, request: HttpRequest, action: str):
+        if not request.user.has_perm(PAUSE):
+            raise PermissionDenied
+        scope = request.POST.get("scope", "")
+        all_queues = scope == "all"
+        try:
+            if action == "pause" and all_queues and (request.POST.get("confirm") != "yes"
+                                                     or not request.POST.get("note", "").strip()):
+                raise ValueError("pausing every queue needs a note and a confirmation; nothing was changed")
+            until = pauses.parse_until(request.POST.get("until")) if action == "pause" else None
+            redis = get_redis()
+            queues, degraded = resolve_scope(redis, queue=request.POST.get("queue") if scope == "queue" else None,
+                                             host=request.POST.get("host") if scope == "host" else None,
+                                             all_queues=all_queues)
+            if action == "pause":
+                result = pauses.pause(redis, queues, by=self._actor(request), note=request.POST.get("note", ""),
+                                      until=until, degraded=degraded)
+            else:
+                result = pauses.resume(redis, queues, by=self._actor(request), degraded=degraded)
+        except (ValueError, RedisError) as exc:
+            return self._refused(request, exc)
+        level = messages.SUCCESS if result.ok and not result.degraded else messages.WARNING if result.ok else messages.ERROR
+        self.message_user(request, result.summary(), level)
+        if result.audit_error:
+            self.message_user(request, f"the audit row could not be written ({result.audit_error})", messages.WARNING)
+        return self._back()
+
+    def pause_view(self, request: HttpRequest) -> HttpResponse:
+        return self._switch(request, "pause") if request.method == "POST" else HttpResponseNotAllowed(["POST"])
+
+    def resume_view(self, request: HttpRequest) -> HttpResponse:
+        return self._switch(request, "resume") if request.method == "POST" else HttpResponseNotAllowed(["POST"])
+
+    def cancel_view(self, request: HttpRequest) -> HttpResponse:
+        return self._cancel(request) if request.method == "POST" else HttpResponseNotAllowed(["POST"])
+
+    def _cancel(self, request: HttpRequest) -> HttpResponse:
+        if not request.user.has_perm(CANCEL):
+            raise PermissionDenied
+        try:
+            result = cancel.cancel_job(get_redis(), request.POST.get("job_id", "").strip(), by=self._actor(request))
+        except (ValueError, RedisError) as exc:
+            return self._refused(request, exc)
+        self.message_user(request, result.message, messages.SUCCESS if result.changed else messages.WARNING)
+        return self._back()

@@ -1,0 +1,47 @@
+"""Fleet models: the audit trail of operator actions, and the admin panel's placeholder."""
+
+from django.db import models
+from django.utils import timezone
+
+
+class FleetAction(models.Model):
+    """One operator action on the fleet (pause, resume, cancel): who, when, what, and how it went.
+
+    Written after the Redis change, best-effort: the stop switch never waits on the database.
+    """
+
+    class Action(models.TextChoices):
+        PAUSE = "pause"
+        RESUME = "resume"
+        AUTO_RESUME = "auto-resume"
+        CANCEL = "cancel"
+
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    action = models.CharField(max_length=16, choices=Action.choices)
+    actor = models.CharField(max_length=150, help_text="Operator account (admin user or OS user of the command).")
+    queues = models.JSONField(default=list, blank=True)
+    job_id = models.CharField(max_length=200, blank=True)
+    note = models.CharField(max_length=500, blank=True)
+    until = models.DateTimeField(null=True, blank=True, help_text="Auto-resume time of a pause.")
+    outcome = models.CharField(max_length=500)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self):
+        return f"{self.action} by {self.actor} at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class FleetPanel(models.Model):
+    """No table: the admin's fleet panel hangs off this model (django-rq's placeholder pattern)."""
+
+    class Meta:
+        managed = False
+        default_permissions = ()
+        verbose_name = "fleet panel"
+        verbose_name_plural = "fleet panel"
+        permissions = [
+            ("view_fleet", "Can view the fleet panel"),
+            ("pause_fleet", "Can pause and resume queues"),
+            ("cancel_job", "Can cancel jobs"),
+        ]

@@ -1,0 +1,117 @@
+"""Why a deferred or held job waits, and since when: what the panel and `fleet status` show.
+
+The worker class writes a note when a job returns `Deferred(until, reason, detail)`, takes it back when
+the job runs again (a second deferral keeps the first `since`), and cancel forgets it. Only ids, names,
+numbers and instants are kept: detail values that look like anything else are dropped.
+
+Redis keys:
+    pidispatch:waiting:<job id>   HASH queue, reason, until, since (unix seconds), target, detail (JSON);
+                                  expires a day after `until`
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from rq.registry import ScheduledJobRegistry
+
+from .connection import text
+
+HELD_REASONS = ("wait-for",)
+DETAIL_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
+DETAIL_TEXT = re.compile(r"^[A-Za-z0-9 ._:+#!/@,=-]{0,120}$")
+DETAIL_MAX_KEYS = 8
+KEEP_AFTER_UNTIL = 24 * 3600
+
+
+def note_key(job_id: str) -> str:
+    return f"pidispatch:waiting:{job_id}"
+
+
+@dataclass(frozen=True)
+class WaitingJob:
+    job_id: str
+    queue: str
+    kind: str  # held (wait-for) | deferred (pause window, busy scope, ...) | retry (backoff after a fault)
+    reason: str
+    until: float | None
+    since: float | None = None
+    target: str = ""
+    detail: dict = field(default_factory=dict)
+
+
+def clean_detail(detail) -> dict:
+    """Ids, names, numbers and instants only; anything else is dropped rather than stored."""
+    clean = {}
+    for key, value in (detail or {}).items() if isinstance(detail, dict) else ():
+        if len(clean) >= DETAIL_MAX_KEYS or not isinstance(key, str) or not DETAIL_KEY.fullmatch(key):
+            continue
+        if isinstance(value, bool) or isinstance(value, (int, float)):
+            clean[key] = value
+        elif isinstance(value, datetime):
+            clean[key] = value.isoformat()
+        elif isinstance(value, str) and DETAIL_TEXT.fullmatch(value):
+            clean[key] = value
+    return clean
+
+
+def note(redis, job_id: str, *, queue: str, reason: str, until: datetime, detail=None, target: str = "",
+         since: float | None = None) -> None:
+    until_ts = until.timestamp()
+    key = note_key(job_id)
+    pipe = redis.pipeline(transaction=False)
+    pipe.hset(key, mapping={
+        "queue": queue, "reason": reason[:64], "until": f"{until_ts:.3f}", "since": f"{since or time.time():.3f}",
+        "target": target[:300], "detail": json.dumps(clean_detail(detail)),
+    })
+    pipe.expireat(key, int(until_ts) + KEEP_AFTER_UNTIL)
+    pipe.execute()
+
+
+def take(redis, job_id: str) -> float | None:
+    """The job runs again: forget its note, and hand back when it started waiting."""
+    pipe = redis.pipeline(transaction=False)
+    pipe.hget(note_key(job_id), "since")
+    pipe.delete(note_key(job_id))
+    since, _ = pipe.execute()
+    try:
+        return float(since) if since else None
+    except ValueError:
+        return None
+
+
+def forget(redis, job_id: str) -> None:
+    redis.delete(note_key(job_id))
+
+
+
+def list_waiting(redis, queues, limit: int = 200) -> list[WaitingJob]:
+    """Jobs in the scheduled registries of these queues, soonest first, with why each waits."""
+    pipe = redis.pipeline(transaction=False)
+    for queue in queues:
+        pipe.zrange(ScheduledJobRegistry(queue, connection=redis).key, 0, limit - 1, withscores=True)
+    scheduled = sorted(((text(job_id), queue, score) for queue, members in zip(queues, pipe.execute())
+                        for job_id, score in members), key=lambda item: item[2])[:limit]
+    pipe = redis.pipeline(transaction=False)
+    for job_id, _, _ in scheduled:
+        pipe.hgetall(note_key(job_id))
+    waiting = []
+    for (job_id, queue, score), raw in zip(scheduled, pipe.execute()):
+        data = {text(k): text(v) for k, v in raw.items()}
+        reason = data.get("reason", "")
+        try:
+            detail = json.loads(data.get("detail") or "{}")
+        except ValueError:
+            detail = {}
+        waiting.append(WaitingJob(
+            job_id=job_id, queue=queue,
+            kind=("held" if reason in HELD_REASONS else "deferred") if reason else "retry",
+            reason=reason or "retry-backoff", until=score,
+            since=float(data["since"]) if data.get("since") else None,
+            target=data.get("target", ""), detail=detail if isinstance(detail, dict) else {},
+        ))
+    return waiting

@@ -1,0 +1,189 @@
+"""The admin fleet panel: who may see and steer it, what it shows (state over the union, hosts, queues,
+waiting and failed jobs, spend against the caps), and that every change is a CSRF-checked POST calling
+the same services as `manage.py fleet`."""
+
+import time
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from django.utils import timezone
+from rq import Queue
+
+from apps.fleet import pauses, registry, waiting
+from apps.fleet.models import FleetAction
+from apps.worker.models import Run
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+PANEL = "/admin/fleet/fleetpanel/"
+
+
+def publish(redis_conn, name, job=None, capabilities=()):
+    registry.publish(
+        redis_conn,
+        registry.HostFacts(name=name, declared=True, version="0.1.0", image="pidispatch-demo:latest",
+                           capabilities=tuple(capabilities)),
+        registry.ProcessFacts(worker_name=f"w-{name}", pid=1, proc="x/y/1/1", started_at=time.time() - 600,
+                              queues=("pi-jobs", f"pi-jobs@{name}"), job=job),
+    )
+
+
+def staff(*perms) -> Client:
+    user = User.objects.create_user("operator", password="pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="fleet", codename__in=perms))
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    return client
+
+
+def csrf_post(client: Client, path: str, data: dict):
+    client.get(PANEL)
+    return client.post(path, {**data, "csrfmiddlewaretoken": client.cookies["csrftoken"].value}, follow=True)
+
+
+def run(job_id, minutes_ago=5, **fields):
+    started = timezone.now() - timedelta(minutes=minutes_ago)
+    values = dict(kind="github", target="acme/web#7", started_at=started, ended_at=started, outcome="completed",
+                  budget_reserved=True)
+    values.update(fields)
+    return Run.objects.create(job_id=job_id, **values)
+
+
+def test_the_panel_shows_state_hosts_queues_waiting_failed_and_spend(admin_client, redis_conn, settings):
+    settings.PI_DAILY_CAP = 10
+    publish(redis_conn, "hostA", capabilities=["wait:ci-green"],
+            job=registry.RunningJob("gh-busy", time.time() - 300, "acme/web#7", "pi-jobs@hostA"))
+    pauses.pause(redis_conn, ["pi-jobs@hostA"], by="admin:alice", note="disk swap")
+    queue = Queue("pi-jobs", connection=redis_conn)
+    held = queue.enqueue_call("tests.jobfuncs.defer_once", args=(1,), job_id="gh-held")
+    queue.schedule_job(held, timezone.now() + timedelta(minutes=10))
+    waiting.note(redis_conn, "gh-held", queue="pi-jobs", reason="wait-for", until=timezone.now() + timedelta(minutes=10),
+                 detail={"waitingOn": "profile ci-green", "checks": 3}, target="acme/web#9",
+                 since=time.time() - 3600)
+    failed = queue.enqueue_call("tests.jobfuncs.defer_once", args=(1,), job_id="gh-broke")
+    queue.remove(failed)
+    failed.set_status("failed")
+    failed.failed_job_registry.add(failed, ttl=600)
+    run("gh-broke", outcome="failed", reason="runner-infra")
+    for index in range(3):
+        run(f"gh-today-{index}", tokens_total=1000, cost=Decimal("0.5"))
+    run("gh-no-slot", budget_reserved=False, tokens_total=5)
+    run("gh-last-month", minutes_ago=60 * 24 * 40, cost=Decimal("9"))
+    # The meters show the counters the caps are checked against: four reservations, 3005 tokens today.
+    from apps.worker import budget
+    from apps.worker.runtime_settings import current
+
+    for _ in range(4):
+        budget.reserve(redis_conn, None, current(), timezone.now())
+    budget.record_tokens(redis_conn, 3005, timezone.now())
+
+    page = admin_client.get(PANEL).content.decode()
+
+    assert 'id="fleet-state">PART PAUSED' in page
+    assert "hostA" in page and "liveness-live" in page and "wait:ci-green" in page
+    assert "gh-busy · 5m · acme/web#7" in page
+    assert "admin:alice" in page and "disk swap" in page
+    assert "gh-held" in page and "held" in page and "wait-for · waitingOn=profile ci-green checks=3" in page
+    assert "acme/web#9" in page and "60m" in page
+    assert "gh-broke" in page and "failed runner-infra" in page
+    day = page.split('id="meter-day"')[1].split("</tr>")[0]
+    assert "<td>4</td>" in day and "<td>10</td>" in day and "40%" in day
+    assert "3005" in page and "1.5" in page  # tokens and cost today
+
+
+def test_the_panel_redirects_from_the_fleet_app_url(admin_client):
+    assert admin_client.get("/admin/fleet/")["Location"] == PANEL
+
+
+def test_the_body_fragment_refreshes_without_the_page(admin_client):
+    response = admin_client.get(PANEL + "body/")
+
+    assert response.status_code == 200 and "no-store" in response["Cache-Control"]
+    body = response.content.decode()
+    assert 'id="fleet-state">RUNNING' in body and "<html" not in body
+
+
+def test_staff_without_the_view_permission_cannot_see_it(redis_conn):
+    client = staff()
+
+    assert client.get(PANEL).status_code == 403
+    assert client.get(PANEL + "body/").status_code == 403
+
+
+def test_viewers_see_no_buttons_and_cannot_post(redis_conn):
+    client = staff("view_fleet")
+
+    page = client.get(PANEL).content.decode()
+    assert "Pause all" not in page and "Resume all" not in page and 'name="job_id"' not in page
+    assert 'id="fleet-cancel-by-id"' not in page
+    assert csrf_post(client, PANEL + "pause/", {"scope": "queue", "queue": "pi-jobs"}).status_code == 403
+    assert csrf_post(client, PANEL + "cancel/", {"job_id": "x"}).status_code == 403
+    assert pauses.read_flags(redis_conn) == {}
+
+
+def test_changes_are_posts_with_csrf(redis_conn):
+    client = staff("view_fleet", "pause_fleet")
+
+    assert client.get(PANEL + "pause/").status_code == 405
+    assert client.post(PANEL + "pause/", {"scope": "queue", "queue": "pi-jobs"}).status_code == 403  # no token
+    assert pauses.read_flags(redis_conn) == {}
+
+
+def test_pause_and_resume_a_queue_from_the_panel(redis_conn):
+    client = staff("view_fleet", "pause_fleet")
+
+    page = csrf_post(client, PANEL + "pause/", {"scope": "queue", "queue": "pi-jobs"}).content.decode()
+
+    assert "Paused 1 queue(s): pi-jobs" in page and 'id="fleet-state">PAUSED' in page
+    assert pauses.read_flags(redis_conn)["pi-jobs"].by == "admin:operator"
+    assert FleetAction.objects.get().actor == "admin:operator"
+    page = csrf_post(client, PANEL + "resume/", {"scope": "queue", "queue": "pi-jobs"}).content.decode()
+    assert "Resumed 1 queue(s): pi-jobs" in page and 'id="fleet-state">RUNNING' in page
+
+
+def test_pause_all_needs_a_note_and_a_confirmation(redis_conn):
+    publish(redis_conn, "hostA")
+    client = staff("view_fleet", "pause_fleet")
+
+    refused = csrf_post(client, PANEL + "pause/", {"scope": "all", "note": "", "confirm": "yes"}).content.decode()
+    assert "Pausing every queue needs a note and a confirmation; nothing was changed" in refused
+    assert pauses.read_flags(redis_conn) == {}
+
+    done = csrf_post(client, PANEL + "pause/", {"scope": "all", "note": "incident 12", "confirm": "yes"})
+    assert "Paused 2 queue(s): pi-jobs, pi-jobs@hostA" in done.content.decode()
+    assert {f.note for f in pauses.read_flags(redis_conn).values()} == {"incident 12"}
+
+
+def test_pause_and_resume_a_host_from_the_panel(redis_conn):
+    publish(redis_conn, "hostA")
+    client = staff("view_fleet", "pause_fleet")
+
+    csrf_post(client, PANEL + "pause/", {"scope": "host", "host": "hostA"})
+    assert set(pauses.read_flags(redis_conn)) == {"pi-jobs@hostA"}
+    csrf_post(client, PANEL + "resume/", {"scope": "host", "host": "hostA"})
+    assert pauses.read_flags(redis_conn) == {}
+
+
+def test_cancel_a_waiting_job_from_the_panel(redis_conn):
+    queue = Queue("pi-jobs", connection=redis_conn)
+    job = queue.enqueue_call("tests.jobfuncs.defer_once", args=(1,), job_id="gh-panel-cancel")
+    queue.schedule_job(job, timezone.now() + timedelta(minutes=5))
+    client = staff("view_fleet", "cancel_job")
+    assert 'id="fleet-cancel-by-id"' in client.get(PANEL).content.decode()
+
+    page = csrf_post(client, PANEL + "cancel/", {"job_id": "gh-panel-cancel"}).content.decode()
+
+    assert "Removed deferred job gh-panel-cancel" in page  # the admin capitalises messages
+    assert not redis_conn.exists("rq:job:gh-panel-cancel")
+    assert FleetAction.objects.get(action="cancel").job_id == "gh-panel-cancel"
+
+
+def test_a_bad_auto_resume_time_is_refused(redis_conn):
+    client = staff("view_fleet", "pause_fleet")
+
+    page = csrf_post(client, PANEL + "pause/", {"scope": "queue", "queue": "pi-jobs", "until": "soon"}).content.decode()
+
+    assert "is not an ISO 8601 time" in page and pauses.read_flags(redis_conn) == {}

@@ -14,6 +14,8 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from redis.exceptions import RedisError
 
+from pidispatch_site.admin_mixins import ReadOnlyAdminMixin
+
 from . import cancel, panel, pauses
 from .connection import get_redis
 from .models import FleetAction, FleetPanel
@@ -22,21 +24,8 @@ from .union import resolve_scope
 VIEW, PAUSE, CANCEL = "fleet.view_fleet", "fleet.pause_fleet", "fleet.cancel_job"
 
 
-class ReadOnly:
-    """Nothing here is added, edited or deleted through the admin's forms."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-
 @admin.register(FleetAction)
-class FleetActionAdmin(ReadOnly, admin.ModelAdmin):
+class FleetActionAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """The audit trail: read-only evidence of who paused, resumed or cancelled what."""
 
     list_display = ("at", "action", "actor", "queue_list", "job_id", "note", "until", "outcome")
@@ -51,7 +40,7 @@ class FleetActionAdmin(ReadOnly, admin.ModelAdmin):
 
 
 @admin.register(FleetPanel)
-class FleetPanelAdmin(ReadOnly, admin.ModelAdmin):
+class FleetPanelAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def get_urls(self):
         view = self.admin_site.admin_view
         return [

@@ -31,6 +31,7 @@ from apps.fleet.hosts import HostIdentity
 from apps.fleet.queues import SHARED_QUEUE, host_queue
 from apps.worker.jobs import JobSpec, enqueue
 
+from .dispatch import execution_fields
 from .models import Trigger, TriggerType
 
 logger = logging.getLogger("pidispatch.cron")
@@ -71,15 +72,7 @@ def _spec(trigger: Trigger, occurrence: datetime) -> JobSpec:
         flow=trigger.flow,
         command=trigger.command,
         task=trigger.task,
-        image=trigger.image,
-        provider=trigger.provider,
-        model=trigger.model,
-        max_turns=trigger.max_turns,
-        exclude_tools=tuple(trigger.exclude_tools),
-        secrets=dict(trigger.secrets),
-        secrets_profile=trigger.secrets_profile,
-        trigger_id=trigger.pk,
-        trigger_type=TriggerType.CRON,
+        **execution_fields(trigger),
         context={"event": "cron", "cronId": trigger.cron_id, "scheduledFor": occurrence.isoformat(),
                  "matched": {"index": trigger.position, "type": TriggerType.CRON}},
     )

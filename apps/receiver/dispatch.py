@@ -28,6 +28,21 @@ logger = logging.getLogger("pidispatch.receiver")
 DEDUP_KEY_PREFIX = "pidispatch:dedup:"
 
 
+def execution_fields(rule) -> dict:
+    """What a rule's `run` says about how the job runs, as JobSpec fields (forge and cron jobs alike)."""
+    return dict(
+        image=rule.image,
+        provider=rule.provider,
+        model=rule.model,
+        max_turns=rule.max_turns,
+        exclude_tools=tuple(rule.exclude_tools),
+        secrets=dict(rule.secrets),
+        secrets_profile=rule.secrets_profile,
+        trigger_id=rule.pk,
+        trigger_type=rule.on_type,
+    )
+
+
 def job_specs(event: ForgeEvent, match: Match) -> list[JobSpec]:
     """The jobs a match starts: one, or `run.replicas` of them (`<id>-r<i>`)."""
     rule = match.trigger
@@ -60,20 +75,12 @@ def job_specs(event: ForgeEvent, match: Match) -> list[JobSpec]:
         body=event.body,
         comment=event.comment,
         instructions=rule.instructions,
-        image=rule.image,
-        provider=rule.provider,
-        model=rule.model,
-        max_turns=rule.max_turns,
-        exclude_tools=tuple(rule.exclude_tools),
         wait_for=tuple(rule.wait_for),
-        secrets=dict(rule.secrets),
-        secrets_profile=rule.secrets_profile,
         resume=rule.resume,
         once=once,
         once_armed_at=rule.armed_at.isoformat() if once and rule.armed_at else "",
-        trigger_id=rule.pk,
-        trigger_type=rule.on_type,
         delivery_id=event.delivery_id,
+        **execution_fields(rule),
         context=context,
     )
     if not rule.replicas:

@@ -4,13 +4,15 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from pidispatch_site.admin_mixins import ReadOnlyAdminMixin
+
 from . import runtime_settings
 
 from .models import DispatchSettings, PauseWindow, Run, ScopedLimit
 
 
 @admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
+class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """Run history: read-only, because a run record is append-only evidence."""
 
     list_display = (
@@ -44,15 +46,6 @@ class RunAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         return [field.name for field in self.model._meta.fields] + ["duration_display"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(PauseWindow)

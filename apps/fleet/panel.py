@@ -1,7 +1,8 @@
-"""What the admin fleet panel shows: the fleet snapshot (Redis) beside the day's spend (the run history).
+"""What the admin fleet panel shows: the fleet snapshot (Redis) beside the day's spend.
 
-Display code, so it may read the worker's models (DESIGN section 1): job counts that took a budget slot
-in the UTC day, Monday week and month against the deployment's caps, and today's tokens and cost.
+Display code, so it may read the worker's counters and models (DESIGN section 1): the job-count counters
+the caps are checked against (UTC day, Monday week, month; refused reservations count), today's tokens,
+and today's cost from the run history.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 PAYLOADS = Path(__file__).resolve().parent / "payloads"
-CORPUS = Path(__file__).resolve().parent.parent.parent / "shared" / "corpus"
+CORPUS = Path(__file__).resolve().parent / "payloads" / "corpus"  # a copy of ../shared/corpus (Zulip fixtures, Apache-2.0)
 
 GITHUB_SECRET = "test-webhook-secret"
 GITLAB_TOKEN_SECRET = "gitlab-shared-token"

@@ -1,4 +1,4 @@
-"""Every real GitLab, Gitea and Azure DevOps payload of ../shared/corpus, replayed through its endpoint with the
+"""Every real GitLab, Gitea and Azure DevOps payload of tests/payloads/corpus (a copy of ../shared/corpus), replayed through its endpoint with the
 headers and credentials the real forge sends: none answers 5xx, and each that should match a test trigger
 does (the others are ignored for the stated reason)."""
 

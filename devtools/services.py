@@ -208,7 +208,7 @@ def remove_job_containers(docker_host: str) -> int:
     import docker
 
     client = docker.DockerClient(base_url=docker_host, timeout=30)
-    containers = client.containers.list(all=True, filters={"label": "pidispatch.job"})
+    containers = client.containers.list(all=True, filters={"label": "pidispatch.job"}, ignore_removed=True)
     for container in containers:
         container.remove(force=True)
     return len(containers)

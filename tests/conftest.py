@@ -256,7 +256,7 @@ def job_containers():
 
     def listing(host=None):
         filters = {"label": f"pidispatch.host={host}"} if host else {"label": "pidispatch.job"}
-        return {c.labels["pidispatch.job"]: c for c in engine.containers.list(all=True, filters=filters)}
+        return {c.labels["pidispatch.job"]: c for c in engine.containers.list(all=True, filters=filters, ignore_removed=True)}
 
     yield listing
     for leftover in listing().values():

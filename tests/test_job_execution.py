@@ -113,7 +113,7 @@ def test_the_container_is_locked_down(post_github, label_trigger, run_worker, se
 
 
 def _find_container(engine, name):
-    found = engine.containers.list(all=True, filters={"name": name})
+    found = engine.containers.list(all=True, filters={"name": name}, ignore_removed=True)
     return found[0] if found else None
 
 

@@ -154,7 +154,8 @@ def reap_strays(worker) -> None:
     host = worker.presence.host.name
     try:
         client = container.engine()
-        strays = client.containers.list(all=True, filters={"label": f"{container.HOST_LABEL}={host}"})
+        strays = client.containers.list(all=True, filters={"label": f"{container.HOST_LABEL}={host}"},
+                                        ignore_removed=True)  # a sibling may remove one as we list
     except (container.EngineUnavailable, DockerException, RequestException) as exc:
         logger.warning("boot_reaper_skipped host=%s error=%s", host, type(exc).__name__)
         return

@@ -52,11 +52,21 @@ class ContainerExit:
 
 
 def engine() -> docker.DockerClient:
-    """A client for DOCKER_HOST (or the default socket). Made per job: clients do not survive a fork."""
+    """A client for DOCKER_HOST (or the default socket). Made per job: clients do not survive a fork.
+
+    The engine's API version is asked once per process and remembered, so the worker's parent (which
+    asks at boot) hands it to every forked work horse and a job spends no round trip on it.
+    """
+    global _api_version
     try:
-        return docker.from_env(timeout=30)
+        client = docker.from_env(timeout=30, version=_api_version or "auto")
     except DockerException as exc:
         raise EngineUnavailable(type(exc).__name__) from None
+    _api_version = client.api.api_version
+    return client
+
+
+_api_version: str | None = None
 
 
 def container_name(job_id: str) -> str:

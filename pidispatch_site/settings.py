@@ -198,6 +198,12 @@ GITHUB_WEBHOOK_SECRET = env("GITHUB_WEBHOOK_SECRET", default="")
 GITHUB_SELF_ID = env("GITHUB_SELF_ID", default="")
 GITHUB_TOKEN = env("GITHUB_TOKEN", default="")  # closer-permission lookups; resolves GITHUB_SELF_ID when unset
 GITHUB_API_URL = env("GITHUB_API_URL", default="https://api.github.com")
+# A GitHub App instead of (or beside) a token: each job gets an installation token scoped to its one
+# repository, minted per job and revoked after it. When set, the App is used for every GitHub call.
+GITHUB_APP_ID = env("GITHUB_APP_ID", default="")
+GITHUB_APP_INSTALLATION_ID = env("GITHUB_APP_INSTALLATION_ID", default="")
+GITHUB_APP_PRIVATE_KEY = env("GITHUB_APP_PRIVATE_KEY", default="")  # the PEM itself (`\n` escapes allowed)
+GITHUB_APP_PRIVATE_KEY_PATH = env("GITHUB_APP_PRIVATE_KEY_PATH", default="")  # or a file holding it
 GITLAB_WEBHOOK_MODE = env("GITLAB_WEBHOOK_MODE", default="")  # "token" or "signature"
 GITLAB_WEBHOOK_SECRET = env("GITLAB_WEBHOOK_SECRET", default="")
 GITLAB_TOKEN = env("GITLAB_TOKEN", default="")
@@ -218,6 +224,9 @@ AZURE_SELF_EMAIL = env("AZURE_SELF_EMAIL", default="")
 # Authority lookups (member access, permissions): short, cached, and "could not tell" keeps the delivery.
 PI_FORGE_API_TIMEOUT_SECONDS = env.float("PI_FORGE_API_TIMEOUT_SECONDS", default=3.0)
 PI_AUTHORITY_CACHE_SECONDS = env.int("PI_AUTHORITY_CACHE_SECONDS", default=60)
+# A forge job's workspace: the shallow clone of the default branch must finish within this many seconds
+# (then the attempt is retried as an infrastructure fault).
+PI_CLONE_TIMEOUT_SECONDS = env.int("PI_CLONE_TIMEOUT_SECONDS", default=300)
 # A second trigger for the same target and flow inside this window is swallowed (202 duplicate).
 PI_DEDUP_WINDOW_SECONDS = env.int("PI_DEDUP_WINDOW_SECONDS", default=600)
 # The inbox replayer (`manage.py replay_deliveries --follow`): poll interval and the longest retry backoff.

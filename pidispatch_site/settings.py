@@ -221,7 +221,8 @@ AZURE_GRAPH_URL = env("AZURE_GRAPH_URL", default="")  # derived from AZURE_ORG_U
 AZURE_TOKEN = env("AZURE_TOKEN", default="")
 AZURE_SELF_ID = env("AZURE_SELF_ID", default="")
 AZURE_SELF_EMAIL = env("AZURE_SELF_EMAIL", default="")
-# Authority lookups (member access, permissions): short, cached, and "could not tell" keeps the delivery.
+# Forge API calls (authority lookups; a job's token, default branch and comments): short, and lookups are
+# cached; "could not tell" keeps the delivery, and a worker-side call that gets no answer is retried.
 PI_FORGE_API_TIMEOUT_SECONDS = env.float("PI_FORGE_API_TIMEOUT_SECONDS", default=3.0)
 PI_AUTHORITY_CACHE_SECONDS = env.int("PI_AUTHORITY_CACHE_SECONDS", default=60)
 # A forge job's workspace: the shallow clone of the default branch must finish within this many seconds

@@ -222,9 +222,9 @@ class FakeForge:
         return [request["path"] for request in self.requests]
 
     def posted(self, path: str | None = None) -> list[dict]:
-        """The JSON bodies POSTed (to `path`, when given), oldest first."""
+        """The JSON bodies POSTed to the API (to `path`, when given), oldest first; git's own requests aside."""
         return [request["body"] for request in self.requests
-                if request["method"] == "POST" and (path is None or request["path"] == path)]
+                if request["method"] == "POST" and "body" in request and (path is None or request["path"] == path)]
 
     def route(self, method: str, pattern: str, answer) -> None:
         """Answer `method` on every path matching the regex `pattern`."""

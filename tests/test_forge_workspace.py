@@ -13,6 +13,7 @@ from apps.worker.forges import ForgeFailure, RepoRef, forge_client
 from apps.worker.workspace import WorkspaceRefused
 from tests.jobspecs import forge_spec
 from tests.receiver_support import (  # noqa: F401  (fixtures)
+    FakeForge,
     basic,
     commit_files,
     fake_forge,
@@ -158,6 +159,22 @@ def test_a_clone_url_on_another_host_is_refused_so_the_token_never_goes_there(tm
         prepare(tmp_path, forge_spec("gh-elsewhere"))
 
     assert refused.value.reason == "forge-clone-url-refused" and not refused.value.transient
+
+
+def test_git_never_follows_a_redirect_with_the_token(tmp_path, forges):
+    elsewhere = FakeForge()
+    try:
+        forges.github_repository("acme/web", "d" * 40)
+        forges.routes["/git/acme/web.git/info/refs"] = (
+            302, {}, {"Location": f"{elsewhere.url}/git/acme/web.git/info/refs?service=git-upload-pack"})
+
+        with pytest.raises(ForgeFailure):
+            prepare(tmp_path, forge_spec("gh-redirect"))
+
+        assert elsewhere.requests == []
+        assert any(r["path"] == "/git/acme/web.git/info/refs" for r in forges.requests)
+    finally:
+        elsewhere.close()
 
 
 def test_api_clone_url_rules():

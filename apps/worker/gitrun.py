@@ -28,8 +28,10 @@ def run_git(folder: Path, *args: str, timeout: float, authorization: str = "",
     if authorization:
         environment.update({"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "http.extraHeader",
                             "GIT_CONFIG_VALUE_0": f"Authorization: {authorization}"})
-    # safe.directory: a root worker works in a folder that already belongs to the job's user.
+    # safe.directory: a root worker works in a folder that already belongs to the job's user. No redirects
+    # (the header would follow them to another host) and no transport but HTTP(S) (no ext::, file://, ssh).
     command = ["git", "-c", f"safe.directory={folder}", "-c", "credential.helper=", "-c", "protocol.version=2",
-               "-C", str(folder), *args]
+               "-c", "http.followRedirects=false", "-c", "protocol.allow=never", "-c", "protocol.https.allow=always",
+               "-c", "protocol.http.allow=always", "-C", str(folder), *args]
     return subprocess.run(command, env=environment, input=stdin, capture_output=True, timeout=timeout,
                           stdin=None if stdin is not None else subprocess.DEVNULL)

@@ -37,7 +37,8 @@ def github(forges):
 def test_a_pre_spend_refusal_posts_its_sentence_once(github):
     record(forge_spec("gh-c1"), Verdict.refused("unprotected-branch"))
 
-    assert github.posted(GITHUB_COMMENTS) == [{"body": "Refused: the default branch is not protected. See SECURITY.md."}]
+    assert github.posted(GITHUB_COMMENTS) == [
+        {"body": "Refused: the default branch is not protected. See SECURITY.md."}]
     assert github.requests[-1]["headers"]["authorization"] == "Bearer ghp-test"
 
 

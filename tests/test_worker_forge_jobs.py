@@ -16,8 +16,9 @@ from rq import Queue
 
 from apps.worker import comments
 from apps.worker.models import Outcome, Run
-from tests.conftest import github_payload, wait_for
+from tests.conftest import wait_for
 from tests.receiver_support import basic, commit_files, fake_forge, make_repository, prune_unreachable  # noqa: F401
+from tests.test_job_execution import deliver
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
@@ -41,13 +42,6 @@ def github(fake_forge, tmp_path):
     fake_forge.github_repository("acme/web", fake_forge.sha)
     fake_forge.env = {"GITHUB_API_URL": fake_forge.url, "GITHUB_TOKEN": PAT}
     return fake_forge
-
-
-def deliver(post_github, delivery: str, body: str = "Please fix it.") -> str:
-    response = post_github(github_payload(body_text=body), delivery=delivery)
-    assert response.status_code == 202, response.content
-    (job_id,) = response.json()["jobs"]
-    return job_id
 
 
 def job_root(settings, job_id: str) -> Path:
@@ -94,7 +88,8 @@ def test_a_labelled_issue_runs_on_a_clone_of_the_default_branch_with_its_token(
     assert (workspace / "app" / "main.py").read_text() == "print('web')\n"
     assert "fake pi output" in (workspace / "pi-output.md").read_text()  # the job user could write the clone
     # The repo's .pi/ was materialised into the read-only /job.
-    assert (job_root(settings, job_id) / "job" / "pi" / "skills" / "fix-bug" / "SKILL.md").read_text() == "# Fix a bug\n"
+    skill = job_root(settings, job_id) / "job" / "pi" / "skills" / "fix-bug" / "SKILL.md"
+    assert skill.read_text() == "# Fix a bug\n"
     # The job's token, under GitHub's usual names, and nothing else of the worker's environment.
     report = json.loads((workspace / "sandbox-report.json").read_text())
     names = set(report["env_names"].split()) - SHELL_OWN_ENV
@@ -227,3 +222,14 @@ def test_a_forge_that_stays_down_fails_once_with_one_comment(github, post_github
     assert [(r.outcome, r.reason) for r in Run.objects.filter(job_id=job_id).order_by("attempt")] == [
         (Outcome.FAILED, "forge-unavailable")] * 2
     assert github.posted(COMMENTS) == [{"body": comments.FAILED_DEFAULT}]
+
+
+def test_a_worker_with_an_incomplete_github_app_refuses_to_start(post_github, label_trigger, run_worker, redis_conn):
+    job_id = deliver(post_github, "fj-e2e-noapp")
+
+    result = run_worker("pi-jobs", env_overrides={"GITHUB_APP_ID": "4242"}, check=False)
+
+    assert result.returncode != 0 and "worker.E001" in result.stderr
+    assert "GITHUB_APP_INSTALLATION_ID" in result.stderr
+    assert Queue("pi-jobs", connection=redis_conn).fetch_job(job_id).get_status() == "queued"  # nothing lost
+    assert not Run.objects.filter(job_id=job_id).exists()

@@ -16,17 +16,8 @@ from __future__ import annotations
 from django.conf import settings
 
 from .azure import AzureClient
-from .base import (
-    Authority,
-    BranchHead,
-    Credential,
-    ForgeClient,
-    ForgeFailure,
-    Identity,
-    IdentityUnavailable,
-    RepoRef,
-    Subject,
-)
+from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, IdentityUnavailable,
+    RepoRef, Subject)
 from .forgejo import ForgejoClient
 from .github import GitHubClient
 from .github_app import AppKeyError, GitHubApp, load_private_key

@@ -14,19 +14,8 @@ import base64
 import re
 from urllib.parse import quote, urlencode, urlsplit
 
-from .base import (
-    Authority,
-    BranchHead,
-    Credential,
-    ForgeClient,
-    ForgeFailure,
-    Identity,
-    IdentityUnavailable,
-    RepoRef,
-    Response,
-    Subject,
-    TTLCache,
-)
+from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, IdentityUnavailable,
+    RepoRef, Response, Subject, TTLCache)
 
 API_VERSION = "7.1-preview.1"
 GIT_API_VERSION = "7.1"
@@ -234,6 +223,6 @@ class AzureClient(ForgeClient):
                 "POST", f"{self._repository_url(ref)}/pullRequests/{number}/threads?api-version={GIT_API_VERSION}",
                 {"comments": [{"parentCommentId": 0, "content": text, "commentType": 1}], "status": "active"},
                 credential.token)
-        return self._send(
-            "POST", f"{self._project_url(ref)}/_apis/wit/workItems/{number}/comments?api-version={WORK_ITEM_COMMENTS_API_VERSION}",
-            {"text": text}, credential.token)
+        url = f"{self._project_url(ref)}/_apis/wit/workItems/{number}/comments"
+        return self._send("POST", f"{url}?api-version={WORK_ITEM_COMMENTS_API_VERSION}", {"text": text},
+                          credential.token)

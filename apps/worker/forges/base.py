@@ -365,6 +365,15 @@ class ForgeClient:
                       credential: Credential) -> Response:
         raise NotImplementedError
 
+    def _branch(self, url: str, credential: Credential) -> tuple[dict, dict]:
+        """A branch object and its `commit` (GitHub, GitLab and Forgejo answer alike); 404 = the default
+        branch has no commit yet (an empty repository)."""
+        response = self._get(url, credential.token)
+        if response.status == 404:
+            raise ForgeFailure("default-branch-missing", transient=False)
+        branch = self._answer(response)
+        return branch, branch.get("commit") if isinstance(branch.get("commit"), dict) else {}
+
     def _branch_head(self, name, sha, protected, clone_url) -> BranchHead:
         """Check what the forge said about its default branch before anything acts on it."""
         if not isinstance(name, str) or not name:
@@ -413,9 +422,9 @@ class ForgeClient:
             return Authority.unknown("malformed-answer")
         return Authority.yes(permission) if permission in allowed else Authority.no("read-only")
 
-    def _numeric_user_identity(self, url: str) -> Identity:
+    def _numeric_user_identity(self, url: str, token: str | None = None) -> Identity:
         """`GET <url>` answering a user object with a numeric `id` (GitHub, GitLab and Forgejo `/user`)."""
-        response = self._get(url)
+        response = self._get(url, token)
         if response.status != 200:
             raise self.identity_failure(response)
         user_id = response.data.get("id") if isinstance(response.data, dict) else None

@@ -5,18 +5,8 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from .base import (
-    Authority,
-    BranchHead,
-    Credential,
-    ForgeClient,
-    ForgeFailure,
-    Identity,
-    RepoRef,
-    Response,
-    Subject,
-    repo_halves,
-)
+from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, RepoRef, Response,
+    Subject, repo_halves)
 
 WRITE_PERMISSIONS = {"owner", "admin", "write"}
 
@@ -50,11 +40,7 @@ class ForgejoClient(ForgeClient):
         branch_name = repository.get("default_branch")
         if not isinstance(branch_name, str) or not branch_name or repository.get("empty") is True:
             raise ForgeFailure("default-branch-missing", transient=False)
-        response = self._get(f"{repo_url}/branches/{quote(branch_name, safe='')}", credential.token)
-        if response.status == 404:
-            raise ForgeFailure("default-branch-missing", transient=False)
-        branch = self._answer(response)
-        commit = branch.get("commit") if isinstance(branch.get("commit"), dict) else {}
+        branch, commit = self._branch(f"{repo_url}/branches/{quote(branch_name, safe='')}", credential)
         return self._branch_head(branch_name, commit.get("id"), branch.get("protected"), repository.get("clone_url"))
 
     def _post_comment(self, ref: RepoRef, target_type: str, number: int, text: str,

@@ -10,21 +10,8 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from .base import (
-    Authority,
-    BranchHead,
-    Credential,
-    ForgeClient,
-    ForgeFailure,
-    Identity,
-    IdentityUnavailable,
-    RepoRef,
-    Response,
-    Subject,
-    Unreachable,
-    is_int_like,
-    repo_halves,
-)
+from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, IdentityUnavailable,
+    RepoRef, Response, Subject, Unreachable, repo_halves)
 from .github_app import GitHubApp
 
 # The legacy `permission` field folds `maintain` into `write`; both spellings count.
@@ -66,28 +53,19 @@ class GitHubClient(ForgeClient):
                                            WRITE_PERMISSIONS, token)
 
     def self_identity(self) -> Identity:
-        if self.app is not None:
-            return self._app_identity()
-        return super().self_identity()
-
-    def _lookup_identity(self) -> Identity:
-        return self._numeric_user_identity(f"{self.base_url}/user")
-
-    def _app_identity(self) -> Identity:
-        """An App acts as its bot account `<slug>[bot]`; `GET /users/<slug>[bot]` has its numeric id."""
+        if self.app is None:
+            return super().self_identity()
+        # An App acts as its bot account `<slug>[bot]`; `GET /users/<slug>[bot]` (public) has its numeric id.
         try:
             slug = self.app.app_slug()
-            response = self._get(f"{self.base_url}/users/{quote(slug + '[bot]', safe='')}", "")
+            return self._numeric_user_identity(f"{self.base_url}/users/{quote(slug + '[bot]', safe='')}", "")
         except ForgeFailure as failure:
             raise IdentityUnavailable(failure.reason, determinate=not failure.transient) from None
         except Unreachable as error:
             raise IdentityUnavailable(error.reason, determinate=False) from None
-        if response.status != 200:
-            raise self.identity_failure(response)
-        user_id = response.data.get("id") if isinstance(response.data, dict) else None
-        if not is_int_like(user_id):
-            raise IdentityUnavailable("malformed-answer", determinate=False)
-        return Identity(id=str(user_id))
+
+    def _lookup_identity(self) -> Identity:
+        return self._numeric_user_identity(f"{self.base_url}/user")
 
     def _headers(self, token: str | None = None) -> dict[str, str]:
         headers = super()._headers(token)
@@ -120,11 +98,7 @@ class GitHubClient(ForgeClient):
         branch_name = repository.get("default_branch")
         if not isinstance(branch_name, str) or not branch_name:
             raise ForgeFailure("default-branch-missing", transient=False)
-        response = self._get(f"{repo_url}/branches/{quote(branch_name, safe='')}", credential.token)
-        if response.status == 404:  # an empty repository names a default branch that has no commit yet
-            raise ForgeFailure("default-branch-missing", transient=False)
-        branch = self._answer(response)
-        commit = branch.get("commit") if isinstance(branch.get("commit"), dict) else {}
+        branch, commit = self._branch(f"{repo_url}/branches/{quote(branch_name, safe='')}", credential)
         protected = branch.get("protected") is True or self._ruleset_protected(repo_url, branch_name, credential)
         return self._branch_head(branch_name, commit.get("sha"), protected, repository.get("clone_url"))
 

@@ -27,7 +27,8 @@ JWT_BACKDATE_SECONDS = 60
 JWT_LIFETIME_SECONDS = 540  # + the 60 s backdate = GitHub's 10-minute maximum
 REUSE_MARGIN_SECONDS = 300
 logger = logging.getLogger("pidispatch.forges")
-API_HEADERS = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": "2022-11-28", "User-Agent": "pidispatch"}
+API_HEADERS = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": "2022-11-28",
+               "User-Agent": "pidispatch"}
 
 
 class AppKeyError(Exception):

@@ -6,18 +6,8 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from .base import (
-    Authority,
-    BranchHead,
-    Credential,
-    ForgeClient,
-    ForgeFailure,
-    Identity,
-    RepoRef,
-    Response,
-    Subject,
-    is_int_like,
-)
+from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, RepoRef, Response,
+    Subject, is_int_like)
 
 DEVELOPER_ACCESS = 30  # Developer and above may start work (Guest 10, Reporter 20, Maintainer 40, Owner 50)
 
@@ -74,11 +64,7 @@ class GitLabClient(ForgeClient):
         branch_name = project.get("default_branch")
         if not isinstance(branch_name, str) or not branch_name:  # an empty project has none
             raise ForgeFailure("default-branch-missing", transient=False)
-        response = self._get(f"{project_url}/repository/branches/{quote(branch_name, safe='')}", credential.token)
-        if response.status == 404:
-            raise ForgeFailure("default-branch-missing", transient=False)
-        branch = self._answer(response)
-        commit = branch.get("commit") if isinstance(branch.get("commit"), dict) else {}
+        branch, commit = self._branch(f"{project_url}/repository/branches/{quote(branch_name, safe='')}", credential)
         # `protected` covers wildcard protection rules as well as the branch's own.
         return self._branch_head(branch_name, commit.get("id"), branch.get("protected"),
                                  project.get("http_url_to_repo"))

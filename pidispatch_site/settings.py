@@ -196,7 +196,9 @@ PI_WEBHOOK_MAX_BYTES = env.int("PI_WEBHOOK_MAX_BYTES", default=2 * 1024 * 1024)
 # A forge is served once its webhook secret (or mode, or self id) is set; then its block must be complete.
 GITHUB_WEBHOOK_SECRET = env("GITHUB_WEBHOOK_SECRET", default="")
 GITHUB_SELF_ID = env("GITHUB_SELF_ID", default="")
-GITHUB_TOKEN = env("GITHUB_TOKEN", default="")  # closer-permission lookups; resolves GITHUB_SELF_ID when unset
+# A personal access token: closer-permission lookups, GITHUB_SELF_ID when unset, and (without an App) the
+# token forge jobs act with. GITLAB_TOKEN, FORGEJO_TOKEN and AZURE_TOKEN likewise are their forge's job token.
+GITHUB_TOKEN = env("GITHUB_TOKEN", default="")
 GITHUB_API_URL = env("GITHUB_API_URL", default="https://api.github.com")
 # A GitHub App instead of (or beside) a token: each job gets an installation token scoped to its one
 # repository, minted per job and revoked after it. When set, the App is used for every GitHub call.

@@ -117,4 +117,5 @@ def test_rqs_stop_command_stops_the_container_without_the_killed_horse(start_wor
     wait_for(lambda: "gh-rq-stopped" not in job_containers(), timeout=30, what="the container to be stopped")
     (run,) = wait_for(lambda: runs("gh-rq-stopped"), timeout=30, what="the record")
     assert (run.outcome, run.reason) == (Outcome.POLICY, "operator-cancel")
-    assert Job.fetch("gh-rq-stopped", connection=redis_conn).get_status() == "stopped"
+    wait_for(lambda: Job.fetch("gh-rq-stopped", connection=redis_conn).get_status() == "stopped", timeout=15,
+             what="RQ to mark the job stopped")  # after the record and its status comment

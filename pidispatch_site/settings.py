@@ -196,8 +196,16 @@ PI_WEBHOOK_MAX_BYTES = env.int("PI_WEBHOOK_MAX_BYTES", default=2 * 1024 * 1024)
 # A forge is served once its webhook secret (or mode, or self id) is set; then its block must be complete.
 GITHUB_WEBHOOK_SECRET = env("GITHUB_WEBHOOK_SECRET", default="")
 GITHUB_SELF_ID = env("GITHUB_SELF_ID", default="")
-GITHUB_TOKEN = env("GITHUB_TOKEN", default="")  # closer-permission lookups; resolves GITHUB_SELF_ID when unset
+# A personal access token: closer-permission lookups, GITHUB_SELF_ID when unset, and (without an App) the
+# token forge jobs act with. GITLAB_TOKEN, FORGEJO_TOKEN and AZURE_TOKEN likewise are their forge's job token.
+GITHUB_TOKEN = env("GITHUB_TOKEN", default="")
 GITHUB_API_URL = env("GITHUB_API_URL", default="https://api.github.com")
+# A GitHub App instead of (or beside) a token: each job gets an installation token scoped to its one
+# repository, minted per job and revoked after it. When set, the App is used for every GitHub call.
+GITHUB_APP_ID = env("GITHUB_APP_ID", default="")
+GITHUB_APP_INSTALLATION_ID = env("GITHUB_APP_INSTALLATION_ID", default="")
+GITHUB_APP_PRIVATE_KEY = env("GITHUB_APP_PRIVATE_KEY", default="")  # the PEM itself (`\n` escapes allowed)
+GITHUB_APP_PRIVATE_KEY_PATH = env("GITHUB_APP_PRIVATE_KEY_PATH", default="")  # or a file holding it
 GITLAB_WEBHOOK_MODE = env("GITLAB_WEBHOOK_MODE", default="")  # "token" or "signature"
 GITLAB_WEBHOOK_SECRET = env("GITLAB_WEBHOOK_SECRET", default="")
 GITLAB_TOKEN = env("GITLAB_TOKEN", default="")
@@ -215,9 +223,13 @@ AZURE_GRAPH_URL = env("AZURE_GRAPH_URL", default="")  # derived from AZURE_ORG_U
 AZURE_TOKEN = env("AZURE_TOKEN", default="")
 AZURE_SELF_ID = env("AZURE_SELF_ID", default="")
 AZURE_SELF_EMAIL = env("AZURE_SELF_EMAIL", default="")
-# Authority lookups (member access, permissions): short, cached, and "could not tell" keeps the delivery.
+# Forge API calls (authority lookups; a job's token, default branch and comments): short, and lookups are
+# cached; "could not tell" keeps the delivery, and a worker-side call that gets no answer is retried.
 PI_FORGE_API_TIMEOUT_SECONDS = env.float("PI_FORGE_API_TIMEOUT_SECONDS", default=3.0)
 PI_AUTHORITY_CACHE_SECONDS = env.int("PI_AUTHORITY_CACHE_SECONDS", default=60)
+# A forge job's workspace: the shallow clone of the default branch must finish within this many seconds
+# (then the attempt is retried as an infrastructure fault).
+PI_CLONE_TIMEOUT_SECONDS = env.int("PI_CLONE_TIMEOUT_SECONDS", default=300)
 # A second trigger for the same target and flow inside this window is swallowed (202 duplicate).
 PI_DEDUP_WINDOW_SECONDS = env.int("PI_DEDUP_WINDOW_SECONDS", default=600)
 # The inbox replayer (`manage.py replay_deliveries --follow`): poll interval and the longest retry backoff.

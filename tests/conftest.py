@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from tests.receiver_support import STAND_IN_TOKEN, github_stand_in  # noqa: F401  (a fixture)
+
 ROOT = Path(__file__).resolve().parent.parent
 PAYLOADS = Path(__file__).resolve().parent / "payloads"
 WEBHOOK_SECRET = "test-webhook-secret"
@@ -108,13 +110,16 @@ def database_url() -> str:
 
 
 @pytest.fixture
-def worker_env(settings, tmp_path):
-    """Environment for a real `manage.py rqworker` subprocess that shares this test's database."""
+def worker_env(settings, tmp_path, github_stand_in):
+    """Environment for a real `manage.py rqworker` subprocess that shares this test's database. Its GitHub
+    is the local stand-in (a forge job clones a protected default branch with a token of its own)."""
     env = {
         **os.environ,
         "DATABASE_URL": database_url(),
         "GITHUB_WEBHOOK_SECRET": WEBHOOK_SECRET,
         "GITHUB_SELF_ID": SELF_ID,
+        "GITHUB_API_URL": github_stand_in.url,
+        "GITHUB_TOKEN": STAND_IN_TOKEN,
         "PI_JOB_ROOT": str(settings.PI_JOB_ROOT),
         "PI_KEEP_JOB_DIRS": "1",
         "PI_RETRY_BACKOFF_SECONDS": "1",

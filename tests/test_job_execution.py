@@ -15,7 +15,8 @@ from tests.conftest import github_payload, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
-CLOSED_ENV = {"HOME", "PATH", "PI_JOB_ID", "PI_FLOW", "PI_MAX_TURNS", "PI_PROVIDER", "ANTHROPIC_API_KEY", "HOSTNAME"}
+CLOSED_ENV = {"HOME", "PATH", "PI_JOB_ID", "PI_FLOW", "PI_MAX_TURNS", "PI_PROVIDER", "ANTHROPIC_API_KEY", "HOSTNAME",
+              "GITHUB_TOKEN", "GH_TOKEN", "GITHUB_API_URL"}  # the job's own forge token and its instance
 SHELL_OWN_ENV = {"PWD", "SHLVL", "OLDPWD", "_"}
 
 

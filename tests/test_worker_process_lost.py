@@ -53,7 +53,9 @@ def test_a_worker_killed_mid_job_is_reaped_and_recorded_at_restart_and_nothing_r
     wait_for(lambda: "gh-orphaned" not in job_containers("hostA"), timeout=60, what="the boot reaper")
     (run,) = wait_for(lambda: runs("gh-orphaned"), timeout=30, what="the worker-lost record")
     assert (run.outcome, run.reason, run.attempt, run.host) == (Outcome.FAILED, "worker-lost", 1, "hostA")
-    assert Job.fetch("gh-orphaned", connection=redis_conn).get_status() == "failed"
+    # RQ's failure mark follows the record (and its status comment): poll, bounded.
+    wait_for(lambda: Job.fetch("gh-orphaned", connection=redis_conn).get_status() == "failed", timeout=15,
+             what="RQ to mark the job failed")
     time.sleep(4)  # retries would come back within a second (PI_RETRY_BACKOFF_SECONDS=1): none does
     assert len(runs("gh-orphaned")) == 1 and "gh-orphaned" not in job_containers()
 
@@ -82,7 +84,9 @@ def test_a_worker_that_dies_for_good_has_its_job_settled_by_a_live_worker(start_
 
     (run,) = wait_for(lambda: runs("gh-host-lost"), timeout=60, what="hostA's sweep to settle the job")
     assert (run.outcome, run.reason, run.host) == (Outcome.FAILED, "worker-lost", "hostB")
-    assert Job.fetch("gh-host-lost", connection=redis_conn).get_status() == "failed"
+    # RQ's failure mark follows the record (and its status comment): poll, bounded.
+    wait_for(lambda: Job.fetch("gh-host-lost", connection=redis_conn).get_status() == "failed", timeout=15,
+             what="RQ to mark the job failed")
     time.sleep(3)
     assert len(runs("gh-host-lost")) == 1
 
@@ -113,4 +117,5 @@ def test_rqs_stop_command_stops_the_container_without_the_killed_horse(start_wor
     wait_for(lambda: "gh-rq-stopped" not in job_containers(), timeout=30, what="the container to be stopped")
     (run,) = wait_for(lambda: runs("gh-rq-stopped"), timeout=30, what="the record")
     assert (run.outcome, run.reason) == (Outcome.POLICY, "operator-cancel")
-    assert Job.fetch("gh-rq-stopped", connection=redis_conn).get_status() == "stopped"
+    wait_for(lambda: Job.fetch("gh-rq-stopped", connection=redis_conn).get_status() == "stopped", timeout=15,
+             what="RQ to mark the job stopped")  # after the record and its status comment

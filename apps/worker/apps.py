@@ -5,3 +5,12 @@ class WorkerConfig(AppConfig):
     name = "apps.worker"
     label = "worker"
     verbose_name = "Runs"
+
+    def ready(self):
+        from . import checks  # noqa: F401  registers the configuration checks
+        from .comments import on_run_recorded
+        from .models import Run
+        from .records import run_recorded
+
+        # Status comments on the issue or pull request: one home for every run record (apps/worker/comments.py).
+        run_recorded.connect(on_run_recorded, sender=Run, dispatch_uid="worker-status-comments")

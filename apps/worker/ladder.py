@@ -10,7 +10,10 @@ no attempt, no record), or ends it with a `Verdict` (refused, or an infrastructu
     6 one-shot spent         -> once-already-spent
     7 image preflight        -> job-image-missing; engine down -> retry
     8 provider credential    -> provider-unconfigured
-    9 workspace              -> workspace-* / job-user-unmappable
+    9 workspace              forge job: the job's token, the default branch's commit and protection, a
+                             fresh clone at that commit, the repo's .pi/ (apps/worker/forge_workspace.py)
+                             -> unprotected-branch / sha-gone / pi-* / forge-* ; forge unreachable -> retry
+                             local job: the folder itself -> workspace-* / job-user-unmappable
    10 daily token cap        -> daily-token-cap
    11 job-count caps         -> scope-cap, over-budget, soft-hold
    12 the container          -> completed | policy | retry
@@ -31,9 +34,20 @@ from redis.exceptions import RedisError
 from apps.fleet import cancel
 from apps.fleet.connection import get_redis
 
-from . import budget, container, jobfiles, leases, providers, quiet_hours, runtime_settings, waitfor
+from . import (
+    budget,
+    container,
+    forge_workspace,
+    jobfiles,
+    leases,
+    providers,
+    quiet_hours,
+    runtime_settings,
+    waitfor,
+)
 from .exitline import parse_exit_line
-from .jobs import JobSpec
+from .forges import ForgeFailure
+from .jobs import FORGE_KINDS, JobSpec
 from .models import Outcome, PauseWindow, Run
 from .scopes import job_scopes, normalise_folder, scope_hash
 from .verdicts import Deferred, Verdict
@@ -56,16 +70,34 @@ class Attempt:
     now: datetime
     image: str = ""
     held_leases: list[leases.Lease] = field(default_factory=list)
+    dirs: jobfiles.JobDirs | None = None  # the job's folders, from gate 9 on
+    forge: forge_workspace.ForgeWorkspace | None = None  # a forge job's clone and token, from gate 9 on
     clock: float = field(default_factory=time.perf_counter)  # for the phase timings in the log
 
     @property
     def holder(self) -> str:
         return leases.holder_id(self.host, self.spec.job_id)
 
+    def let_go(self, redis) -> None:
+        """Whatever the climb ended in: leases back, a minted token revoked, the job's folders removed."""
+        for lease in reversed(self.held_leases):
+            try:
+                leases.release(redis, lease)
+            except RedisError:  # the lease's TTL frees it
+                logger.warning("lease_release_failed job=%s", self.spec.job_id)
+        if self.forge is not None:
+            try:
+                self.forge.release()
+            except Exception:  # a token that could not be revoked still expires within the hour
+                logger.warning("forge_token_release_failed job=%s", self.spec.job_id)
+        if self.dirs is not None and not settings.PI_KEEP_JOB_DIRS:
+            jobfiles.remove(self.dirs)
+
 
 def container_environment(spec: JobSpec, runtime: runtime_settings.RuntimeSettings, provider: str,
-                          credential: tuple[str, str]) -> dict[str, str]:
-    """The container's whole environment, from a closed list: nothing of the worker's is inherited."""
+                          credential: tuple[str, str], forge: dict[str, str] | None = None) -> dict[str, str]:
+    """The container's whole environment, from a closed list: nothing of the worker's is inherited. A forge
+    job adds its own token under the forge's usual names (and the instance URL), never the worker's."""
     environment = {
         "HOME": "/home/pi",
         "PI_JOB_ID": spec.job_id,
@@ -85,6 +117,7 @@ def container_environment(spec: JobSpec, runtime: runtime_settings.RuntimeSettin
         environment["PI_EXCLUDE_TOOLS"] = ",".join(spec.exclude_tools)
     name, value = credential
     environment[name] = value  # the provider's own variable, and only this provider's
+    environment.update(forge or {})
     return environment
 
 
@@ -117,11 +150,7 @@ def run(spec: JobSpec, host: str) -> Verdict | Deferred:
         logger.warning("job_redis_unavailable job=%s", spec.job_id)
         outcome = Verdict.infrastructure_fault("redis-unavailable")
     finally:
-        for lease in reversed(attempt.held_leases):
-            try:
-                leases.release(redis, lease)
-            except RedisError:  # the lease's TTL frees it
-                logger.warning("lease_release_failed job=%s", spec.job_id)
+        attempt.let_go(redis)
     if isinstance(outcome, Deferred):
         logger.info("job_deferred job=%s reason=%s until=%s", spec.job_id, outcome.reason, outcome.until.isoformat())
         return outcome
@@ -194,7 +223,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
                      providers.key_variable(provider) or "-")
         return Verdict.refused("provider-unconfigured")
 
-    # 9. The workspace.
+    # 9. The workspace: a local job's folder as it is; a forge job's fresh clone, made with its own token.
     workspace_folder: Path | None = None
     user = container.job_user()
     if spec.kind == "local":
@@ -204,6 +233,19 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             logger.info("workspace_refused job=%s reason=%s", spec.job_id, refused.reason)
             return Verdict.refused(refused.reason)
         workspace_folder, user = local.folder, local.owner
+    dirs = attempt.dirs = jobfiles.prepare(spec, settings.PI_JOB_ROOT, owner=user, workspace=workspace_folder)
+    if spec.kind in FORGE_KINDS:
+        try:
+            attempt.forge = forge_workspace.prepare(spec, dirs, owner=user)
+        except WorkspaceRefused as refused:
+            logger.info("workspace_refused job=%s reason=%s", spec.job_id, refused.reason)
+            return Verdict.refused(refused.reason)
+        except ForgeFailure as failure:
+            if failure.transient:
+                logger.warning("workspace_forge_fault job=%s reason=%s", spec.job_id, failure.reason)
+                return Verdict.infrastructure_fault(failure.reason)
+            logger.info("workspace_refused job=%s reason=%s", spec.job_id, failure.reason)
+            return Verdict.refused(failure.reason)
 
     # 10. The daily token cap (checked before, recorded after: it may overshoot by the runs in flight).
     if runtime.daily_token_cap and budget.tokens_spent_today(redis, now) >= runtime.daily_token_cap:
@@ -217,7 +259,6 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         return Verdict.refused(refusal.reason, budget_reserved=refusal.budget_reserved)
 
     # 12. The container: the only step that spends.
-    dirs = jobfiles.prepare(spec, settings.PI_JOB_ROOT, owner=user, workspace=workspace_folder)
     container_started = time.perf_counter()
     try:
         result = container.run_container(
@@ -227,7 +268,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             image=attempt.image,
             job_dir=dirs.job,
             workspace=dirs.workspace,
-            environment=container_environment(spec, runtime, provider, credential),
+            environment=container_environment(spec, runtime, provider, credential,
+                                              attempt.forge.environment() if attempt.forge else None),
             timeout_seconds=settings.PI_JOB_TIMEOUT_SECONDS,
             user=user,
             memory=runtime.job_memory,
@@ -241,9 +283,6 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         return Verdict.infrastructure_fault("container-never-started")
     except container.EngineUnavailable:
         return Verdict.infrastructure_fault("docker-unavailable", budget_reserved=True)
-    finally:
-        if not settings.PI_KEEP_JOB_DIRS:
-            jobfiles.remove(dirs)
     container_seconds = time.perf_counter() - container_started
     logger.info("job_phases job=%s gates_ms=%.1f container_ms=%.1f", spec.job_id,
                 (container_started - attempt.clock) * 1000, container_seconds * 1000)

@@ -3,9 +3,12 @@
     client = forge_client("gitlab")
     client.authority(Subject(project_id="42", actor_id="7"))   # Authority(allowed=True|False|None, reason)
     client.self_identity()                                      # Identity(id=...) or IdentityUnavailable
+    credential = client.job_credential(RepoRef("group/proj", project_id="42"))   # or ForgeFailure
+    client.default_branch(ref, credential)                      # BranchHead(name, sha, protected, clone_url)
+    client.post_comment(ref, "issue", 7, "Refused: ... Not run.")
 
-The receiver asks them who may start work and who "we" are; the worker will add tokens, clones and
-comments to the same modules.
+The receiver asks them who may start work and who "we" are; the worker mints a job's token, resolves and
+clones the default branch (apps/worker/forge_workspace.py) and posts status comments (apps/worker/comments.py).
 """
 
 from __future__ import annotations
@@ -13,19 +16,51 @@ from __future__ import annotations
 from django.conf import settings
 
 from .azure import AzureClient
-from .base import Authority, ForgeClient, Identity, IdentityUnavailable, Subject
+from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, IdentityUnavailable,
+    RepoRef, Subject)
 from .forgejo import ForgejoClient
 from .github import GitHubClient
+from .github_app import AppKeyError, GitHubApp, load_private_key
 from .gitlab import GitLabClient
 
-__all__ = ["Authority", "ForgeClient", "Identity", "IdentityUnavailable", "Subject", "forge_client"]
+__all__ = ["Authority", "BranchHead", "Credential", "ForgeClient", "ForgeFailure", "Identity", "IdentityUnavailable",
+           "RepoRef", "Subject", "forge_client", "github_app_problem"]
+
+
+def github_app_problem() -> str:
+    """What is wrong with the GitHub App settings ("" when it is complete or not configured at all)."""
+    if not str(settings.GITHUB_APP_ID).strip():
+        return ""
+    if not str(settings.GITHUB_APP_ID).strip().isdigit():
+        return "GITHUB_APP_ID must be the App's numeric id (the App's settings page, 'App ID')"
+    if not str(settings.GITHUB_APP_INSTALLATION_ID).strip().isdigit():
+        return ("GITHUB_APP_INSTALLATION_ID must be the numeric id of the App's installation on your account "
+                "(the number at the end of the installation's settings URL)")
+    try:
+        load_private_key(settings.GITHUB_APP_PRIVATE_KEY, settings.GITHUB_APP_PRIVATE_KEY_PATH)
+    except AppKeyError as error:
+        return str(error)
+    return ""
+
+
+def _github_app(timeout: float) -> GitHubApp | None:
+    if not str(settings.GITHUB_APP_ID).strip():
+        return None
+    # An incomplete App is still an App: every use of it fails as `forge-unconfigured` (and logs why), so a
+    # half-configured deployment never falls back to a broader personal token behind the operator's back.
+    problem = github_app_problem()
+    key = "" if problem else load_private_key(settings.GITHUB_APP_PRIVATE_KEY, settings.GITHUB_APP_PRIVATE_KEY_PATH)
+    return GitHubApp(app_id=str(settings.GITHUB_APP_ID).strip(),
+                     installation_id=str(settings.GITHUB_APP_INSTALLATION_ID).strip(),
+                     private_key=key, api_url=settings.GITHUB_API_URL, timeout=timeout, problem=problem)
 
 
 def forge_client(forge: str) -> ForgeClient:
-    """A client for `forge` built from the current settings (cheap; the answer cache is shared)."""
+    """A client for `forge` built from the current settings (cheap; the answer caches are shared)."""
     common = {"timeout": settings.PI_FORGE_API_TIMEOUT_SECONDS, "cache_seconds": settings.PI_AUTHORITY_CACHE_SECONDS}
     if forge == "github":
-        return GitHubClient(base_url=settings.GITHUB_API_URL, token=settings.GITHUB_TOKEN, **common)
+        return GitHubClient(base_url=settings.GITHUB_API_URL, token=settings.GITHUB_TOKEN,
+                            app=_github_app(common["timeout"]), **common)
     if forge == "gitlab":
         return GitLabClient(base_url=settings.GITLAB_URL, token=settings.GITLAB_TOKEN, **common)
     if forge == "forgejo":

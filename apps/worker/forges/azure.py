@@ -1,4 +1,6 @@
-"""Azure DevOps: is the actor a member of the project, and who our own token belongs to.
+"""Azure DevOps: is the actor a member of the project, who our own token belongs to, the default branch
+and its branch policies, and status comments (work item comments, pull request threads). A job acts with
+AZURE_TOKEN (a PAT).
 
 Membership is answered by the Graph API on `vssps`: the actor's subject descriptor, the groups it belongs
 to (walked upwards a few levels, so membership through an Entra/AAD group counts), and the project's own
@@ -12,9 +14,12 @@ import base64
 import re
 from urllib.parse import quote, urlencode, urlsplit
 
-from .base import Authority, ForgeClient, Identity, IdentityUnavailable, Subject, TTLCache
+from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, IdentityUnavailable,
+    RepoRef, Response, Subject, TTLCache)
 
 API_VERSION = "7.1-preview.1"
+GIT_API_VERSION = "7.1"
+WORK_ITEM_COMMENTS_API_VERSION = "7.1-preview.4"
 GUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 MAX_PAGES = 20  # an email actor is looked up by listing users; a larger directory is "could not tell"
 MAX_MEMBERSHIP_REQUESTS = 8  # bounds the upward walk through nested groups (a deeper member is refused)
@@ -42,13 +47,16 @@ class _Undetermined(Exception):
 class AzureClient(ForgeClient):
     forge = "azure"
     project_groups_cache = TTLCache(max_entries=128)
+    token_variables = ("AZURE_DEVOPS_EXT_PAT",)  # the az devops CLI's name
+    url_variable = "SYSTEM_COLLECTIONURI"  # the organisation URL, as Azure Pipelines names it
+    git_user = ""  # a PAT goes with an empty user name
 
     def __init__(self, *, base_url: str, token: str, graph_url: str = "", **kwargs):
         super().__init__(base_url=base_url, token=token, **kwargs)
         self.graph_url = (graph_url or graph_url_for(base_url)).rstrip("/")
 
-    def _headers(self) -> dict[str, str]:
-        credential = base64.b64encode(f":{self.token}".encode()).decode()
+    def _auth_headers(self, token: str) -> dict[str, str]:
+        credential = base64.b64encode(f":{token}".encode()).decode()
         return {"Authorization": f"Basic {credential}", "User-Agent": "pidispatch"}
 
     def _graph(self, path: str, **params) -> tuple[dict, dict]:
@@ -152,3 +160,69 @@ class AzureClient(ForgeClient):
         account = ((user.get("properties") or {}).get("Account") or {}).get("$value")
         email = account.strip().lower() if isinstance(account, str) and "@" in account else ""
         return Identity(id=user_id.lower(), email=email)
+
+    # --- worker ---
+
+    @staticmethod
+    def _project_and_repository(ref: RepoRef) -> tuple[str, str]:
+        """Ids when the delivery had them, else the names from `project/repo`."""
+        project, _, repository = ref.repo.partition("/")
+        project, repository = ref.project_id or project, ref.repository_id or repository
+        if not project or not repository or "/" in repository:
+            raise ForgeFailure("forge-repo-not-found", transient=False)
+        return project, repository
+
+    def _project_url(self, ref: RepoRef) -> str:
+        return f"{self.base_url}/{quote(self._project_and_repository(ref)[0], safe='')}"
+
+    def _repository_url(self, ref: RepoRef) -> str:
+        repository = self._project_and_repository(ref)[1]
+        return f"{self._project_url(ref)}/_apis/git/repositories/{quote(repository, safe='')}"
+
+    def _default_branch(self, ref: RepoRef, credential: Credential) -> BranchHead:
+        repository = self._answer(self._get(f"{self._repository_url(ref)}?api-version={GIT_API_VERSION}",
+                                            credential.token))
+        ref_name = repository.get("defaultBranch")
+        repository_id = repository.get("id")
+        if not isinstance(ref_name, str) or not ref_name.startswith("refs/heads/"):
+            raise ForgeFailure("default-branch-missing", transient=False)  # an empty repository has none
+        if not isinstance(repository_id, str) or not GUID.fullmatch(repository_id):
+            raise ForgeFailure("forge-malformed-answer", transient=True)
+        project_url = self._project_url(ref)
+        branch = ref_name[len("refs/heads/"):]
+        refs = self._answer(self._get(
+            f"{project_url}/_apis/git/repositories/{repository_id}/refs?"
+            + urlencode({"filter": f"heads/{branch}", "api-version": GIT_API_VERSION}), credential.token))
+        # `filter` is a prefix match: `heads/main` also lists `heads/main-old`.
+        sha = next((entry.get("objectId") for entry in refs.get("value") or []
+                    if isinstance(entry, dict) and entry.get("name") == ref_name), None)
+        if sha is None:
+            raise ForgeFailure("default-branch-missing", transient=False)
+        return self._branch_head(branch, sha, self._has_blocking_policy(project_url, repository_id, ref_name,
+                                                                          credential),
+                                 repository.get("remoteUrl"))
+
+    def _has_blocking_policy(self, project_url: str, repository_id: str, ref_name: str,
+                             credential: Credential) -> bool:
+        """Any enabled, blocking branch policy (reviewers, builds, ...) makes Azure refuse direct pushes:
+        that is what a protected default branch means here."""
+        policies = self._answer(self._get(
+            f"{project_url}/_apis/git/policy/configurations?"
+            + urlencode({"repositoryId": repository_id, "refName": ref_name, "api-version": GIT_API_VERSION}),
+            credential.token))
+        return any(
+            isinstance(policy, dict) and policy.get("isEnabled") is True and policy.get("isBlocking") is True
+            and policy.get("isDeleted") is not True
+            for policy in policies.get("value") or []
+        )
+
+    def _post_comment(self, ref: RepoRef, target_type: str, number: int, text: str,
+                      credential: Credential) -> Response:
+        if target_type == "pull_request":
+            return self._send(
+                "POST", f"{self._repository_url(ref)}/pullRequests/{number}/threads?api-version={GIT_API_VERSION}",
+                {"comments": [{"parentCommentId": 0, "content": text, "commentType": 1}], "status": "active"},
+                credential.token)
+        url = f"{self._project_url(ref)}/_apis/wit/workItems/{number}/comments"
+        return self._send("POST", f"{url}?api-version={WORK_ITEM_COMMENTS_API_VERSION}", {"text": text},
+                          credential.token)

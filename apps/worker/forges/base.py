@@ -3,18 +3,26 @@
 Every answer distinguishes "no" from "could not tell": an authority lookup that fails for any reason
 other than a determinate refusal is `Authority.unknown(...)`, never a silent `False`. Reasons are fixed
 tokens or `status-<n>`; a response body is never logged or carried (it can echo the token).
+
+The worker's calls (a job's token, the default branch, a comment) fail with `ForgeFailure`: `transient`
+(no answer, 5xx, a rate limit) is an infrastructure fault to retry; anything else (401/403/404, no
+credential) is a configuration refusal with its reason token.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,45 @@ class IdentityUnavailable(Exception):
 
 
 @dataclass(frozen=True)
+class RepoRef:
+    """Which repository a job works on, as each forge's API addresses it. Never logged as a whole."""
+
+    repo: str  # owner/name (GitHub, Forgejo), group/project path (GitLab), project/repo (Azure)
+    project_id: str = ""  # GitLab numeric project id; Azure project GUID
+    repository_id: str = ""  # Azure repository GUID
+
+
+@dataclass(frozen=True)
+class Credential:
+    """The token a job (or a comment) acts with. `source` is "app" (minted per use) or "pat"."""
+
+    token: str = field(repr=False)
+    source: str = "pat"
+    expires_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class BranchHead:
+    """The default branch as the forge sees it now: its name, its commit, whether it is protected, and the
+    URL git clones from (on the forge's own host: the token is sent there)."""
+
+    name: str
+    sha: str
+    protected: bool
+    clone_url: str
+
+
+class ForgeFailure(Exception):
+    """A worker-side forge call that did not succeed. `transient` = retry later; otherwise the reason
+    token is a determinate refusal (configuration, permission, a repository that is not there)."""
+
+    def __init__(self, reason: str, *, transient: bool):
+        super().__init__(reason)
+        self.reason = reason
+        self.transient = transient
+
+
+@dataclass(frozen=True)
 class Response:
     status: int
     data: Any = None  # parsed JSON, or None when the body was not JSON
@@ -94,9 +141,14 @@ _opener = urllib.request.build_opener(_RefuseRedirects())
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 
 
-def get_json(url: str, headers: dict[str, str], timeout: float) -> Response:
-    """GET a JSON document. HTTP error statuses are answers (a Response); no answer raises Unreachable."""
-    request = urllib.request.Request(url, headers={"Accept": "application/json", **headers}, method="GET")
+def request_json(method: str, url: str, headers: dict[str, str], timeout: float, body: Any = None) -> Response:
+    """One HTTP call with a JSON answer. HTTP error statuses are answers (a Response); no answer raises
+    Unreachable. `body`, when given, is sent as JSON."""
+    data = json.dumps(body).encode() if body is not None else None
+    all_headers = {"Accept": "application/json", **headers}
+    if data is not None:
+        all_headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=data, headers=all_headers, method=method)
     try:
         with _opener.open(request, timeout=timeout) as reply:
             status, raw, reply_headers = reply.status, reply.read(MAX_RESPONSE_BYTES), dict(reply.headers)
@@ -114,10 +166,43 @@ def get_json(url: str, headers: dict[str, str], timeout: float) -> Response:
         reason = getattr(error, "reason", None)
         raise Unreachable("timeout" if isinstance(reason, TimeoutError) else "network") from None
     try:
-        data = json.loads(raw) if raw else None
+        parsed = json.loads(raw) if raw else None
     except ValueError:
-        data = None
-    return Response(status=status, data=data, headers={k.lower(): v for k, v in reply_headers.items()})
+        parsed = None
+    return Response(status=status, data=parsed, headers={k.lower(): v for k, v in reply_headers.items()})
+
+
+def get_json(url: str, headers: dict[str, str], timeout: float) -> Response:
+    """GET a JSON document (see request_json)."""
+    return request_json("GET", url, headers, timeout)
+
+
+def failure_for(response: Response) -> ForgeFailure:
+    """An unexpected answer to a worker-side call, as a reason token and whether to retry."""
+    status = response.status
+    rate_limited = status == 429 or (
+        status == 403 and (response.headers.get("x-ratelimit-remaining") == "0" or "retry-after" in response.headers)
+    )
+    if rate_limited:
+        return ForgeFailure("forge-rate-limited", transient=True)
+    if status >= 500:
+        return ForgeFailure("forge-unavailable", transient=True)
+    if status in (401, 403):
+        return ForgeFailure("forge-auth-refused", transient=False)
+    if status == 404:
+        return ForgeFailure("forge-repo-not-found", transient=False)
+    return ForgeFailure("forge-request-refused", transient=False)
+
+
+def failure_for_unreachable(error: Unreachable) -> ForgeFailure:
+    # A redirect would be refused again on every retry (a renamed repository, a misconfigured URL).
+    if error.reason == "redirect":
+        return ForgeFailure("forge-redirect-refused", transient=False)
+    return ForgeFailure("forge-unreachable", transient=True)
+
+
+def basic_authorization(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
 class TTLCache:
@@ -155,14 +240,20 @@ class TTLCache:
 
 
 class ForgeClient:
-    """One forge's API as the receiver (and later the worker) needs it.
+    """One forge's API as the receiver and the worker need it.
 
-    Subclasses implement `_lookup_authority` and `_lookup_identity`; this class adds the cache of
-    determinate answers and the one place HTTP errors become reason tokens.
+    Receiver: `authority` (may this actor start work?) and `self_identity` (who are we?); subclasses
+    implement `_lookup_authority` and `_lookup_identity`, this class caches determinate answers.
+    Worker: `job_credential` (the token a job acts with), `default_branch` (name, SHA, protection, clone
+    URL), `post_comment`, and what a job's container and `git` get of the credential.
     """
 
     forge = ""
     authority_cache = TTLCache()
+    # The names the job's token has in its container (the forge's usual ones), and the instance URL's.
+    token_variables: tuple[str, ...] = ()
+    url_variable = ""
+    git_user = "x-access-token"  # the user name git sends beside the token (HTTP basic)
 
     def __init__(self, *, base_url: str, token: str, timeout: float = 3.0, cache_seconds: float = 60.0):
         self.base_url = base_url.rstrip("/")
@@ -170,7 +261,7 @@ class ForgeClient:
         self.timeout = timeout
         self.cache_seconds = cache_seconds
 
-    # --- the interface ---
+    # --- the receiver's interface ---
 
     def authority(self, subject: Subject) -> Authority:
         """May `subject` start work? Determinate answers are cached for `cache_seconds`."""
@@ -182,6 +273,8 @@ class ForgeClient:
             answer = self._lookup_authority(subject)
         except Unreachable as error:
             answer = Authority.unknown(error.reason)
+        except ForgeFailure as failure:  # a credential that could not be had (e.g. an App token mint)
+            answer = Authority.unknown(failure.reason)
         if answer.determinate:
             self.authority_cache.put(key, answer, self.cache_seconds)
         return answer
@@ -195,13 +288,69 @@ class ForgeClient:
         except Unreachable as error:
             raise IdentityUnavailable(error.reason, determinate=False) from None
 
+    # --- the worker's interface ---
+
+    def job_credential(self, ref: RepoRef) -> Credential:
+        """The token one job acts with (PAT forges: the configured token). Raises ForgeFailure."""
+        if not self.token:
+            raise ForgeFailure("forge-unconfigured", transient=False)
+        return Credential(token=self.token, source="pat")
+
+    def comment_credential(self, ref: RepoRef) -> Credential:
+        """The token the worker's own status comments are posted with."""
+        return self.job_credential(ref)
+
+    def release_credential(self, credential: Credential) -> None:
+        """Give back a minted token once its job is over (a PAT is kept). Never raises."""
+
+    def default_branch(self, ref: RepoRef, credential: Credential) -> BranchHead:
+        """The default branch now: name, SHA, protection, clone URL. Raises ForgeFailure."""
+        try:
+            return self._default_branch(ref, credential)
+        except Unreachable as error:
+            raise failure_for_unreachable(error) from None
+
+    def post_comment(self, ref: RepoRef, target_type: str, number: int, text: str) -> None:
+        """Post `text` on the issue or pull/merge request. Raises ForgeFailure."""
+        credential = self.comment_credential(ref)
+        try:
+            response = self._post_comment(ref, target_type, number, text, credential)
+        except Unreachable as error:
+            raise failure_for_unreachable(error) from None
+        if response.status not in (200, 201):
+            raise failure_for(response)
+
+    def container_environment(self, credential: Credential) -> dict[str, str]:
+        environment = {name: credential.token for name in self.token_variables}
+        if self.url_variable:
+            environment[self.url_variable] = self.base_url
+        return environment
+
+    def git_authorization(self, credential: Credential) -> str:
+        """The `Authorization` header git sends (never put into a URL, a config file or an argv)."""
+        return basic_authorization(self.git_user, credential.token)
+
     # --- for subclasses ---
 
-    def _headers(self) -> dict[str, str]:
+    def _auth_headers(self, token: str) -> dict[str, str]:
         raise NotImplementedError
 
-    def _get(self, url: str) -> Response:
-        return get_json(url, self._headers(), self.timeout)
+    def _headers(self, token: str | None = None) -> dict[str, str]:
+        return self._auth_headers(self.token if token is None else token)
+
+    def _get(self, url: str, token: str | None = None) -> Response:
+        return get_json(url, self._headers(token), self.timeout)
+
+    def _send(self, method: str, url: str, body: Any, token: str | None = None) -> Response:
+        return request_json(method, url, self._headers(token), self.timeout, body=body)
+
+    def _answer(self, response: Response, kind: type = dict):
+        """The JSON of a 200 answer, or the ForgeFailure it stands for."""
+        if response.status != 200:
+            raise failure_for(response)
+        if not isinstance(response.data, kind):
+            raise ForgeFailure("forge-malformed-answer", transient=True)
+        return response.data
 
     def _lookup_authority(self, subject: Subject) -> Authority:
         raise NotImplementedError
@@ -209,20 +358,61 @@ class ForgeClient:
     def _lookup_identity(self) -> Identity:
         raise NotImplementedError
 
+    def _default_branch(self, ref: RepoRef, credential: Credential) -> BranchHead:
+        raise NotImplementedError
+
+    def _post_comment(self, ref: RepoRef, target_type: str, number: int, text: str,
+                      credential: Credential) -> Response:
+        raise NotImplementedError
+
+    def _branch(self, url: str, credential: Credential) -> tuple[dict, dict]:
+        """A branch object and its `commit` (GitHub, GitLab and Forgejo answer alike); 404 = the default
+        branch has no commit yet (an empty repository)."""
+        response = self._get(url, credential.token)
+        if response.status == 404:
+            raise ForgeFailure("default-branch-missing", transient=False)
+        branch = self._answer(response)
+        return branch, branch.get("commit") if isinstance(branch.get("commit"), dict) else {}
+
+    def _branch_head(self, name, sha, protected, clone_url) -> BranchHead:
+        """Check what the forge said about its default branch before anything acts on it."""
+        if not isinstance(name, str) or not name:
+            raise ForgeFailure("default-branch-missing", transient=False)
+        if not isinstance(sha, str) or not SHA.fullmatch(sha):
+            raise ForgeFailure("forge-malformed-answer", transient=True)
+        return BranchHead(name=name, sha=sha.lower(), protected=protected is True,
+                          clone_url=self.own_clone_url(clone_url))
+
+    def own_clone_url(self, url) -> str:
+        """The clone URL without any user info, provided it is on this forge's own host (the job's token
+        goes there): the API's host, or the API host without its `api.` prefix (api.github.com)."""
+        base = urlsplit(self.base_url)
+        parts = urlsplit(url) if isinstance(url, str) else None
+        if parts is None or not parts.hostname:
+            raise ForgeFailure("forge-malformed-answer", transient=True)
+        base_hosts = {_host_port(base.hostname or "", base.port)}
+        if (base.hostname or "").startswith("api."):
+            base_hosts.add(_host_port(base.hostname[len("api."):], base.port))
+        if parts.scheme not in {"https", base.scheme} or _host_port(parts.hostname, parts.port) not in base_hosts:
+            raise ForgeFailure("forge-clone-url-refused", transient=False)
+        return urlunsplit((parts.scheme, _host_port(parts.hostname, parts.port), parts.path, "", ""))
+
     @staticmethod
     def identity_failure(response: Response) -> IdentityUnavailable:
         # 401/403: the token is wrong or lacks the scope; retrying will not fix it.
         determinate = response.status in (401, 403, 404)
         return IdentityUnavailable(f"status-{response.status}", determinate=determinate)
 
-    def _repository_permission(self, url_template: str, subject: Subject, allowed: set[str]) -> Authority:
+    def _repository_permission(self, url_template: str, subject: Subject, allowed: set[str],
+                               token: str | None = None) -> Authority:
         """GitHub's and Forgejo's shape: `GET .../repos/{owner}/{name}/collaborators/{login}/permission`
         answering `{"permission": "write", ...}`; 404 = not a collaborator."""
         repo = split_repo(subject.repo)
         if repo is None or not safe_path_part(subject.login):
             return Authority.no("unaskable")
         owner, name = repo
-        response = self._get(url_template.format(base=self.base_url, owner=owner, name=name, login=subject.login))
+        response = self._get(url_template.format(base=self.base_url, owner=owner, name=name, login=subject.login),
+                             token)
         if response.status == 404:
             return Authority.no("not-collaborator")
         if response.status != 200:
@@ -232,15 +422,30 @@ class ForgeClient:
             return Authority.unknown("malformed-answer")
         return Authority.yes(permission) if permission in allowed else Authority.no("read-only")
 
-    def _numeric_user_identity(self, url: str) -> Identity:
+    def _numeric_user_identity(self, url: str, token: str | None = None) -> Identity:
         """`GET <url>` answering a user object with a numeric `id` (GitHub, GitLab and Forgejo `/user`)."""
-        response = self._get(url)
+        response = self._get(url, token)
         if response.status != 200:
             raise self.identity_failure(response)
         user_id = response.data.get("id") if isinstance(response.data, dict) else None
         if not is_int_like(user_id):
             raise IdentityUnavailable("malformed-answer", determinate=False)
         return Identity(id=str(user_id))
+
+
+SHA = re.compile(r"^(?:[0-9a-fA-F]{40}|[0-9a-fA-F]{64})$")
+
+
+def _host_port(host: str, port: int | None) -> str:
+    return f"{host.lower()}:{port}" if port else host.lower()
+
+
+def repo_halves(ref: RepoRef) -> tuple[str, str]:
+    """owner, name of an `owner/name` repository, or the determinate refusal of one that is not."""
+    halves = split_repo(ref.repo)
+    if halves is None:
+        raise ForgeFailure("forge-repo-not-found", transient=False)
+    return halves
 
 
 def is_int_like(value) -> bool:

@@ -1,30 +1,119 @@
-"""GitHub REST API: the closer's repository permission, and who our own token belongs to."""
+"""GitHub REST API: the closer's repository permission, who our own account is, a job's token, the default
+branch and its protection, and status comments.
+
+Credentials: a GitHub App (GITHUB_APP_ID + GITHUB_APP_INSTALLATION_ID + private key), which mints a token
+per job scoped to the one repository, or else a personal access token (GITHUB_TOKEN) used as it is. When
+both are configured the App is used for everything (lookups, identity, jobs, comments).
+"""
 
 from __future__ import annotations
 
-from .base import Authority, ForgeClient, Identity, Subject
+from urllib.parse import quote
+
+from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, IdentityUnavailable,
+    RepoRef, Response, Subject, Unreachable, repo_halves)
+from .github_app import GitHubApp
 
 # The legacy `permission` field folds `maintain` into `write`; both spellings count.
 WRITE_PERMISSIONS = {"admin", "maintain", "write"}
+# Ruleset rules that stop a token from landing unreviewed work on the branch by itself.
+PROTECTING_RULES = {"pull_request", "update"}
 
 
 class GitHubClient(ForgeClient):
     forge = "github"
+    token_variables = ("GITHUB_TOKEN", "GH_TOKEN")
+    url_variable = "GITHUB_API_URL"
 
-    def _headers(self) -> dict[str, str]:
+    def __init__(self, *, app: GitHubApp | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.app = app
+
+    def _auth_headers(self, token: str) -> dict[str, str]:
         return {
             "Accept": "application/vnd.github+json",
             "X-GitHub-Api-Version": "2022-11-28",
-            "Authorization": f"Bearer {self.token}",
+            "Authorization": f"Bearer {token}",
             "User-Agent": "pidispatch",
         }
 
+    # --- receiver ---
+
     def _lookup_authority(self, subject: Subject) -> Authority:
         """Write access of `subject.login` to `subject.repo` (close rules are gated on the closer)."""
-        if not self.token:
+        token = self.token
+        if self.app is not None:
+            if "/" not in subject.repo:
+                return Authority.no("unaskable")
+            # Repo-scoped and narrowed to metadata: the lookup token can read permissions and nothing else.
+            token = self.app.installation_token(subject.repo, {"metadata": "read"}, reuse=True).token
+        if not token:
             return Authority.unknown("no-token")
         return self._repository_permission("{base}/repos/{owner}/{name}/collaborators/{login}/permission", subject,
-                                           WRITE_PERMISSIONS)
+                                           WRITE_PERMISSIONS, token)
+
+    def self_identity(self) -> Identity:
+        if self.app is None:
+            return super().self_identity()
+        # An App acts as its bot account `<slug>[bot]`; `GET /users/<slug>[bot]` (public) has its numeric id.
+        try:
+            slug = self.app.app_slug()
+            return self._numeric_user_identity(f"{self.base_url}/users/{quote(slug + '[bot]', safe='')}", "")
+        except ForgeFailure as failure:
+            raise IdentityUnavailable(failure.reason, determinate=not failure.transient) from None
+        except Unreachable as error:
+            raise IdentityUnavailable(error.reason, determinate=False) from None
 
     def _lookup_identity(self) -> Identity:
         return self._numeric_user_identity(f"{self.base_url}/user")
+
+    def _headers(self, token: str | None = None) -> dict[str, str]:
+        headers = super()._headers(token)
+        if headers["Authorization"] == "Bearer ":  # public lookups go unauthenticated
+            del headers["Authorization"]
+        return headers
+
+    # --- worker ---
+
+    def job_credential(self, ref: RepoRef) -> Credential:
+        if self.app is not None:
+            repo_halves(ref)
+            return self.app.installation_token(ref.repo)
+        return super().job_credential(ref)
+
+    def comment_credential(self, ref: RepoRef) -> Credential:
+        if self.app is not None:
+            repo_halves(ref)
+            return self.app.installation_token(ref.repo, reuse=True)
+        return super().job_credential(ref)
+
+    def release_credential(self, credential: Credential) -> None:
+        if self.app is not None and credential.source == "app":
+            self.app.revoke(credential.token)
+
+    def _default_branch(self, ref: RepoRef, credential: Credential) -> BranchHead:
+        owner, name = repo_halves(ref)
+        repo_url = f"{self.base_url}/repos/{owner}/{name}"
+        repository = self._answer(self._get(repo_url, credential.token))
+        branch_name = repository.get("default_branch")
+        if not isinstance(branch_name, str) or not branch_name:
+            raise ForgeFailure("default-branch-missing", transient=False)
+        branch, commit = self._branch(f"{repo_url}/branches/{quote(branch_name, safe='')}", credential)
+        protected = branch.get("protected") is True or self._ruleset_protected(repo_url, branch_name, credential)
+        return self._branch_head(branch_name, commit.get("sha"), protected, repository.get("clone_url"))
+
+    def _ruleset_protected(self, repo_url: str, branch: str, credential: Credential) -> bool:
+        """Repository rulesets protect a branch too; the classic `protected` flag does not show them.
+        A server without the rules API (older Enterprise Server) answers 404: no rulesets."""
+        response = self._get(f"{repo_url}/rules/branches/{quote(branch, safe='')}", credential.token)
+        if response.status == 404:
+            return False
+        rules = self._answer(response, list)
+        return any(isinstance(rule, dict) and rule.get("type") in PROTECTING_RULES for rule in rules)
+
+    def _post_comment(self, ref: RepoRef, target_type: str, number: int, text: str,
+                      credential: Credential) -> Response:
+        # Pull requests are issues for comments: one endpoint for both.
+        owner, name = repo_halves(ref)
+        return self._send("POST", f"{self.base_url}/repos/{owner}/{name}/issues/{number}/comments", {"body": text},
+                          credential.token)

@@ -1,0 +1,139 @@
+"""A forge job's workspace (gate 9): the job's own token, the default branch's current commit, its
+protection, a fresh shallow clone at exactly that commit, and the repo's `.pi/` from that commit
+(apps/worker/repo_skills.py).
+
+    workspace = forge_workspace.prepare(spec, dirs, owner=(1000, 1000))   # ForgeFailure / WorkspaceRefused
+    workspace.environment()      # {"GITHUB_TOKEN": ..., "GH_TOKEN": ..., "GITHUB_API_URL": ...}
+    workspace.release()          # after the run: a minted token is revoked
+
+Never a pull request's branch: issue and comment text is data, and the code the agent starts from is what
+was merged under the branch's protection. The token reaches git only as an HTTP header (apps/worker/
+gitrun.py); the clone's `origin` is the plain URL, so the agent pushes with the token its container holds.
+git's stderr is classified into reason tokens, never logged (it names URLs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+from . import repo_skills
+from .forges import BranchHead, Credential, ForgeClient, ForgeFailure, RepoRef, forge_client
+from .gitrun import run_git
+from .jobfiles import JobDirs
+from .jobs import JobSpec
+
+logger = logging.getLogger("pidispatch.workspace")
+
+# When a server will not hand out a commit by its id, fetch this much of the branch and look for it there.
+FALLBACK_DEPTH = 50
+COMMIT_UNAVAILABLE = ("not our ref", "couldn't find remote ref", "no such remote ref", "unadvertised object",
+                      "bad object", "remote error: upload-pack")
+AUTH_REFUSED = ("returned error: 401", "returned error: 403", "authentication failed", "could not read username",
+                "could not read password", "invalid credentials")
+NOT_FOUND = ("returned error: 404", "repository not found", "not found")
+
+
+@dataclass
+class ForgeWorkspace:
+    client: ForgeClient
+    credential: Credential
+    head: BranchHead
+    pi_files: int
+
+    def environment(self) -> dict[str, str]:
+        """What the container gets: the token under the forge's usual names, and the instance URL."""
+        return self.client.container_environment(self.credential)
+
+    def release(self) -> None:
+        self.client.release_credential(self.credential)
+
+
+def repo_ref(spec: JobSpec) -> RepoRef:
+    return RepoRef(repo=spec.repo, project_id=spec.project_id, repository_id=spec.repository_id)
+
+
+def prepare(spec: JobSpec, dirs: JobDirs, owner: tuple[int, int]) -> ForgeWorkspace:
+    """Mint, resolve, check protection, clone, materialise `.pi/`. The clone ends up owned by `owner`."""
+    client = forge_client(spec.kind)
+    ref = repo_ref(spec)
+    credential = client.job_credential(ref)
+    try:
+        head = client.default_branch(ref, credential)
+        if not head.protected:
+            # The job's token can merge: an unprotected default branch is one prompt injection from owned.
+            raise ForgeFailure("unprotected-branch", transient=False)
+        started = time.perf_counter()
+        clone_at(dirs.workspace, head, client.git_authorization(credential))
+        pi_files = repo_skills.materialise(dirs.workspace, head.sha, dirs.job / "pi")
+        hand_over(dirs.workspace, owner)
+    except BaseException:
+        client.release_credential(credential)
+        raise
+    logger.info("workspace_cloned job=%s sha=%s pi_files=%d clone_ms=%.0f", spec.job_id, head.sha[:12], pi_files,
+                (time.perf_counter() - started) * 1000)
+    return ForgeWorkspace(client=client, credential=credential, head=head, pi_files=pi_files)
+
+
+def clone_at(folder: Path, head: BranchHead, authorization: str) -> None:
+    """A detached shallow clone of `head.sha` into the (empty) `folder`. A commit the forge no longer has
+    (the branch was force-pushed between resolve and clone) is `sha-gone`."""
+    git(folder, "init", "-q", "--template=")
+    git(folder, "remote", "add", "origin", head.clone_url)
+    fetched = git(folder, "fetch", "-q", "--depth=1", "--no-tags", "origin", head.sha, authorization=authorization,
+                  check=False)
+    if fetched.returncode != 0:
+        failure = classify(fetched.stderr)
+        if failure is not None:
+            raise failure
+        # Servers that refuse a bare commit id: the commit must still be near the branch's tip.
+        fetched = git(folder, "fetch", "-q", f"--depth={FALLBACK_DEPTH}", "--no-tags", "origin",
+                      f"+refs/heads/{head.name}:refs/remotes/origin/{head.name}", authorization=authorization,
+                      check=False)
+        if fetched.returncode != 0:
+            raise classify(fetched.stderr) or ForgeFailure("sha-gone", transient=False)
+        if git(folder, "cat-file", "-e", f"{head.sha}^{{commit}}", check=False).returncode != 0:
+            raise ForgeFailure("sha-gone", transient=False)
+    git(folder, "-c", "advice.detachedHead=false", "checkout", "-q", "--detach", head.sha)
+
+
+def classify(stderr: str) -> ForgeFailure | None:
+    """A failed fetch as a reason; None when the commit itself was what the server would not give."""
+    text = stderr.lower()
+    if any(marker in text for marker in COMMIT_UNAVAILABLE):
+        return None
+    if any(marker in text for marker in AUTH_REFUSED):
+        return ForgeFailure("forge-auth-refused", transient=False)
+    if any(marker in text for marker in NOT_FOUND):
+        return ForgeFailure("forge-repo-not-found", transient=False)
+    return ForgeFailure("clone-failed", transient=True)  # 5xx, 429, network, a dropped connection
+
+
+def git(folder: Path, *args: str, authorization: str = "", check: bool = True) -> subprocess.CompletedProcess:
+    """git for the clone: a timeout or a failure to run is a transient fault; stderr comes back as text."""
+    try:
+        result = run_git(folder, *args, authorization=authorization, timeout=settings.PI_CLONE_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        raise ForgeFailure("clone-timeout", transient=True) from None
+    except OSError:
+        raise ForgeFailure("clone-failed", transient=True) from None
+    if check and result.returncode != 0:
+        raise ForgeFailure("clone-failed", transient=True)
+    return subprocess.CompletedProcess(result.args, result.returncode, result.stdout,
+                                       result.stderr.decode("utf-8", errors="replace"))
+
+
+def hand_over(folder: Path, owner: tuple[int, int]) -> None:
+    """The clone belongs to the container's job user (a root worker cloned it). Links are not followed."""
+    if os.geteuid() != 0:
+        return  # the job runs as this worker's own user, who wrote the clone
+    os.chown(folder, *owner, follow_symlinks=False)
+    for root, folders, files in os.walk(folder):
+        for name in folders + files:
+            os.chown(os.path.join(root, name), *owner, follow_symlinks=False)

@@ -104,15 +104,19 @@ def wait_until(check, timeout: float, what: str, log: Path | None = None) -> Non
 
 @dataclass
 class Service:
-    """A background process this run started (and therefore stops)."""
+    """A background process (or in-process server) this run started, and therefore stops."""
 
     name: str
     process: subprocess.Popen | None = None
     stop_signal: int = signal.SIGTERM
     stop_timeout: float = 20.0
     env: dict[str, str] = field(default_factory=dict)
+    stop_function: object = None  # for a server running inside this process
 
     def stop(self) -> None:
+        if self.stop_function is not None:
+            self.stop_function()
+            return
         if self.process is None or self.process.poll() is not None:
             return
         try:

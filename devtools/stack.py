@@ -23,7 +23,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from . import services
+from . import fake_forge, services
 from .services import ROOT, Service, SetupError, say
 
 VAR = ROOT / "var"
@@ -31,6 +31,11 @@ DEV_ENV = VAR / "dev.env"
 SAMPLE_DELIVERY = ROOT / "tests" / "payloads" / "github" / "issues_labeled.json"
 DEMO_SELF_ID = "1"  # the demo deployment's own (made-up) GitHub account id, for the bot-loop guard
 DEMO_TIMEOUT_SECONDS = 60
+DEMO_FORGE_TOKEN = "demo-github-token"
+DEMO_REPOSITORY = {
+    "README.md": "# acme/web\n\nThe demo repository the demo job clones.\n",
+    ".pi/skills/demo/SKILL.md": "---\nname: demo\ndescription: The demo flow.\n---\n\nSay hello.\n",
+}
 
 
 class Stack:
@@ -117,7 +122,10 @@ def _http_ok(url: str) -> bool:
 
 
 def _send_sample_delivery(base_url: str, secret: str) -> tuple[int, dict, str]:
-    body = SAMPLE_DELIVERY.read_bytes()
+    payload = json.loads(SAMPLE_DELIVERY.read_bytes())
+    # A new issue number each run: the same issue labelled again within 10 minutes is (rightly) a duplicate.
+    payload["issue"]["number"] = secrets.randbelow(90000) + 10000
+    body = json.dumps(payload).encode()
     delivery_id = f"demo-{uuid.uuid4()}"
     signature = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
     request = urllib.request.Request(
@@ -188,6 +196,7 @@ def run_platform(args) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         VAR.mkdir(exist_ok=True)
+        services.ensure_package("git", "git")  # jobs clone their repository; the demo forge serves one
         env = {**os.environ, **_dev_secrets()}
 
         redis_url = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
@@ -217,6 +226,14 @@ def run_platform(args) -> int:
             # The fake runner calls no model; the provider gate still wants a key, so the demo brings one.
             env.setdefault("PI_PROVIDER", "anthropic")
             env.setdefault("ANTHROPIC_API_KEY", "demo-key-the-fake-runner-never-uses")
+
+        if not os.environ.get("GITHUB_API_URL"):
+            # No GitHub can be reached from here: a local stand-in answers the demo job's API calls (token,
+            # default branch, protection, the status comment) and serves the repository it clones.
+            demo_forge = fake_forge.github_for_any_repository(VAR / "demo-forge", DEMO_FORGE_TOKEN, DEMO_REPOSITORY)
+            stack.add(Service("demo GitHub", stop_function=demo_forge.close))
+            env.update(GITHUB_API_URL=demo_forge.url, GITHUB_TOKEN=DEMO_FORGE_TOKEN)
+            say(f"a local stand-in for GitHub answers at {demo_forge.url} (the demo repository lives in var/demo-forge)")
 
         say("migrating the database")
         _manage(env, "migrate", "--noinput", "-v", "0")
@@ -281,6 +298,7 @@ def run_tests(args) -> int:
             stack.add(dockerd)
             stack.docker_host = docker_host
             services.ensure_demo_image(docker_host, services.DEMO_IMAGE)
+            services.ensure_package("git", "git")
             services.ensure_package("node", "nodejs")  # the image runner's tests run it on the host
             services.ensure_package("chromium", "chromium")  # the fleet panel's browser test
 

@@ -140,3 +140,9 @@ def test_the_public_edge_serves_only_hooks_and_healthz(client, public_edge, admi
 
 def test_the_private_instance_serves_the_admin(admin_client):
     assert admin_client.get("/admin/receiver/delivery/").status_code == 200
+
+
+def test_a_github_app_alone_lets_the_self_id_come_from_the_api(bare):
+    bare.GITHUB_WEBHOOK_SECRET = "s"
+    bare.GITHUB_APP_ID = "123456"  # no GITHUB_TOKEN, no GITHUB_SELF_ID: the App's bot account is looked up
+    assert forge_settings().github.self_id == ""

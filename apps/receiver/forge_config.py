@@ -90,7 +90,8 @@ def _require(forge_name: str, name: str, why: str) -> str:
     return value
 
 
-def _self_id(forge_name: str, prefix: str, *, numeric: bool, token_setting: str) -> str:
+def _self_id(forge_name: str, prefix: str, *, numeric: bool, token_setting: str, alternative: str = "") -> str:
+    """The configured self id, or "" when the API can tell it (a token, or GitHub's App, is configured)."""
     value = _setting(f"{prefix}_SELF_ID")
     if value:
         if numeric and not value.isdigit():
@@ -99,7 +100,7 @@ def _self_id(forge_name: str, prefix: str, *, numeric: bool, token_setting: str)
                 "(the bot-loop guard ignores events it caused itself)."
             )
         return value
-    if not _setting(token_setting):
+    if not _setting(token_setting) and not (alternative and _setting(alternative)):
         raise ForgeConfigError(
             f"{prefix}_SELF_ID is required when {forge_name} is configured and {token_setting} is unset: the "
             "bot-loop guard must know this deployment's own account. Set it to that account's id, or set "
@@ -113,7 +114,7 @@ def _github() -> GitHubConfig | None:
         return None
     secret = _require("GitHub", "GITHUB_WEBHOOK_SECRET",
                       "refusing to serve GitHub webhooks that cannot be verified. Set it to the secret of the GitHub webhook.")
-    self_id = _self_id("GitHub", "GITHUB", numeric=True, token_setting="GITHUB_TOKEN")
+    self_id = _self_id("GitHub", "GITHUB", numeric=True, token_setting="GITHUB_TOKEN", alternative="GITHUB_APP_ID")
     return GitHubConfig(webhook_secret=secret.encode(), self_id=self_id)
 
 
@@ -245,8 +246,10 @@ def _resolve_at_start(config: ForgeConfig) -> None:
         except IdentityUnavailable as failure:
             if failure.determinate:
                 prefix = forge.upper()
+                credential = ("the GitHub App (GITHUB_APP_ID)" if forge == "github" and _setting("GITHUB_APP_ID")
+                              else f"{prefix}_TOKEN")
                 raise ForgeConfigError(
-                    f"cannot learn this deployment's own {forge} account: the API refused {prefix}_TOKEN "
+                    f"cannot learn this deployment's own {forge} account: the API refused {credential} "
                     f"({failure.reason}). Fix the token, or set {prefix}_SELF_ID to the account's id."
                 ) from None
             _last_failure[forge] = time.monotonic()

@@ -307,6 +307,8 @@ def run_tests(args) -> int:
                 "REDIS_URL": redis_service.env["REDIS_URL"],
                 "DOCKER_HOST": docker_host,
                 "PI_JOB_IMAGE": services.DEMO_IMAGE,
+                # No connection may outlive a test's thread (live servers), or the test database cannot be dropped.
+                "DATABASE_CONN_MAX_AGE": "0",
                 "PIDISPATCH_TEST_STACK": "1",
             }
             command = [sys.executable, "-m", "pytest", *args.pytest_args]

@@ -105,3 +105,16 @@ def test_pause_windows_and_limits_are_editable_with_field_errors(admin_client):
     page = refused.content.decode()
     assert "globs are not supported" in page and "set at least one of day" in page
     assert not ScopedLimit.objects.exists()
+
+
+def test_run_filters_offer_recent_values_and_filter(admin_client, finished_run):
+    Run.objects.create(job_id="gh-old", kind="gitlab", target="g/p#1", host="retired-host",
+                             started_at=timezone.now() - timedelta(days=90),
+                             ended_at=timezone.now() - timedelta(days=90), outcome="policy", reason="scope-cap")
+    page = admin_client.get("/admin/worker/run/").content.decode()
+    assert "?host=hostA" in page and "?host=retired-host" not in page  # only the last 30 days are offered
+    assert "?kind=azure" in page  # kinds are a fixed list
+
+    assert "gh-old" in admin_client.get("/admin/worker/run/?host=retired-host").content.decode()  # still filterable
+    filtered = admin_client.get("/admin/worker/run/?kind=gitlab").content.decode()
+    assert "gh-old" in filtered and "gh-admin-1" not in filtered

@@ -14,7 +14,7 @@ from apps.receiver.cron import tick
 from apps.receiver.models import Trigger
 from apps.worker.models import Outcome, Run
 from tests.conftest import ROOT
-from tests.test_local_jobs import repo  # noqa: F401  (the git repository fixture)
+from tests.test_local_jobs import owner_space, repo  # noqa: F401  (the git repository fixtures)
 
 pytestmark = pytest.mark.django_db
 HOST_A = HostIdentity("hostA", True)

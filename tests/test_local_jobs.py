@@ -2,8 +2,12 @@
 the container runs as the folder's owner, one job per folder at a time, and `dispatch_run` queues them."""
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+
+from pathlib import Path
 
 import pytest
 
@@ -21,8 +25,17 @@ def git(folder, *args):
 
 
 @pytest.fixture
-def repo(tmp_path):
-    folder = tmp_path / "app"
+def owner_space():
+    """A folder the repositories' owner can reach (pytest's own temp folders are root-only, 0700)."""
+    base = Path(tempfile.mkdtemp(prefix="pidispatch-local-"))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def repo(owner_space):
+    folder = owner_space / "app"
     folder.mkdir()
     git(folder, "init", "-q", "-b", "main")
     (folder / "README.md").write_text("hello\n")
@@ -30,7 +43,6 @@ def repo(tmp_path):
     git(folder, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "-m", "init")
     for path in [folder, *folder.rglob("*")]:
         os.lchown(path, *OWNER)
-    tmp_path.chmod(0o755)
     return folder
 
 
@@ -72,8 +84,8 @@ def test_unusable_folders_are_refused_with_a_reason(repo, run_worker, break_it, 
     assert (run.outcome, run.reason, run.budget_reserved) == (Outcome.POLICY, reason, False)
 
 
-def test_a_repository_without_a_commit_is_refused(tmp_path, run_worker):
-    folder = tmp_path / "empty"
+def test_a_repository_without_a_commit_is_refused(owner_space, run_worker):
+    folder = owner_space / "empty"
     folder.mkdir()
     git(folder, "init", "-q")
     os.chown(folder, *OWNER)
@@ -141,3 +153,23 @@ def test_dispatch_run_refuses_a_dirty_tree_with_what_to_do(repo, worker_env, red
     assert "uncommitted changes" in result.stderr and "--force" in result.stderr
     assert redis_conn.keys("rq:job:*") == []
     assert dispatch_run(worker_env, str(repo), "--task", "x", "--force").returncode == 0
+
+
+def test_a_repository_whose_config_would_run_a_program_is_refused_without_running_it(repo, run_worker, owner_space):
+    marker = owner_space / "ran"
+    git(repo, "config", "core.fsmonitor", f"touch {marker}")
+    job_id = enqueue_spec(local_spec("run-fsmonitor", str(repo)))
+
+    run_worker("pi-jobs")
+
+    assert Run.objects.get(job_id=job_id).reason == "workspace-config-unsafe"
+    assert not marker.exists()
+
+
+def test_a_harmless_config_value_is_accepted(repo, run_worker):
+    git(repo, "config", "core.fsmonitor", "false")
+    job_id = enqueue_spec(local_spec("run-fsmonitor-off", str(repo)))
+
+    run_worker("pi-jobs")
+
+    assert Run.objects.get(job_id=job_id).outcome == Outcome.COMPLETED

@@ -14,8 +14,9 @@ PASSED_THROUGH = ("PATH", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy",
 
 
 def run_git(folder: Path, *args: str, timeout: float, authorization: str = "",
-            stdin: bytes | None = None) -> subprocess.CompletedProcess:
-    """`git -C folder args...` with bytes in and out. Raises subprocess.TimeoutExpired and OSError."""
+            stdin: bytes | None = None, as_user: tuple[int, int] | None = None) -> subprocess.CompletedProcess:
+    """`git -C folder args...` with bytes in and out, optionally as another uid:gid.
+    Raises subprocess.TimeoutExpired and OSError."""
     environment = {name: os.environ[name] for name in PASSED_THROUGH if name in os.environ}
     environment.update({
         "HOME": "/nonexistent",
@@ -30,8 +31,11 @@ def run_git(folder: Path, *args: str, timeout: float, authorization: str = "",
                             "GIT_CONFIG_VALUE_0": f"Authorization: {authorization}"})
     # safe.directory: a root worker works in a folder that already belongs to the job's user. No redirects
     # (the header would follow them to another host) and no transport but HTTP(S) (no ext::, file://, ssh).
+    # core.fsmonitor names a program git would run: a folder's own config must never make git run one.
     command = ["git", "-c", f"safe.directory={folder}", "-c", "credential.helper=", "-c", "protocol.version=2",
                "-c", "http.followRedirects=false", "-c", "protocol.allow=never", "-c", "protocol.https.allow=always",
-               "-c", "protocol.http.allow=always", "-C", str(folder), *args]
+               "-c", "protocol.http.allow=always", "-c", "core.fsmonitor=false", "-c", f"core.hooksPath={os.devnull}",
+               "-C", str(folder), *args]
+    user = {"user": as_user[0], "group": as_user[1], "extra_groups": []} if as_user and os.geteuid() == 0 else {}
     return subprocess.run(command, env=environment, input=stdin, capture_output=True, timeout=timeout,
-                          stdin=None if stdin is not None else subprocess.DEVNULL)
+                          stdin=None if stdin is not None else subprocess.DEVNULL, **user)

@@ -121,3 +121,23 @@ def test_run_cron_and_a_worker_run_the_schedule(repo, schedule, worker_env, run_
     run_worker("pi-jobs", "pi-jobs@hostA", env_overrides={"PI_WORKER_NAME": "hostA"})
     run = Run.objects.get(trigger=trigger)
     assert (run.outcome, run.trigger_type, run.target, run.host) == (Outcome.COMPLETED, "cron", "local:app", "hostA")
+
+
+def test_an_occurrence_whose_enqueue_failed_fires_on_the_next_tick(redis_conn, schedule, monkeypatch):
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from apps.receiver import cron
+
+    schedule()
+    tick(redis_conn, HOST_A, T0)
+    real_enqueue = cron.enqueue
+
+    def flaky(spec, queue):
+        monkeypatch.setattr(cron, "enqueue", real_enqueue)
+        raise RedisConnectionError("connection reset")
+
+    monkeypatch.setattr(cron, "enqueue", flaky)
+    with pytest.raises(RedisConnectionError):
+        tick(redis_conn, HOST_A, T0 + timedelta(minutes=5))
+
+    assert len(tick(redis_conn, HOST_A, T0 + timedelta(minutes=5, seconds=1)).fired) == 1

@@ -74,3 +74,23 @@ def test_a_worker_records_a_payload_it_cannot_read_and_does_not_retry_it(run_wor
 
     run = Run.objects.get(job_id="gh-skew")
     assert (run.outcome, run.reason, run.attempt) == (Outcome.POLICY, "job-payload-invalid", 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_record_is_written_once_per_attempt_and_survives_a_deleted_trigger():
+    from apps.receiver.models import Trigger
+    from apps.worker.records import record_run
+    from apps.worker.verdicts import Verdict
+
+    trigger = Trigger.objects.create(position=0, kind="github", on_type="label", label_any=["pi"], flow="f")
+    spec = JobSpec(job_id="gh-once", kind="github", repo="o/r", target_type="issue", number=1, flow="f",
+                   trigger_id=trigger.pk, trigger_type="label")
+    trigger.delete()  # deleted while its job waited in the queue
+
+    first = record_run(spec, Verdict(outcome=Outcome.COMPLETED), attempt=1, host="h", queue="pi-jobs")
+    second = record_run(spec, Verdict(outcome=Outcome.FAILED, reason="worker-lost"), attempt=1, host="h",
+                        queue="pi-jobs")
+
+    assert (first.pk, second.outcome) == (second.pk, Outcome.COMPLETED)  # the first record stands
+    assert (first.trigger_id, first.trigger_type) == (None, "label")
+    assert Run.objects.filter(job_id="gh-once").count() == 1

@@ -4,6 +4,7 @@ is refused `once-already-spent` before any spend, unless the rule was re-armed a
 from datetime import timedelta
 
 import pytest
+from rq import Queue
 from django.utils import timezone
 
 from apps.receiver.models import Trigger
@@ -43,10 +44,13 @@ def test_a_rule_rearmed_after_its_run_fires_again(rule, run_worker):
     assert Run.objects.get(job_id=job_id).outcome == Outcome.COMPLETED
 
 
-def test_the_spending_jobs_own_retry_is_excused(rule, run_worker):
-    spent_by(rule, "gh-retrying", timezone.now() - timedelta(minutes=5))
+def test_the_spending_jobs_own_retry_is_excused(rule, run_worker, redis_conn):
+    spent_by(rule, "gh-retrying", timezone.now() - timedelta(minutes=5))  # its first attempt failed
     job_id = enqueue_spec(forge_spec("gh-retrying", trigger_id=rule.pk, once=True))
+    job = Queue("pi-jobs", connection=redis_conn).fetch_job(job_id)
+    job.number_of_retries = 1  # this pickup is the retry
+    job.save()
 
     run_worker("pi-jobs")
 
-    assert Run.objects.filter(job_id=job_id, outcome=Outcome.COMPLETED).exists()
+    assert Run.objects.get(job_id=job_id, attempt=2).outcome == Outcome.COMPLETED

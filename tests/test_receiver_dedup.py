@@ -189,7 +189,7 @@ def test_jobs_binding_a_host_capability_are_routed(send, redis_conn, monkeypatch
 
     asked = []
 
-    def queue_for(needs=frozenset()):
+    def queue_for(needs=frozenset(), job_id=""):
         asked.append(needs)
         return "pi-jobs@hostA"
 

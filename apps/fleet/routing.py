@@ -20,7 +20,7 @@ from django.conf import settings
 
 from . import registry
 from .connection import get_redis
-from .hosts import this_host
+from .hosts import HostIdentity, this_host
 from .queues import SHARED_QUEUE, host_queue
 
 logger = logging.getLogger("pidispatch.fleet")
@@ -65,8 +65,8 @@ def queue_for(needs: frozenset[str] = frozenset(), job_id: str = "") -> str:
     return host_queue(capable[index])
 
 
-def host_affine_queue() -> str:
+def host_affine_queue(host: HostIdentity | None = None) -> str:
     """This host's own queue for work only it can do (a local folder, a cron trigger it holds), when the
     host declared its name; an undeclared host has no queue of its own, so the work goes to `pi-jobs`."""
-    host = this_host()
+    host = host or this_host()
     return host_queue(host.name) if host.declared else SHARED_QUEUE

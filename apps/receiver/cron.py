@@ -25,10 +25,11 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 from django.conf import settings
+from redis.exceptions import RedisError
 from rq.job import Job, JobStatus
 
 from apps.fleet.hosts import HostIdentity
-from apps.fleet.queues import SHARED_QUEUE, host_queue
+from apps.fleet.routing import host_affine_queue
 from apps.worker.jobs import JobSpec, enqueue
 
 from .dispatch import execution_fields
@@ -78,27 +79,35 @@ def _spec(trigger: Trigger, occurrence: datetime) -> JobSpec:
     )
 
 
-# Claim an occurrence: 1 for the one caller that moves `last` forward to it, 0 for everyone else.
-# A trigger seen for the first time only remembers its latest occurrence (nothing fires for the past).
+# Claim an occurrence: the previous `last` for the one caller that moves `last` forward to it, -1 for
+# everyone else. A trigger seen for the first time only remembers its latest occurrence (nothing fires for
+# the past).
 _CLAIM = """
 local last = tonumber(redis.call('GET', KEYS[1]))
+if last == nil then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) return -1 end
+if tonumber(ARGV[1]) <= last then return -1 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-if last == nil then return 0 end
-if tonumber(ARGV[1]) <= last then redis.call('SET', KEYS[1], last, 'EX', ARGV[2]) return 0 end
-return 1
+return last
+"""
+# Give a claimed occurrence back (its enqueue failed), unless another tick has moved on since.
+_UNCLAIM = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3]) end
+return 0
 """
 
 
 def tick(redis, host: HostIdentity, now: datetime) -> TickResult:
     """Fire every cron trigger of this host whose latest occurrence has not been handled yet."""
-    queue = host_queue(host.name) if host.declared else SHARED_QUEUE
+    queue = host_affine_queue(host)
     fired, skipped = [], []
     for trigger in Trigger.objects.filter(enabled=True, on_type=TriggerType.CRON).order_by("position", "id"):
         if not os.path.isdir(trigger.folder):
             continue  # another host holds this folder
         occurrence = _latest_occurrence(trigger.cron_pattern, now)
         stamp = int(occurrence.timestamp())
-        if not redis.eval(_CLAIM, 1, f"{PREFIX}:last:{trigger.pk}", stamp, KEY_TTL_SECONDS):
+        last_key = f"{PREFIX}:last:{trigger.pk}"
+        previous_last = redis.eval(_CLAIM, 1, last_key, stamp, KEY_TTL_SECONDS)
+        if previous_last == -1:
             continue
         pending_key = f"{PREFIX}:pending:{trigger.pk}"
         previous = redis.get(pending_key)
@@ -107,7 +116,13 @@ def tick(redis, host: HostIdentity, now: datetime) -> TickResult:
             logger.info("cron_skipped_pending trigger=%s occurrence=%s", trigger.pk, stamp)
             continue
         spec = _spec(trigger, occurrence)
-        if enqueue(spec, queue):
+        try:
+            created = enqueue(spec, queue)
+        except RedisError:
+            # Not lost: the next tick tries this occurrence again (the job id keeps it to one job).
+            redis.eval(_UNCLAIM, 1, last_key, stamp, previous_last, KEY_TTL_SECONDS)
+            raise
+        if created:
             redis.set(pending_key, spec.job_id, ex=KEY_TTL_SECONDS)
             fired.append(spec.job_id)
             logger.info("cron_fired trigger=%s job=%s queue=%s", trigger.pk, spec.job_id, queue)

@@ -115,13 +115,10 @@ def queue_for(spec: JobSpec) -> str:
     if not needs:
         return SHARED_QUEUE  # the common case: no registry read at all
     try:
-        queue = routing.queue_for(needs)
+        return routing.queue_for(needs, job_id=spec.job_id)  # the job id spreads replicas over capable hosts
     except Exception:  # routing must never drop work: any doubt goes to the shared queue
         logger.warning("job_route_failed job=%s needs=%s", spec.job_id, ",".join(sorted(needs)))
         return SHARED_QUEUE
-    if queue != SHARED_QUEUE:
-        logger.info("job_routed job=%s queue=%s needs=%s", spec.job_id, queue, ",".join(sorted(needs)))
-    return queue
 
 
 @dataclass

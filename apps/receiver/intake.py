@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db import DataError, DatabaseError, IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -277,6 +277,10 @@ def drain_spool() -> int:
             pass  # moved before, and the process died before it popped the entry
         except (ValueError, KeyError, TypeError):
             logger.error("delivery_spool_entry_unreadable")
+        except DataError:
+            # A value the database refuses (never a database that is down: that is OperationalError and
+            # keeps the entry). Leaving it at the head would block every delivery behind it.
+            logger.error("delivery_spool_entry_unstorable")
         redis.lpop(SPOOL_KEY)
 
 

@@ -27,7 +27,7 @@ from .models import Outcome, Run
 
 logger = logging.getLogger("pidispatch.comments")
 
-NOT_RETRIED_FAILURES = {"worker-lost"}  # failed outcomes that are final at any attempt
+NOT_RETRIED_FAILURES = {"worker-lost", "worker-error"}  # failed outcomes that are final at any attempt
 
 REFUSED = {
     "operator-cancel": "Stopped: the operator cancelled this run before it started. Nothing was spent. Not retried.",

@@ -75,15 +75,20 @@ def prepare(spec: JobSpec, root: Path, owner: tuple[int, int], workspace: Path |
     if job_root.exists():
         shutil.rmtree(job_root)
     dirs = JobDirs(root=job_root, job=job_root / "job", workspace=workspace or job_root / "workspace")
-    dirs.job.mkdir(parents=True, mode=0o755)
-    if workspace is None:
-        dirs.workspace.mkdir(mode=0o755)
-    (dirs.job / "prompt.md").write_text(render_prompt(spec), encoding="utf-8")
-    (dirs.job / "event.json").write_text(json.dumps(event_document(spec), indent=2), encoding="utf-8")
-    for path in (job_root, dirs.job, dirs.job / "prompt.md", dirs.job / "event.json"):
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    if workspace is None and os.geteuid() == 0:
-        os.chown(dirs.workspace, *owner)
+    try:
+        dirs.job.mkdir(parents=True, mode=0o755)
+        if workspace is None:
+            dirs.workspace.mkdir(mode=0o755)
+        # Forge text may hold lone surrogates (valid JSON, not encodable UTF-8): they become U+FFFD.
+        (dirs.job / "prompt.md").write_text(render_prompt(spec), encoding="utf-8", errors="replace")
+        (dirs.job / "event.json").write_text(json.dumps(event_document(spec), indent=2), encoding="utf-8")
+        for path in (job_root, dirs.job, dirs.job / "prompt.md", dirs.job / "event.json"):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        if workspace is None and os.geteuid() == 0:
+            os.chown(dirs.workspace, *owner)
+    except BaseException:
+        remove(dirs)
+        raise
     return dirs
 
 

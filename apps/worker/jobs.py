@@ -16,7 +16,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from django.conf import settings
-from rq import Queue, Retry
+from rq import Queue
 from rq.exceptions import DuplicateJobError
 
 from apps.fleet.connection import get_redis
@@ -167,6 +167,12 @@ class JobSpec:
             raise JobSpecError(f"job payload is incomplete: {exc}") from None
 
 
+def job_time_budget_seconds() -> int:
+    """The longest one attempt may take: the clone's git calls (at most three), the container's limit, and
+    room for the gates and the record. RQ's own timeout and the concurrency leases are sized from it."""
+    return settings.PI_JOB_TIMEOUT_SECONDS + 3 * settings.PI_CLONE_TIMEOUT_SECONDS + 300
+
+
 def enqueue(spec: JobSpec, queue_name: str) -> bool:
     """Enqueue one job, atomically unique on its id. True if created, False if the id already exists.
 
@@ -180,10 +186,9 @@ def enqueue(spec: JobSpec, queue_name: str) -> bool:
             job_id=spec.job_id,
             unique=True,
             description=spec.job_id,  # RQ logs the description; the default would print the payload
-            timeout=settings.PI_JOB_TIMEOUT_SECONDS + 300,
+            timeout=job_time_budget_seconds(),
             result_ttl=settings.PI_FINISHED_JOB_TTL_SECONDS,
             failure_ttl=settings.PI_FAILED_JOB_TTL_SECONDS,
-            retry=Retry(max=settings.PI_RETRY_ATTEMPTS - 1, interval=settings.PI_RETRY_BACKOFF_SECONDS),
         )
     except DuplicateJobError:
         return False

@@ -47,7 +47,7 @@ from . import (
 )
 from .exitline import parse_exit_line
 from .forges import ForgeFailure
-from .jobs import FORGE_KINDS, JobSpec
+from .jobs import FORGE_KINDS, JobSpec, job_time_budget_seconds
 from .models import Outcome, PauseWindow, Run
 from .scopes import job_scopes, normalise_folder, scope_hash
 from .verdicts import Deferred, Verdict
@@ -73,6 +73,7 @@ class Attempt:
     dirs: jobfiles.JobDirs | None = None  # the job's folders, from gate 9 on
     forge: forge_workspace.ForgeWorkspace | None = None  # a forge job's clone and token, from gate 9 on
     clock: float = field(default_factory=time.perf_counter)  # for the phase timings in the log
+    workspace_seconds: float = 0.0  # of which the forge workspace (token, branch, clone, .pi/)
 
     @property
     def holder(self) -> str:
@@ -178,7 +179,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
 
     # 4. Scope concurrency (fleet-wide) and the local-folder mutex (per host).
     limit = budget.limit_for(spec)
-    lease_ttl = settings.PI_JOB_TIMEOUT_SECONDS + 300
+    lease_ttl = job_time_budget_seconds()
     slots = []
     if limit is not None and limit.concurrent:
         slots.append((f"s:{scope_hash(limit.scope)}", limit.concurrent))
@@ -235,8 +236,10 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         workspace_folder, user = local.folder, local.owner
     dirs = attempt.dirs = jobfiles.prepare(spec, settings.PI_JOB_ROOT, owner=user, workspace=workspace_folder)
     if spec.kind in FORGE_KINDS:
+        workspace_started = time.perf_counter()
         try:
             attempt.forge = forge_workspace.prepare(spec, dirs, owner=user)
+            attempt.workspace_seconds = time.perf_counter() - workspace_started
         except WorkspaceRefused as refused:
             logger.info("workspace_refused job=%s reason=%s", spec.job_id, refused.reason)
             return Verdict.refused(refused.reason)
@@ -258,7 +261,10 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         logger.info("cap_refused job=%s reason=%s window=%s", spec.job_id, refusal.reason, refusal.window)
         return Verdict.refused(refusal.reason, budget_reserved=refusal.budget_reserved)
 
-    # 12. The container: the only step that spends.
+    # 12. The container: the only step that spends. A cancel that arrived during the gates stops it here.
+    if cancel.is_cancel_requested(spec.job_id, redis):
+        reservation.give_back(redis)
+        return Verdict.refused("operator-cancel")
     container_started = time.perf_counter()
     try:
         result = container.run_container(
@@ -284,14 +290,20 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     except container.EngineUnavailable:
         return Verdict.infrastructure_fault("docker-unavailable", budget_reserved=True)
     container_seconds = time.perf_counter() - container_started
-    logger.info("job_phases job=%s gates_ms=%.1f container_ms=%.1f", spec.job_id,
-                (container_started - attempt.clock) * 1000, container_seconds * 1000)
+    logger.info("job_phases job=%s gates_ms=%.1f workspace_ms=%.1f container_ms=%.1f", spec.job_id,
+                (container_started - attempt.clock - attempt.workspace_seconds) * 1000,
+                attempt.workspace_seconds * 1000, container_seconds * 1000)
     verdict = classify(result)
-    if cancel.is_cancel_requested(spec.job_id, redis):
-        # The operator stopped it: whatever the exit code says, the run ends as their decision, not retried.
-        verdict = Verdict.refused("operator-cancel", exit_code=verdict.exit_code, telemetry=verdict.telemetry,
-                                  budget_reserved=True)
-    if not verdict.budget_reserved:
-        reservation.give_back(redis)  # nothing ran, so nothing was spent
-    budget.record_tokens(redis, verdict.telemetry.tokens_total or 0, now)
+    # The container has ended: from here a Redis fault must not turn its outcome into a retry (which would
+    # run the agent again). What cannot be settled now is logged; the counters' TTLs bound the drift.
+    try:
+        if cancel.is_cancel_requested(spec.job_id, redis):
+            # The operator stopped it: whatever the exit code says, the run ends as their decision.
+            verdict = Verdict.refused("operator-cancel", exit_code=verdict.exit_code,
+                                      telemetry=verdict.telemetry, budget_reserved=True)
+        if not verdict.budget_reserved:
+            reservation.give_back(redis)  # nothing ran, so nothing was spent
+        budget.record_tokens(redis, verdict.telemetry.tokens_total or 0, now)
+    except RedisError:
+        logger.warning("job_post_run_redis_failed job=%s", spec.job_id)
     return verdict

@@ -1,70 +1,85 @@
-"""The one place a Run row is written."""
+"""The one place a Run row is written.
+
+A record is evidence: the first one written for a job's attempt stands, and a second write for the same
+attempt (a killed work horse's worker settling it after the horse wrote its own, say) changes nothing.
+"""
 
 import logging
 
+from django.db import IntegrityError, transaction
 from django.dispatch import Signal
-
-from .jobs import JobSpec
 from django.utils import timezone
 
+from .jobs import JobSpec
 from .models import Outcome, Run
 from .verdicts import Verdict
 
 logger = logging.getLogger("pidispatch.runs")
 
-# Sent after a run record is written (kwargs: run, spec). The receiver disarms spent one-shot rules on it.
+# Sent after a run record is written (kwargs: run, spec). The receiver disarms spent one-shot rules on it,
+# and the worker posts the run's status comment.
 run_recorded = Signal()
+
+
+def _existing_trigger(trigger_id: int | None) -> int | None:
+    """The trigger may have been deleted while its job waited: the record then keeps its type, not a link."""
+    if trigger_id is None:
+        return None
+    triggers = Run._meta.get_field("trigger").related_model.objects
+    return trigger_id if triggers.filter(pk=trigger_id).exists() else None
+
+
+def _create_once(job_id: str, attempt: int, fields: dict) -> tuple[Run, bool]:
+    try:
+        with transaction.atomic():
+            return Run.objects.create(job_id=job_id, attempt=attempt, **fields), True
+    except IntegrityError:
+        logger.warning("run_already_recorded job=%s attempt=%s", job_id, attempt)
+        return Run.objects.get(job_id=job_id, attempt=attempt), False
 
 
 def record_run(spec: JobSpec, verdict: Verdict, *, attempt: int, host: str, queue: str) -> Run:
     telemetry = verdict.telemetry
-    run, _ = Run.objects.update_or_create(
-        job_id=spec.job_id,
-        attempt=attempt,
-        defaults=dict(
-            kind=spec.kind,
-            target=spec.target,
-            scope=spec.scope,
-            flow=spec.flow,
-            command=spec.command,
-            trigger_id=spec.trigger_id,
-            trigger_type=spec.trigger_type,
-            delivery_id=spec.delivery_id,
-            host=host,
-            queue=queue,
-            image=verdict.image,
-            started_at=verdict.started_at,
-            ended_at=verdict.ended_at,
-            outcome=verdict.outcome,
-            reason=verdict.reason,
-            exit_code=verdict.exit_code,
-            turns=telemetry.turns,
-            tokens_in=telemetry.tokens_in,
-            tokens_out=telemetry.tokens_out,
-            tokens_total=telemetry.tokens_total,
-            cost=telemetry.cost,
-            usage=telemetry.usage,
-            budget_reserved=verdict.budget_reserved,
-            replica=spec.replica,
-            replicas=spec.replicas,
-            parent_job_id=spec.parent_job_id,
-        ),
-    )
-    logger.info(
-        "run_recorded job=%s attempt=%s outcome=%s reason=%s exit=%s",
-        spec.job_id, attempt, verdict.outcome, verdict.reason or "-", verdict.exit_code,
-    )
-    run_recorded.send(sender=Run, run=run, spec=spec)
+    run, created = _create_once(spec.job_id, attempt, dict(
+        kind=spec.kind,
+        target=spec.target,
+        scope=spec.scope,
+        flow=spec.flow,
+        command=spec.command,
+        trigger_id=_existing_trigger(spec.trigger_id),
+        trigger_type=spec.trigger_type,
+        delivery_id=spec.delivery_id,
+        host=host,
+        queue=queue,
+        image=verdict.image,
+        started_at=verdict.started_at,
+        ended_at=verdict.ended_at,
+        outcome=verdict.outcome,
+        reason=verdict.reason,
+        exit_code=verdict.exit_code,
+        turns=telemetry.turns,
+        tokens_in=telemetry.tokens_in,
+        tokens_out=telemetry.tokens_out,
+        tokens_total=telemetry.tokens_total,
+        cost=telemetry.cost,
+        usage=telemetry.usage,
+        budget_reserved=verdict.budget_reserved,
+        replica=spec.replica,
+        replicas=spec.replicas,
+        parent_job_id=spec.parent_job_id,
+    ))
+    if created:
+        logger.info(
+            "run_recorded job=%s attempt=%s outcome=%s reason=%s exit=%s",
+            spec.job_id, attempt, verdict.outcome, verdict.reason or "-", verdict.exit_code,
+        )
+        run_recorded.send(sender=Run, run=run, spec=spec)
     return run
 
 
 def record_unreadable_job(job_id: str, *, attempt: int, host: str, queue: str) -> Run:
     """A job whose payload this worker cannot read (version skew): refused, with what is known of it."""
     now = timezone.now()
-    run, _ = Run.objects.update_or_create(
-        job_id=job_id,
-        attempt=attempt,
-        defaults=dict(kind="unknown", host=host, queue=queue, started_at=now, ended_at=now,
-                      outcome=Outcome.POLICY, reason="job-payload-invalid"),
-    )
+    run, _ = _create_once(job_id, attempt, dict(kind="unknown", host=host, queue=queue, started_at=now,
+                                                ended_at=now, outcome=Outcome.POLICY, reason="job-payload-invalid"))
     return run

@@ -8,7 +8,7 @@ Rules list Forgejo's own action words (`label_updated`, `synchronized`); matchin
 from __future__ import annotations
 
 from .base import (
-    Actor, ForgeEvent, HookRefused, Verified, checked_delivery_id, constant_time_equal, full_name, header,
+    MAX_EVENT, Actor, ForgeEvent, HookRefused, Verified, checked_delivery_id, constant_time_equal, full_name, header,
     hmac_sha256_hex, names, numbered, numeric_id, obj, parse_json_object, read_bounded_body, text,
 )
 from .github import verify_signature as verify_github_signature
@@ -47,7 +47,7 @@ def verify(request, config) -> Verified:
     else:
         verify_github_signature(hub_signature, body, config.webhook_secret)
     payload = parse_json_object(body)
-    return Verified(event=event, delivery_id=delivery_id, body=body, payload=payload)
+    return Verified(event=event[:MAX_EVENT], delivery_id=delivery_id, body=body, payload=payload)
 
 
 def _not_actionable(action: str) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .base import (
-    Actor, ForgeEvent, HookRefused, Verified, checked_delivery_id, constant_time_equal, full_name, header,
+    MAX_EVENT, Actor, ForgeEvent, HookRefused, Verified, checked_delivery_id, constant_time_equal, full_name, header,
     hmac_sha256_hex, names, numbered, numeric_id, obj, parse_json_object, positive_int, read_bounded_body, text,
 )
 
@@ -31,7 +31,7 @@ def verify(request, config) -> Verified:
     body = read_bounded_body(request)
     verify_signature(header(request, "X-Hub-Signature-256"), body, config.webhook_secret)
     payload = parse_json_object(body)  # only after verification
-    return Verified(event=event, delivery_id=delivery_id, body=body, payload=payload)
+    return Verified(event=event[:MAX_EVENT], delivery_id=delivery_id, body=body, payload=payload)
 
 
 def _issue(payload: dict) -> tuple[dict, int]:

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 from redis.exceptions import RedisError
 
 from apps.fleet.hosts import this_host
-from apps.fleet.queues import SHARED_QUEUE, host_queue
+from apps.fleet.routing import host_affine_queue
 from apps.worker.jobs import JobSpec, enqueue
 from apps.worker.validation import FLOW_PATTERN, IMAGE_PATTERN
 from apps.worker.workspace import WorkspaceRefused, check_local_folder
@@ -41,7 +41,7 @@ class Command(BaseCommand):
             raise CommandError(f"{path}: {refused.hint}.{hint}") from None
 
         host = this_host()
-        queue = host_queue(host.name) if host.declared else SHARED_QUEUE
+        queue = host_affine_queue(host)
         spec = JobSpec(job_id=f"run-{uuid.uuid4().hex}", kind="local", folder=str(path), target_type="local",
                        flow=flow, task=task, image=image, force=force)
         try:

@@ -225,7 +225,8 @@ def main() -> int:
             for target in (bare, full):  # warm up both (imports, connections, SQLite pages)
                 closed_loop(port, target, f"{run}-warm", 4, 25)
             print(f"receiver bench: gunicorn {args.workers} sync workers, "
-                  f"{'PostgreSQL' if 'postgres' in env['DATABASE_URL'] else 'SQLite'}, private Redis")
+                  f"{'PostgreSQL' if 'postgres' in env['DATABASE_URL'] else 'SQLite synchronous=' + env.get('SQLITE_SYNCHRONOUS', 'FULL')}"
+                  ", private Redis")
             print(f"closed loop, {args.clients} clients x {args.requests} signed deliveries:")
             closed = {}
             for target in (bare, full):

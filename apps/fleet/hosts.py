@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from .queues import HOST_NAME_PATTERN, SHARED_QUEUE, host_queue, is_valid_host_name
+from .queues import HOST_NAME_PATTERN, host_queue, is_valid_host_name
 
 _declared_by_queue: str | None = None
 
@@ -20,10 +20,6 @@ _declared_by_queue: str | None = None
 class HostIdentity:
     name: str
     declared: bool  # declaring a name arms the host queue and routing to it
-
-    @property
-    def queues(self) -> list[str]:
-        return [SHARED_QUEUE, host_queue(self.name)] if self.declared else [SHARED_QUEUE]
 
 
 def sanitise_host_name(raw: str) -> str:

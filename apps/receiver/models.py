@@ -107,7 +107,9 @@ class Trigger(models.Model):
     provider = models.CharField("run.provider", max_length=64, blank=True)
     model = models.CharField("run.model", max_length=64, blank=True)
     max_turns = models.PositiveIntegerField("run.maxTurns", null=True, blank=True)
-    resume = models.BooleanField("run.resume", default=False)
+    resume = models.BooleanField("run.resume", default=False,
+                                 help_text="Kept for the ancestor's triggers.json: this version stores no agent "
+                                           "sessions, so every run starts fresh.")
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -201,9 +203,6 @@ class DeliveryQuerySet(models.QuerySet):
 
     def holding_payload(self):
         return self.filter(payload__isnull=False)
-
-    def waiting_for_redis(self):
-        return self.filter(status=DeliveryStatus.PENDING, reason="redis-unavailable")
 
 
 class Delivery(models.Model):

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from pidispatch_site import strict_json
+
 from .validation import collection_problems, entry_problems
 
 ENTRY_KEYS = {"on", "run", "enabled", "note"}
@@ -30,26 +32,12 @@ class ParsedFile:
     warnings: list[str] = field(default_factory=list)
 
 
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _refuse_duplicate_keys(pairs):
-    seen = {}
-    for key, value in pairs:
-        if key in seen:
-            # JSON keeps the last value, so the reviewed file and the running rules would differ.
-            raise _DuplicateKey(key)
-        seen[key] = value
-    return seen
-
-
 def parse(text: str | bytes) -> ParsedFile:
     """Validate a whole file; raise TriggerFileError listing every problem (then nothing may change)."""
     try:
-        document = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
-    except _DuplicateKey as duplicate:
-        raise TriggerFileError([f"the file repeats the key {duplicate.args[0]!r} inside one object; JSON keeps "
+        document = strict_json.loads(text)
+    except strict_json.DuplicateKeyError as duplicate:
+        raise TriggerFileError([f"the file repeats the key {duplicate.key!r} inside one object; JSON keeps "
                                 "only the last value, so remove the other."]) from None
     except (ValueError, RecursionError) as error:
         raise TriggerFileError([f"the file is not valid JSON: {error}"]) from None

@@ -12,6 +12,8 @@ from datetime import date, time
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from pidispatch_site import strict_json
+
 from .models import PauseWindow, ScopedLimit
 
 LIMITS_VERSION = 1
@@ -24,15 +26,10 @@ class ConfigFileError(ValueError):
 
 
 def _load(text: str, what: str) -> dict:
-    def no_duplicates(pairs):
-        keys = [key for key, _ in pairs]
-        duplicated = {key for key in keys if keys.count(key) > 1}
-        if duplicated:  # JSON keeps the last one, so the reviewed file and the applied one would differ
-            raise ConfigFileError(f"{what}: key {sorted(duplicated)[0]!r} appears twice in one object")
-        return dict(pairs)
-
     try:
-        document = json.loads(text, object_pairs_hook=no_duplicates)
+        document = strict_json.loads(text)
+    except strict_json.DuplicateKeyError as duplicate:
+        raise ConfigFileError(f"{what}: key {duplicate.key!r} appears twice in one object") from None
     except json.JSONDecodeError as exc:
         raise ConfigFileError(f"{what} is not valid JSON: {exc.msg} (line {exc.lineno})") from None
     if not isinstance(document, dict):

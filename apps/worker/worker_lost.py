@@ -37,7 +37,7 @@ from apps.fleet.connection import text
 from apps.fleet.union import existing_queues
 
 from . import container
-from .jobs import JobSpec, JobSpecError
+from .jobs import JobSpec
 from .models import Outcome, Run
 from .records import record_run
 from .verdicts import Verdict
@@ -95,7 +95,7 @@ def settle(job: Job, *, host: str, settled_by: str, reason: str = WORKER_LOST, b
 def _record(job: Job, attempt: int, *, host: str, reason: str, budget_reserved: bool) -> None:
     try:
         spec = JobSpec.from_payload(job.args[0])
-    except (JobSpecError, IndexError, TypeError, ValueError, Exception):
+    except Exception:  # any unreadable payload (JobSpecError, a missing or foreign argument)
         logger.error("job_lost_unrecorded job=%s why=payload-unreadable", job.id)
         return
     try:

@@ -160,6 +160,12 @@ def test_a_reference_that_looks_like_an_option_never_reaches_the_resolver(resolv
     assert calls(tmp_path) == []
 
 
+def test_secrets_this_worker_cannot_read_are_refused(resolver, tmp_path):
+    resolver("echo value")
+    assert refusal(forge_spec("gh-odd", secrets=["NPM_TOKEN"])) == "secret-unresolved"
+    assert calls(tmp_path) == []
+
+
 # --- which profile -----------------------------------------------------------------------------------------
 
 def test_the_only_declared_profile_is_used_when_the_job_names_none(resolver):

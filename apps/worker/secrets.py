@@ -81,12 +81,12 @@ def reserved_names() -> frozenset[str]:
     return RUNTIME_NAMES | frozenset(name.upper() for name in provider_keys | forge_names)
 
 
-def is_reserved(name: str) -> bool:
+def is_reserved(name: str, reserved: frozenset[str] | None = None) -> bool:
     """Not a plain environment variable name, or one the runtime, the worker or pi's provider/forge use."""
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         return True
     upper = name.upper()
-    return upper in reserved_names() or upper.startswith(RESERVED_PREFIXES)
+    return upper in (reserved if reserved is not None else reserved_names()) or upper.startswith(RESERVED_PREFIXES)
 
 
 def choose_profile(wanted: str, declared: dict[str, str]) -> str:
@@ -134,10 +134,13 @@ def resolve(spec: JobSpec) -> dict[str, str]:
     """`{ENV_NAME: value}` for the job's secrets ({} when it has none), SecretsRefused or ResolverUnreachable."""
     if not spec.secrets:
         return {}
-    count = len(spec.secrets)
+    count = len(spec.secrets) if isinstance(spec.secrets, dict) else 0
     profile = spec.secrets_profile or "-"
     try:
-        if any(is_reserved(name) for name in spec.secrets):
+        if not isinstance(spec.secrets, dict):  # a payload this worker cannot read: nothing to hand a resolver
+            raise SecretsRefused("secret-unresolved")
+        reserved = reserved_names()
+        if any(is_reserved(name, reserved) for name in spec.secrets):
             raise SecretsRefused("secret-name-reserved")
         declared = parse_profiles(settings.PI_SECRET_PROFILES, "PI_SECRET_PROFILES")
         profile = choose_profile(spec.secrets_profile, declared)

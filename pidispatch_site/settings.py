@@ -174,6 +174,8 @@ PI_WAIT_MAX_SECONDS = env.int("PI_WAIT_MAX_SECONDS", default=24 * 3600)
 PI_WAIT_MAX_FAULTS = env.int("PI_WAIT_MAX_FAULTS", default=5)
 PI_WAIT_CHECK_TIMEOUT_SECONDS = env.int("PI_WAIT_CHECK_TIMEOUT_SECONDS", default=10)
 PI_WAIT_AFTER_MAX_DAYS = 30
+# How long one secret resolver call (one `run.secrets` reference) may take before it counts as unreachable.
+PI_SECRET_RESOLVE_TIMEOUT_MS = env.int("PI_SECRET_RESOLVE_TIMEOUT_MS", default=10000)
 # How long a job that found its scope's slots (or its folder) busy waits before it looks again.
 PI_SCOPE_BUSY_RECHECK_SECONDS = env.int("PI_SCOPE_BUSY_RECHECK_SECONDS", default=5)
 # The time zone cron patterns are read in.

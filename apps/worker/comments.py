@@ -61,6 +61,14 @@ REFUSED = {
     "wait-unreadable": "Refused: the job's wait conditions could not be read by this worker. Not run.",
     "wait-after-beyond-max": "Refused: the job's start time is further away than a job may wait. Not run.",
     "wait-superseded": "Refused: another delivery for this target already waited on the same conditions. Not run.",
+    # Never a name, a reference, a resolver path or a value: the operator finds those in the trigger.
+    "secret-name-reserved": "Refused: the trigger asks to set an environment variable the worker sets itself. "
+                            "Rename it in the trigger. Not run.",
+    "secret-profile-unknown": "Refused: the trigger names a resolver profile this worker does not offer. Not run.",
+    "secret-profile-ambiguous": "Refused: this worker offers several resolver profiles and the trigger names none. "
+                                "Name one in the trigger. Not run.",
+    "secret-unresolved": "Refused: the worker's resolver does not know a reference the trigger asks for. "
+                         "Check the trigger's references. Not run.",
     "daily-token-cap": "Refused: the deployment's daily token budget is used up. Not run.",
     "scope-cap": "Refused: over the run cap for this repository. Not run.",
     "over-budget": "Refused: over the deployment's budget cap. Not run.",
@@ -89,6 +97,8 @@ STOPPED = {
 
 FAILED = {
     "worker-lost": "Failed: the worker running this job stopped unexpectedly. Partial work may exist. Not retried.",
+    "secret-resolver-unreachable": "Failed: the worker's resolver did not answer, on every attempt. Nothing was "
+                                   "spent. Ask the operator to check the resolver on the worker host.",
 }
 FAILED_DEFAULT = ("Failed: an error stopped this job and it will not be retried further. "
                   "Ask the operator to check the worker log.")

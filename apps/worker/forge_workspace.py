@@ -1,4 +1,4 @@
-"""A forge job's workspace (gate 9): the job's own token, the default branch's current commit, its
+"""A forge job's workspace (gate 10): the job's own token, the default branch's current commit, its
 protection, a fresh shallow clone at exactly that commit, and the repo's `.pi/` from that commit
 (apps/worker/repo_skills.py).
 

@@ -10,13 +10,15 @@ no attempt, no record), or ends it with a `Verdict` (refused, or an infrastructu
     6 one-shot spent         -> once-already-spent
     7 image preflight        -> job-image-missing; engine down -> retry
     8 provider credential    -> provider-unconfigured
-    9 workspace              forge job: the job's token, the default branch's commit and protection, a
+    9 secrets (run.secrets)  -> secret-name-reserved / secret-profile-unknown / secret-profile-ambiguous /
+                             secret-unresolved; resolver unreachable -> retry (apps/worker/secrets.py)
+   10 workspace              forge job: the job's token, the default branch's commit and protection, a
                              fresh clone at that commit, the repo's .pi/ (apps/worker/forge_workspace.py)
                              -> unprotected-branch / sha-gone / pi-* / forge-* ; forge unreachable -> retry
                              local job: the folder itself -> workspace-* / job-user-unmappable
-   10 daily token cap        -> daily-token-cap
-   11 job-count caps         -> scope-cap, over-budget, soft-hold
-   12 the container          -> completed | policy | retry
+   11 daily token cap        -> daily-token-cap
+   12 job-count caps         -> scope-cap, over-budget, soft-hold
+   13 the container          -> completed | policy | retry
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from . import (
     providers,
     quiet_hours,
     runtime_settings,
+    secrets,
     waitfor,
 )
 from .exitline import parse_exit_line
@@ -70,8 +73,8 @@ class Attempt:
     now: datetime
     image: str = ""
     held_leases: list[leases.Lease] = field(default_factory=list)
-    dirs: jobfiles.JobDirs | None = None  # the job's folders, from gate 9 on
-    forge: forge_workspace.ForgeWorkspace | None = None  # a forge job's clone and token, from gate 9 on
+    dirs: jobfiles.JobDirs | None = None  # the job's folders, from gate 10 on
+    forge: forge_workspace.ForgeWorkspace | None = None  # a forge job's clone and token, from gate 10 on
     clock: float = field(default_factory=time.perf_counter)  # for the phase timings in the log
     workspace_seconds: float = 0.0  # of which the forge workspace (token, branch, clone, .pi/)
 
@@ -96,9 +99,11 @@ class Attempt:
 
 
 def container_environment(spec: JobSpec, runtime: runtime_settings.RuntimeSettings, provider: str,
-                          credential: tuple[str, str], forge: dict[str, str] | None = None) -> dict[str, str]:
+                          credential: tuple[str, str], forge: dict[str, str] | None = None,
+                          secret_values: dict[str, str] | None = None) -> dict[str, str]:
     """The container's whole environment, from a closed list: nothing of the worker's is inherited. A forge
-    job adds its own token under the forge's usual names (and the instance URL), never the worker's."""
+    job adds its own token under the forge's usual names (and the instance URL), never the worker's. The
+    job's resolved secrets come last; gate 9 refused any name that could shadow one of the above."""
     environment = {
         "HOME": "/home/pi",
         "PI_JOB_ID": spec.job_id,
@@ -119,6 +124,7 @@ def container_environment(spec: JobSpec, runtime: runtime_settings.RuntimeSettin
     name, value = credential
     environment[name] = value  # the provider's own variable, and only this provider's
     environment.update(forge or {})
+    environment.update(secret_values or {})
     return environment
 
 
@@ -224,7 +230,15 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
                      providers.key_variable(provider) or "-")
         return Verdict.refused("provider-unconfigured")
 
-    # 9. The workspace: a local job's folder as it is; a forge job's fresh clone, made with its own token.
+    # 9. The job's secrets, resolved on this host (before the workspace: nothing costly for a job refused here).
+    try:
+        secret_values = secrets.resolve(spec)
+    except secrets.SecretsRefused as refused:
+        return Verdict.refused(refused.reason)
+    except secrets.ResolverUnreachable:
+        return Verdict.infrastructure_fault("secret-resolver-unreachable")
+
+    # 10. The workspace: a local job's folder as it is; a forge job's fresh clone, made with its own token.
     workspace_folder: Path | None = None
     user = container.job_user()
     if spec.kind == "local":
@@ -250,18 +264,18 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             logger.info("workspace_refused job=%s reason=%s", spec.job_id, failure.reason)
             return Verdict.refused(failure.reason)
 
-    # 10. The daily token cap (checked before, recorded after: it may overshoot by the runs in flight).
+    # 11. The daily token cap (checked before, recorded after: it may overshoot by the runs in flight).
     if runtime.daily_token_cap and budget.tokens_spent_today(redis, now) >= runtime.daily_token_cap:
         return Verdict.refused("daily-token-cap")
 
-    # 11. Job-count caps, narrowest first.
+    # 12. Job-count caps, narrowest first.
     try:
         reservation = budget.reserve(redis, limit, runtime, now)
     except budget.CapRefusal as refusal:
         logger.info("cap_refused job=%s reason=%s window=%s", spec.job_id, refusal.reason, refusal.window)
         return Verdict.refused(refusal.reason, budget_reserved=refusal.budget_reserved)
 
-    # 12. The container: the only step that spends. A cancel that arrived during the gates stops it here.
+    # 13. The container: the only step that spends. A cancel that arrived during the gates stops it here.
     if cancel.is_cancel_requested(spec.job_id, redis):
         reservation.give_back(redis)
         return Verdict.refused("operator-cancel")
@@ -275,7 +289,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             job_dir=dirs.job,
             workspace=dirs.workspace,
             environment=container_environment(spec, runtime, provider, credential,
-                                              attempt.forge.environment() if attempt.forge else None),
+                                              attempt.forge.environment() if attempt.forge else None,
+                                              secret_values),
             timeout_seconds=settings.PI_JOB_TIMEOUT_SECONDS,
             user=user,
             memory=runtime.job_memory,

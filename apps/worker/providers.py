@@ -23,11 +23,13 @@ KEY_VARIABLES = {
 }
 
 
+def key_variable_overrides() -> dict[str, str]:
+    """PI_PROVIDER_KEY_VARS as {provider: VAR}."""
+    return dict(entry.split(":", 1) for entry in settings.PI_PROVIDER_KEY_VARS.split(",") if ":" in entry)
+
+
 def key_variable(provider: str) -> str | None:
-    overrides = dict(
-        entry.split(":", 1) for entry in settings.PI_PROVIDER_KEY_VARS.split(",") if ":" in entry
-    )
-    return overrides.get(provider) or KEY_VARIABLES.get(provider)
+    return key_variable_overrides().get(provider) or KEY_VARIABLES.get(provider)
 
 
 def credential(provider: str) -> tuple[str, str] | None:

@@ -21,7 +21,6 @@ import hashlib
 import json
 import logging
 import os
-import subprocess
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -30,6 +29,7 @@ from rq.job import Job, JobStatus
 
 from apps.fleet.capabilities import parse_profiles
 
+from .hostscripts import run_script
 from .jobs import JobSpec
 
 logger = logging.getLogger("pidispatch.waitfor")
@@ -113,13 +113,7 @@ def _job_is_live(redis, job_id: str) -> bool:
 
 def run_check(path: str, target: str) -> int | None:
     """The check's exit code, or None for a fault that produced none (timeout, spawn failure)."""
-    try:
-        return subprocess.run(
-            [path, target], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            timeout=settings.PI_WAIT_CHECK_TIMEOUT_SECONDS, shell=False,
-        ).returncode
-    except (subprocess.TimeoutExpired, OSError):
-        return None
+    return run_script([path, target], timeout_seconds=settings.PI_WAIT_CHECK_TIMEOUT_SECONDS).code
 
 
 class WaitState:

@@ -24,7 +24,7 @@ from .github_app import AppKeyError, GitHubApp, load_private_key
 from .gitlab import GitLabClient
 
 __all__ = ["Authority", "BranchHead", "Credential", "ForgeClient", "ForgeFailure", "Identity", "IdentityUnavailable",
-           "RepoRef", "Subject", "forge_client", "github_app_problem"]
+           "RepoRef", "Subject", "forge_client", "forge_client_classes", "github_app_problem"]
 
 
 def github_app_problem() -> str:
@@ -53,6 +53,11 @@ def _github_app(timeout: float) -> GitHubApp | None:
     return GitHubApp(app_id=str(settings.GITHUB_APP_ID).strip(),
                      installation_id=str(settings.GITHUB_APP_INSTALLATION_ID).strip(),
                      private_key=key, api_url=settings.GITHUB_API_URL, timeout=timeout, problem=problem)
+
+
+def forge_client_classes() -> tuple[type[ForgeClient], ...]:
+    """Every forge's client class (their `token_variables` and `url_variable` name what a job's container gets)."""
+    return (GitHubClient, GitLabClient, ForgejoClient, AzureClient)
 
 
 def forge_client(forge: str) -> ForgeClient:

@@ -99,6 +99,8 @@ def test_the_ancestors_whole_language_is_valid():
      {"kind": "local", "folder": "/x", "flow": "f", "task": "t", "waitFor": [{"profile": "a"}]}, "run.waitFor",
      "not cron"),
     (LABEL, {**GITHUB, "secrets": {"GITHUB_TOKEN": "vault/x"}}, "run.secrets", "set by the runtime"),
+    (LABEL, {**GITHUB, "secrets": {"ANTHROPIC_API_KEY": "vault/x"}}, "run.secrets", "set by the runtime"),
+    (LABEL, {**GITHUB, "secrets": {"pi_model": "vault/x"}}, "run.secrets", "set by the runtime"),
     (LABEL, {**GITHUB, "secrets": {"PI_MODEL": "vault/x"}}, "run.secrets", "set by the runtime"),
     (LABEL, {**GITHUB, "secrets": {"9BAD": "vault/x"}}, "run.secrets", "not an environment variable"),
     (LABEL, {**GITHUB, "secrets": {"OK": " padded"}}, "run.secrets", "surrounding spaces"),

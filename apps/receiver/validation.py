@@ -19,6 +19,7 @@ from datetime import timezone as dt_timezone
 from croniter import croniter
 from django.core.exceptions import ValidationError
 
+from apps.worker.secrets import is_reserved as secret_name_is_reserved
 from apps.worker.validation import FLOW_PATTERN
 
 # --- vocabulary ------------------------------------------------------------------------------------------
@@ -55,16 +56,6 @@ MAX_COMMAND = 200
 MAX_IMAGE = 300
 
 # A secret reference may not shadow what the runtime itself sets in the container.
-RESERVED_SECRET_NAMES = {
-    "HOME", "PATH", "USER", "SHELL", "PWD", "HOSTNAME", "TERM", "LANG",
-    "GITHUB_TOKEN", "GH_TOKEN", "GITLAB_TOKEN", "GL_TOKEN", "FORGEJO_TOKEN", "GITEA_TOKEN", "AZURE_TOKEN",
-    "AZURE_DEVOPS_EXT_PAT", "SYSTEM_ACCESSTOKEN", "GH_HOST", "GITHUB_API_URL", "GITLAB_URL", "GITLAB_HOST",
-    "FORGEJO_URL", "GITEA_URL", "AZURE_ORG_URL",
-    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
-    "ANTHROPIC_BASE_URL", "OPENAI_BASE_URL", "OPENAI_API_BASE", "GOOGLE_API_BASE",
-    "NODE_OPTIONS", "LD_PRELOAD", "LD_LIBRARY_PATH",
-}
-RESERVED_SECRET_PREFIXES = ("PI_",)
 
 # --- which keys exist where -------------------------------------------------------------------------------
 
@@ -500,7 +491,7 @@ def _check_secrets(secrets, problems: _Problems) -> None:
     for name, reference in secrets.items():
         if not isinstance(name, str) or not SECRET_NAME_PATTERN.fullmatch(name) or name == "__proto__":
             problems.add(path, f"{path}: {name!r} is not an environment variable name.")
-        elif name.upper() in RESERVED_SECRET_NAMES or name.upper().startswith(RESERVED_SECRET_PREFIXES):
+        elif secret_name_is_reserved(name):  # the worker's own list: one source for both checks
             problems.add(path, f"{path}: {name} is set by the runtime itself and cannot be a secret.")
         if not _trimmed_nonempty(reference) or reference.startswith("-"):
             problems.add(path, f"{path}: the reference for {name} must be non-empty, without surrounding spaces "

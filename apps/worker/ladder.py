@@ -76,7 +76,7 @@ class Attempt:
     dirs: jobfiles.JobDirs | None = None  # the job's folders, from gate 10 on
     forge: forge_workspace.ForgeWorkspace | None = None  # a forge job's clone and token, from gate 10 on
     clock: float = field(default_factory=time.perf_counter)  # for the phase timings in the log
-    workspace_seconds: float = 0.0  # of which the forge workspace (token, branch, clone, .pi/)
+    workspace_seconds: float = 0.0  # of which the workspace (a local folder's git checks; a forge clone)
 
     @property
     def holder(self) -> str:
@@ -242,11 +242,13 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     workspace_folder: Path | None = None
     user = container.job_user()
     if spec.kind == "local":
+        workspace_started = time.perf_counter()
         try:
             local = check_local_folder(spec.folder, force=spec.force)
         except WorkspaceRefused as refused:
             logger.info("workspace_refused job=%s reason=%s", spec.job_id, refused.reason)
             return Verdict.refused(refused.reason)
+        attempt.workspace_seconds = time.perf_counter() - workspace_started
         workspace_folder, user = local.folder, local.owner
     dirs = attempt.dirs = jobfiles.prepare(spec, settings.PI_JOB_ROOT, owner=user, workspace=workspace_folder)
     if spec.kind in FORGE_KINDS:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connections
 
 from apps.fleet import pauses, registry
 from tests.conftest import ROOT
@@ -37,6 +38,9 @@ def browser_page(monkeypatch):
         page.set_default_timeout(20_000)
         yield page
         browser.close()
+        # The test's ORM calls ran inside Playwright's context, whose database connection Django's own
+        # teardown cannot see: close it here, or PostgreSQL refuses to drop the test database.
+        connections.close_all()
 
 
 def test_pause_and_resume_a_queue_in_the_browser(live_server, browser_page, redis_conn, settings):

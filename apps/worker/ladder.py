@@ -30,6 +30,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
+from django.db import DatabaseError
 from django.utils import timezone
 from redis.exceptions import RedisError
 
@@ -146,6 +147,23 @@ def classify(result: container.ContainerExit) -> Verdict:
     if code == EXIT_INFRASTRUCTURE:
         return Verdict.infrastructure_fault("runner-infra", **fields)
     return Verdict.infrastructure_fault("container-exit-unknown", **fields)
+
+
+def warm_up() -> None:
+    """Run the gates' database reads once in the worker's main process, before it forks any work horse.
+
+    Every job runs in a fresh fork. What Django builds lazily on a model's first query (field caches,
+    compiled lookups) is then inherited by each horse instead of rebuilt per job: about 5 ms of the gates.
+    """
+    from .models import DispatchSettings, ScopedLimit
+
+    try:
+        list(PauseWindow.objects.filter(enabled=True)[:1])
+        list(ScopedLimit.objects.filter(scope__in=["-"])[:1])
+        DispatchSettings.objects.filter(pk=1).first()
+        Run.objects.filter(trigger_id=0).exclude(job_id="-").filter(started_at__gte=timezone.now()).exists()
+    except DatabaseError:
+        logger.warning("worker_warm_up_skipped reason=database")  # only slower: each job pays it again
 
 
 def run(spec: JobSpec, host: str) -> Verdict | Deferred:

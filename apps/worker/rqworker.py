@@ -44,6 +44,7 @@ from apps.fleet.connection import text
 from apps.fleet.queues import SHARED_QUEUE, host_of_queue, is_dispatch_queue
 from apps.fleet.union import register_queues
 
+from . import ladder
 from . import tasks  # noqa: F401  preloaded: every forked work horse starts with the job code imported
 from . import worker_lost
 from .verdicts import Deferred
@@ -109,6 +110,7 @@ class DispatchWorker(Worker):
         register_queues(self.connection, self.queue_names())
         self.presence.beat()
         worker_lost.reap_strays(self)
+        ladder.warm_up()
         connections.close_all()  # the reaper may have written records; a forked horse must not share them
         try:
             return super().work(*args, **kwargs)

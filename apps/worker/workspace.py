@@ -72,14 +72,15 @@ def check_local_folder(folder: str, *, force: bool) -> LocalWorkspace:
                 f"the repository's own .git/config sets {', '.join(unsafe)}, which would make git run a program; "
                 "remove it (the agent can write that file)",
             )
-        if run_git(path, "rev-parse", "--verify", "--quiet", "HEAD", timeout=GIT_TIMEOUT_SECONDS,
-                   as_user=owner).returncode != 0:
-            raise WorkspaceRefused("workspace-no-commit", "the repository has no commit yet")
-        status = run_git(path, "status", "--porcelain", timeout=GIT_TIMEOUT_SECONDS, as_user=owner)
+        # One call answers both questions: `# branch.oid (initial)` means no commit, other lines are changes.
+        status = run_git(path, "status", "--porcelain=v2", "--branch", timeout=GIT_TIMEOUT_SECONDS, as_user=owner)
     except (subprocess.TimeoutExpired, OSError):
         raise WorkspaceRefused("workspace-not-a-repo", "git did not answer about the folder in time") from None
     if status.returncode != 0:
         raise WorkspaceRefused("workspace-not-a-repo", "git status failed: the folder is not a usable repository")
-    if status.stdout.strip() and not force:
+    lines = status.stdout.decode(errors="replace").splitlines()
+    if "# branch.oid (initial)" in lines:
+        raise WorkspaceRefused("workspace-no-commit", "the repository has no commit yet")
+    if any(not line.startswith("# ") for line in lines if line) and not force:
         raise WorkspaceRefused("workspace-dirty", "the folder has uncommitted changes; commit or stash them, or force")
     return LocalWorkspace(folder=path, owner=owner)

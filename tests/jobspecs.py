@@ -17,5 +17,5 @@ def local_spec(job_id: str, folder: str, task: str = "Tidy up.", **fields) -> Jo
 
 
 def enqueue_spec(spec: JobSpec, queue: str = "pi-jobs") -> str:
-    assert enqueue(spec, queue), f"{spec.job_id} already exists"
+    assert enqueue(spec, queue).created, f"{spec.job_id} already exists"
     return spec.job_id

@@ -55,8 +55,8 @@ def test_enqueue_is_unique_on_the_job_id_even_without_the_inbox(label_trigger, r
     from apps.worker.jobs import JobSpec, enqueue
 
     spec = JobSpec(job_id="gh-race", kind="github", repo="acme/web", target_type="issue", number=7, flow="fix")
-    assert enqueue(spec, "pi-jobs") is True
-    assert enqueue(spec, "pi-jobs") is False
+    assert enqueue(spec, "pi-jobs").status == "created"
+    assert enqueue(spec, "pi-jobs").status == "existing"
     assert queued_job_ids(redis_conn) == ["gh-race"]
 
 

@@ -3,7 +3,9 @@
 import pytest
 from rq import Queue
 
-from apps.worker.jobs import JOB_FUNCTION, JOB_ID_PATTERN, JobSpec, JobSpecError, delivery_job_id
+from apps.worker.jobs import (
+    JOB_FUNCTION, JOB_ID_PATTERN, Claim, JobSpec, JobSpecError, delivery_job_id, enqueue, job_time_budget_seconds,
+)
 from apps.worker.models import Outcome, Run
 
 
@@ -43,6 +45,48 @@ def test_spec_round_trips_and_names_its_target():
                    flow="f").target == "o/r#5"
     assert JobSpec(job_id="run-1", kind="local", folder="/srv/code/app", target_type="local",
                    task="x", flow="f").target == "local:app"
+
+
+def issue_spec(job_id: str) -> JobSpec:
+    return JobSpec(job_id=job_id, kind="github", repo="acme/web", target_type="issue", number=7, flow="fix",
+                   body="text", context={"matched": {"label": "pi"}}, exclude_tools=("bash",))
+
+
+def test_enqueue_writes_the_job_exactly_as_rqs_own_unique_enqueue_does(redis_conn, settings):
+    """Our enqueue is one Lua script writing RQ's keys itself; an RQ upgrade that changes them fails here."""
+    from rq.job import Job
+
+    assert enqueue(issue_spec("gh-ours"), "pi-jobs").created
+    Queue("pi-jobs", connection=redis_conn).enqueue_call(
+        JOB_FUNCTION, args=(issue_spec("gh-theirs").to_payload(),), job_id="gh-theirs", unique=True,
+        description="gh-theirs", timeout=job_time_budget_seconds(), result_ttl=settings.PI_FINISHED_JOB_TTL_SECONDS,
+        failure_ttl=settings.PI_FAILED_JOB_TTL_SECONDS)
+
+    ours, theirs = redis_conn.hgetall("rq:job:gh-ours"), redis_conn.hgetall("rq:job:gh-theirs")
+    assert set(ours) == set(theirs)
+    differing = {field for field in ours if ours[field] != theirs[field]}
+    assert differing <= {b"description", b"data", b"created_at", b"enqueued_at"}
+    assert redis_conn.ttl("rq:job:gh-ours") == redis_conn.ttl("rq:job:gh-theirs") == -1
+    assert Queue("pi-jobs", connection=redis_conn).get_job_ids() == ["gh-ours", "gh-theirs"]
+    assert b"rq:queue:pi-jobs" in redis_conn.smembers("rq:queues")
+    job = Job.fetch("gh-ours", connection=redis_conn)
+    assert (job.func_name, job.get_status()) == (JOB_FUNCTION, "queued")
+    assert job.args == (issue_spec("gh-ours").to_payload(),)
+
+
+def test_enqueue_is_unique_on_the_job_id_and_on_its_claim(redis_conn):
+    claim = Claim("pidispatch:dedup:acme/web#7:fix", 60_000)
+
+    first = enqueue(issue_spec("gh-a"), "pi-jobs", claim)
+    again = enqueue(issue_spec("gh-a"), "pi-jobs", claim)  # the same delivery retried passes its own claim
+    other = enqueue(issue_spec("gh-b"), "pi-jobs", claim)
+
+    assert (first.status, again.status, other.status, other.surviving) == ("created", "existing", "swallowed", "gh-a")
+    assert Queue("pi-jobs", connection=redis_conn).get_job_ids() == ["gh-a"]
+    assert 0 < redis_conn.pttl(claim.key) <= 60_000
+    redis_conn.delete(claim.key)  # the window is over
+    assert enqueue(issue_spec("gh-b"), "pi-jobs", claim).created
+    assert redis_conn.get(claim.key) == b"gh-b"
 
 
 @pytest.mark.parametrize(

@@ -163,11 +163,11 @@ def test_a_replica_that_failed_halfway_converges_on_retry(client, forges, redis_
     forges.gitlab_member("4711", 1201, 40)
     real_enqueue, calls = dispatch.enqueue, []
 
-    def flaky_enqueue(spec, queue):
+    def flaky_enqueue(spec, queue, claim=None):
         calls.append(spec.job_id)
         if len(calls) == 2:
             raise RedisConnectionError("connection lost")
-        return real_enqueue(spec, queue)
+        return real_enqueue(spec, queue, claim)
 
     monkeypatch.setattr(dispatch, "enqueue", flaky_enqueue)
     body = dumps(load("gitlab/issue_update_labels.json"))

@@ -5,10 +5,11 @@ import os
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
-from django.db import OperationalError
+from django.db import OperationalError, connection
 from django.utils import timezone
 from rq import Queue
 
@@ -136,13 +137,21 @@ def test_one_shot_replay_command_reports_redis_down(forges, label_rule, redis_do
 
 # --- the database down -----------------------------------------------------------------------------------------
 
-def test_database_down_spools_the_delivery_to_redis_and_the_replayer_moves_it_in(
-        client, forges, label_rule, redis_conn, monkeypatch):
-    def database_down(*args, **kwargs):
-        raise OperationalError("could not connect to server")
+@contextmanager
+def inbox_unwritable():
+    """Every statement that would store a delivery fails as it does when the database server is gone."""
+    def refuse(execute, sql, params, many, context):
+        if sql.lstrip().upper().startswith("INSERT") and Delivery._meta.db_table in sql:
+            raise OperationalError("could not connect to server")
+        return execute(sql, params, many, context)
 
-    with monkeypatch.context() as patch:
-        patch.setattr(Delivery.objects, "create", database_down)
+    with connection.execute_wrapper(refuse):
+        yield
+
+
+def test_database_down_spools_the_delivery_to_redis_and_the_replayer_moves_it_in(
+        client, forges, label_rule, redis_conn):
+    with inbox_unwritable():
         response = deliver(client, 5, "d-spooled")
 
     assert (response.status_code, response.json()) == (202, {"status": "accepted"})
@@ -157,12 +166,9 @@ def test_database_down_spools_the_delivery_to_redis_and_the_replayer_moves_it_in
 
 
 def test_only_when_neither_the_database_nor_redis_can_take_it_is_the_answer_503(
-        client, forges, label_rule, redis_down, monkeypatch):
-    def database_down(*args, **kwargs):
-        raise OperationalError("could not connect to server")
-
-    monkeypatch.setattr(Delivery.objects, "create", database_down)
-    response = deliver(client, 6, "d-lost")
+        client, forges, label_rule, redis_down):
+    with inbox_unwritable():
+        response = deliver(client, 6, "d-lost")
 
     assert (response.status_code, response.json()) == (503, {"error": "store-failed"})
 
@@ -193,6 +199,28 @@ def test_a_delivery_whose_process_died_is_picked_up(forges, label_rule, redis_co
     assert intake.replay_due().outcomes == {"queued": 1}
     delivery.refresh_from_db()
     assert (delivery.status, delivery.attempts) == (DeliveryStatus.QUEUED, 2)
+
+
+def test_a_settle_undone_by_a_power_cut_replays_without_running_the_job_again(
+        client, forges, label_rule, redis_conn, settings):
+    """The settle commits without waiting for the disk. If a power cut undoes it, the row is back to
+    "received" with its payload; by the time it is replayed RQ may have forgotten the finished job and the
+    dedup window may be over. The run record still stops a second run."""
+    from apps.worker.models import Outcome, Run
+
+    assert deliver(client, 11, "d-cut").json() == {"status": "queued", "jobs": ["gh-d-cut"]}
+    now = timezone.now()
+    Run.objects.create(job_id="gh-d-cut", kind="github", target="acme/web#11", started_at=now, ended_at=now,
+                       outcome=Outcome.COMPLETED)
+    redis_conn.flushdb()  # the finished job and the semantic claim have expired
+    Delivery.objects.filter(delivery_id="d-cut").update(  # the settle, undone
+        status=DeliveryStatus.RECEIVED, payload=dumps(labelled(11)), job_ids=[], processed_at=None,
+        attempted_at=now - timedelta(minutes=5))
+
+    assert intake.replay_due().outcomes == {"queued": 1}
+    delivery = Delivery.objects.get(delivery_id="d-cut")
+    assert (delivery.status, delivery.job_ids, delivery.payload) == (DeliveryStatus.QUEUED, ["gh-d-cut"], None)
+    assert queued(redis_conn) == []
 
 
 def test_our_own_bug_keeps_the_delivery_and_never_answers_500(client, forges, label_rule, monkeypatch, caplog):

@@ -117,7 +117,7 @@ def tick(redis, host: HostIdentity, now: datetime) -> TickResult:
             continue
         spec = _spec(trigger, occurrence)
         try:
-            created = enqueue(spec, queue)
+            created = enqueue(spec, queue).created
         except RedisError:
             # Not lost: the next tick tries this occurrence again (the job id keeps it to one job).
             redis.eval(_UNCLAIM, 1, last_key, stamp, previous_last, KEY_TTL_SECONDS)

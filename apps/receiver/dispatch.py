@@ -3,9 +3,9 @@
 Two dedup layers, as the ancestor has them:
 - exact: the job id is derived from the delivery id and RQ's enqueue is atomic-unique on it;
 - semantic: a second delivery for the same target and flow inside PI_DEDUP_WINDOW_SECONDS is swallowed.
-  `SET pidispatch:dedup:<key> <job id> NX PX <window>` claims the key atomically; its value names the
-  surviving job. The key holds the claimer's own job id, so a retry of the same delivery (after Redis went
-  away halfway) passes its own claim and converges on exactly the jobs it should have made.
+  The job claims `pidispatch:dedup:<key>` in the same atomic round trip as its enqueue; the key's value
+  names the surviving job. It holds the claimer's own job id, so a retry of the same delivery (after Redis
+  went away halfway) passes its own claim and converges on exactly the jobs it should have made.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from django.conf import settings
 
 from apps.fleet import routing
-from apps.fleet.connection import get_redis
 from apps.fleet.queues import SHARED_QUEUE
-from apps.worker.jobs import JobSpec, delivery_job_id, enqueue
+from apps.worker.jobs import Claim, JobSpec, delivery_job_id, enqueue
 
 from .hooks.base import ForgeEvent
 from .matching import Match
@@ -137,22 +136,18 @@ class DispatchResult:
 
 
 def dispatch(specs: list[JobSpec]) -> DispatchResult:
-    """Claim each spec's semantic key, route and enqueue it. Redis errors propagate (the caller keeps the
+    """Enqueue each spec with its semantic claim, routed. Redis errors propagate (the caller keeps the
     delivery pending); what was done before the error is convergent on retry."""
-    redis = get_redis()
     window_ms = settings.PI_DEDUP_WINDOW_SECONDS * 1000
     result = DispatchResult()
     for spec in specs:
-        key = DEDUP_KEY_PREFIX + semantic_key(spec)
-        if window_ms > 0 and not redis.set(key, spec.job_id, nx=True, px=window_ms):
-            surviving = redis.get(key)
-            surviving = surviving.decode() if isinstance(surviving, bytes) else surviving
-            if surviving and surviving != spec.job_id:
-                result.swallowed.append((spec.job_id, surviving))
-                logger.info("job_deduplicated delivery=%s job=%s surviving=%s", spec.delivery_id, spec.job_id,
-                            surviving)
-                continue
-        if enqueue(spec, queue_for(spec)):
+        claim = Claim(DEDUP_KEY_PREFIX + semantic_key(spec), window_ms) if window_ms > 0 else None
+        enqueued = enqueue(spec, queue_for(spec), claim)
+        if enqueued.status == "swallowed":
+            result.swallowed.append((spec.job_id, enqueued.surviving))
+            logger.info("job_deduplicated delivery=%s job=%s surviving=%s", spec.delivery_id, spec.job_id,
+                        enqueued.surviving)
+        elif enqueued.created:
             result.created.append(spec.job_id)
         else:
             result.existing.append(spec.job_id)

@@ -32,6 +32,8 @@ from django.utils.dateparse import parse_datetime
 from redis.exceptions import RedisError
 
 from apps.fleet.connection import get_redis
+from apps.worker.models import Run
+from pidispatch_site import rowwrites
 
 from . import authority, rulebook
 from .dispatch import dispatch, job_specs
@@ -78,8 +80,8 @@ def receive(forge: str, event: str, delivery_id: str, raw_body: bytes, payload: 
         # In autocommit the insert is its own transaction; inside an outer one (tests, ATOMIC_REQUESTS) a
         # savepoint keeps a duplicate's IntegrityError from breaking it.
         with transaction.atomic() if connection.in_atomic_block else nullcontext():
-            delivery = Delivery.objects.create(forge=forge, delivery_id=delivery_id, event=event, payload=raw_body,
-                                               attempts=1, attempted_at=now)
+            delivery = rowwrites.insert(Delivery(forge=forge, delivery_id=delivery_id, event=event,
+                                                 payload=raw_body, attempts=1, attempted_at=now))
     except IntegrityError:
         return _answer_redelivery(forge, delivery_id)
     except DatabaseError:
@@ -143,6 +145,10 @@ def _spool(forge: str, event: str, delivery_id: str, raw_body: bytes, now: datet
 # --- deciding ------------------------------------------------------------------------------------------------
 
 def _settle(delivery: Delivery, status: str, reason: str = "", job_ids=None) -> None:
+    """The outcome is final and the payload goes. The commit does not wait for the disk (of the two fsyncs a
+    delivery would wait for, only the one that stores it matters): a power cut that undoes the settle
+    leaves the delivery stored and unsettled, and its replay converges on the same jobs without running one
+    twice (RQ's job id and the dedup claim while they last, then `_jobs_that_ran`)."""
     delivery.status = status
     delivery.reason = reason
     if job_ids is not None:
@@ -150,7 +156,8 @@ def _settle(delivery: Delivery, status: str, reason: str = "", job_ids=None) -> 
     delivery.payload = None  # the texts leave the inbox as soon as the delivery is settled
     delivery.processed_at = timezone.now()
     delivery.next_attempt_at = None
-    delivery.save(update_fields=["status", "reason", "job_ids", "payload", "processed_at", "next_attempt_at"])
+    rowwrites.update(delivery, ("status", "reason", "job_ids", "payload", "processed_at", "next_attempt_at"),
+                     wait_for_disk=False)
 
 
 def _backoff(delivery: Delivery, reason: str) -> timedelta:
@@ -199,13 +206,16 @@ def process(delivery: Delivery, payload: dict | None = None) -> Answer:
         if not verdict.allowed:
             return _ignore(delivery, match.refusal)
 
+    specs = job_specs(event, match)
+    ran = _jobs_that_ran(specs) if delivery.attempts > 1 else set()
     try:
-        result = dispatch(job_specs(event, match))
+        result = dispatch([spec for spec in specs if spec.job_id not in ran])
     except RedisError:
         # Keep the payload: the delivery is enqueued when Redis is back. The forge still gets a 2xx,
         # because GitHub, GitLab and Forgejo never redeliver by themselves.
         return _pend(delivery, REDIS_UNAVAILABLE)
 
+    result.existing += sorted(ran)
     job_ids = result.job_ids
     if result.all_swallowed:
         _settle(delivery, DeliveryStatus.DUPLICATE, "dedup-window", job_ids=job_ids)
@@ -215,6 +225,13 @@ def process(delivery: Delivery, payload: dict | None = None) -> Answer:
     logger.info("delivery_queued forge=%s delivery=%s target=%s jobs=%s created=%s", forge, delivery_id,
                 f"{event.repo or event.project}:{event.number}", ",".join(job_ids), len(result.created))
     return Answer(202, {"status": "queued", "jobs": job_ids})
+
+
+def _jobs_that_ran(specs) -> set[str]:
+    """A replayed delivery's jobs that already have a run record. RQ forgets a finished job after
+    PI_FINISHED_JOB_TTL_SECONDS and the semantic claim after the dedup window, so only the record can stop a
+    late replay (a settle lost in a power cut, a crashed process's stale row) from running a job again."""
+    return set(Run.objects.filter(job_id__in=[spec.job_id for spec in specs]).values_list("job_id", flat=True))
 
 
 def _ignore(delivery: Delivery, reason: str) -> Answer:

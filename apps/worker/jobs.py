@@ -12,14 +12,15 @@ import hashlib
 import logging
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import PurePosixPath
 from typing import Any
 
 from django.conf import settings
 from rq import Queue
-from rq.exceptions import DuplicateJobError
+from rq.scripts import _build_hset_args
 
-from apps.fleet.connection import get_redis
+from apps.fleet.connection import get_redis, text
 
 logger = logging.getLogger("pidispatch.jobs")
 
@@ -144,7 +145,9 @@ class JobSpec:
     # --- serialisation ---
 
     def to_payload(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        # Shallow on purpose (`dataclasses.asdict` deep-copies, a fifth of a webhook's enqueue): the payload
+        # is pickled straight away and never changed.
+        return {name: getattr(self, name) for name in _FIELD_NAMES}
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> JobSpec:
@@ -167,30 +170,86 @@ class JobSpec:
             raise JobSpecError(f"job payload is incomplete: {exc}") from None
 
 
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(JobSpec))
+
+
 def job_time_budget_seconds() -> int:
     """The longest one attempt may take: the clone's git calls (at most three), the container's limit, and
     room for the gates and the record. RQ's own timeout and the concurrency leases are sized from it."""
     return settings.PI_JOB_TIMEOUT_SECONDS + 3 * settings.PI_CLONE_TIMEOUT_SECONDS + 300
 
 
-def enqueue(spec: JobSpec, queue_name: str) -> bool:
-    """Enqueue one job, atomically unique on its id. True if created, False if the id already exists.
+@dataclass(frozen=True)
+class Claim:
+    """A key held for `window_ms` by the first job that claims it: a later job claiming the same key is
+    swallowed (the receiver's semantic dedup). The key holds the claimer's job id, so the same job
+    claiming again (a retried delivery) passes."""
+
+    key: str
+    window_ms: int
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    status: str  # "created" | "existing" (the job id was taken) | "swallowed" (the claim is another job's)
+    surviving: str = ""  # swallowed: the job holding the claim
+
+    @property
+    def created(self) -> bool:
+        return self.status == "created"
+
+
+# The claim, the queue's registration and RQ's unique save-and-push in one atomic round trip (three with
+# `Queue.enqueue_call` plus a separate SET NX). It writes RQ's keys exactly as rq 3.0's unique enqueue
+# does (rq is pinned; tests run jobs enqueued this way through a real rqworker).
+_ENQUEUE_SCRIPT = """
+-- KEYS: job hash, queue list, RQ's set of queues[, claim]
+-- ARGV: job id, job ttl (-1: none), claim window in ms, then the job hash's field/value pairs
+if KEYS[4] and not redis.call("SET", KEYS[4], ARGV[1], "NX", "PX", ARGV[3]) then
+    local holder = redis.call("GET", KEYS[4])
+    if holder and holder ~= ARGV[1] then
+        return {"swallowed", holder}
+    end
+end
+redis.call("SADD", KEYS[3], KEYS[2])
+if redis.call("EXISTS", KEYS[1]) == 1 then
+    return {"existing", ""}
+end
+redis.call("HSET", KEYS[1], unpack(ARGV, 4))
+local ttl = tonumber(ARGV[2])
+if ttl > 0 then
+    redis.call("EXPIRE", KEYS[1], ttl)
+end
+redis.call("RPUSH", KEYS[2], ARGV[1])
+return {"created", ""}
+"""
+
+
+@lru_cache(maxsize=None)
+def _enqueue_script(connection):
+    return connection.register_script(_ENQUEUE_SCRIPT)
+
+
+def enqueue(spec: JobSpec, queue_name: str, claim: Claim | None = None) -> Enqueued:
+    """Enqueue one job, atomically unique on its id (and on `claim`, when given).
 
     Redis errors propagate: the caller decides whether the work is kept for later (the inbox) or lost.
     """
-    queue = Queue(queue_name, connection=get_redis())
-    try:
-        queue.enqueue_call(
-            JOB_FUNCTION,
-            args=(spec.to_payload(),),
-            job_id=spec.job_id,
-            unique=True,
-            description=spec.job_id,  # RQ logs the description; the default would print the payload
-            timeout=job_time_budget_seconds(),
-            result_ttl=settings.PI_FINISHED_JOB_TTL_SECONDS,
-            failure_ttl=settings.PI_FAILED_JOB_TTL_SECONDS,
-        )
-    except DuplicateJobError:
-        return False
-    logger.info("job_enqueued job=%s queue=%s target=%s", spec.job_id, queue_name, spec.target)
-    return True
+    connection = get_redis()
+    queue = Queue(queue_name, connection=connection)
+    job = queue.create_job(
+        JOB_FUNCTION,
+        args=(spec.to_payload(),),
+        job_id=spec.job_id,
+        description=spec.job_id,  # RQ logs the description; the default would print the payload
+        timeout=job_time_budget_seconds(),
+        result_ttl=settings.PI_FINISHED_JOB_TTL_SECONDS,
+        failure_ttl=settings.PI_FAILED_JOB_TTL_SECONDS,
+    )
+    queue._prepare_for_queue(job)  # origin, enqueued_at, status: what RQ's enqueue sets before saving
+    keys = [job.key, queue.key, queue.redis_queues_keys] + ([claim.key] if claim else [])
+    args = [job.id, job.ttl if job.ttl is not None else -1, claim.window_ms if claim else 0, *_build_hset_args(job)]
+    status, surviving = (text(part) for part in _enqueue_script(connection)(keys=keys, args=args))
+    if status == "created":
+        logger.info("job_enqueued job=%s queue=%s target=%s", spec.job_id, queue_name, spec.target)
+    return Enqueued(status, surviving)

@@ -1,0 +1,94 @@
+"""The webhook's single-row writes (pidispatch_site/rowwrites.py) store exactly what the ORM would, and a
+write that skips the fsync never leaves the connection skipping it."""
+
+import pytest
+from django.db import IntegrityError, connection
+from django.utils import timezone
+
+from apps.receiver.models import Delivery, DeliveryStatus
+from pidispatch_site import rowwrites
+
+pytestmark = pytest.mark.django_db
+
+SETTLE_FIELDS = ("status", "reason", "job_ids", "payload", "processed_at", "next_attempt_at")
+
+
+def stored(delivery_id="d-1", **fields):
+    return rowwrites.insert(Delivery(forge="github", delivery_id=delivery_id, event="issues",
+                                     payload=b"{\"x\": \"\\u00e9\"}\x00", attempted_at=timezone.now(), **fields))
+
+
+def test_insert_stores_what_create_would_and_sets_the_pk():
+    before = timezone.now()
+    delivery = stored(attempts=1)
+
+    row = Delivery.objects.get(pk=delivery.pk)
+    assert (row.forge, row.delivery_id, row.event, row.attempts) == ("github", "d-1", "issues", 1)
+    assert bytes(row.payload) == b"{\"x\": \"\\u00e9\"}\x00"
+    assert (row.status, row.reason, row.job_ids, row.processed_at) == (DeliveryStatus.RECEIVED, "", [], None)
+    assert row.received_at >= before and row.received_at == delivery.received_at  # auto_now_add applied
+    assert row.attempted_at == delivery.attempted_at
+
+
+def test_insert_of_a_stored_delivery_id_is_an_integrity_error():
+    stored()
+    with pytest.raises(IntegrityError):
+        stored()
+    assert Delivery.objects.count() == 1
+
+
+def test_update_writes_the_named_fields_only():
+    delivery = stored(reason="was-here")
+    other = stored("d-2")
+    delivery.status, delivery.job_ids, delivery.payload = DeliveryStatus.QUEUED, ["gh-d-1", "gh-d-1-r2"], None
+    delivery.processed_at = timezone.now()
+    delivery.event = "not-saved"
+
+    rowwrites.update(delivery, ("status", "job_ids", "payload", "processed_at"))
+
+    row = Delivery.objects.get(pk=delivery.pk)
+    assert (row.status, row.job_ids, row.payload) == (DeliveryStatus.QUEUED, ["gh-d-1", "gh-d-1-r2"], None)
+    assert (row.processed_at, row.event, row.reason) == (delivery.processed_at, "issues", "was-here")
+    assert Delivery.objects.get(pk=other.pk).status == DeliveryStatus.RECEIVED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_write_that_skips_the_fsync_leaves_the_connection_syncing_every_commit(settings):
+    delivery = stored()
+    delivery.status, delivery.payload = DeliveryStatus.QUEUED, None
+    statements = []
+
+    def record(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        rowwrites.update(delivery, SETTLE_FIELDS, wait_for_disk=False)
+
+    assert Delivery.objects.get(pk=delivery.pk).status == DeliveryStatus.QUEUED
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            assert settings.SQLITE_SYNCHRONOUS == "FULL"
+            assert statements[0] == "PRAGMA synchronous=NORMAL" and statements[-1] == "PRAGMA synchronous=FULL"
+            cursor.execute("PRAGMA synchronous")
+            assert cursor.fetchone()[0] == 2  # FULL
+        else:
+            assert statements[0].startswith("SET LOCAL synchronous_commit TO OFF; UPDATE")
+            cursor.execute("SHOW synchronous_commit")
+            assert cursor.fetchone()[0] == "on"  # SET LOCAL ended with its statement's transaction
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_write_that_waits_for_the_disk_changes_no_setting():
+    delivery = stored()
+    delivery.status = DeliveryStatus.IGNORED
+    statements = []
+
+    def record(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        rowwrites.update(delivery, ("status",))
+
+    assert len(statements) == 1 and statements[0].startswith("UPDATE")

@@ -1,5 +1,5 @@
 """Receiver benchmark: signed GitHub deliveries through the full intake path versus a bare Django view, both
-served by the same gunicorn, in the same run, side by side.
+served by the same gunicorn (with the inbox replayer beside it, as deployed), in the same run, side by side.
 
     python bench/receiver.py                     # defaults: 4 sync workers, 8 clients x 300 requests x 5 rounds
     python bench/receiver.py --rounds 9 --rate 100 --seconds 20
@@ -195,7 +195,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="pidispatch-bench-") as scratch:
         port_redis = services.free_port()
         redis = services.start_redis(Path(scratch) / "redis", port_redis, persistent=False)
-        server = None
+        server = replayer = None
         try:
             env = {
                 **os.environ,
@@ -219,6 +219,9 @@ def main() -> int:
             server = subprocess.Popen([gunicorn, "bench.receiver:application", "--bind", f"127.0.0.1:{port}",
                                        "--workers", str(args.workers), "--no-control-socket", "--log-level", "warning"],
                                       env=env, cwd=ROOT, start_new_session=True)
+            # What a deployment runs beside the web server (and what checkpoints SQLite's log off the hook path).
+            replayer = subprocess.Popen([*manage, "replay_deliveries", "--follow"], env=env, cwd=ROOT,
+                                        stdout=subprocess.DEVNULL, start_new_session=True)
             _wait_for(port)
             bare, full = Target("bare view", "/bench/bare"), Target("full intake", "/hooks/github")
             run = f"bench{int(time.time())}"
@@ -262,6 +265,9 @@ def main() -> int:
             if server is not None:
                 server.terminate()
                 server.wait(30)
+            if replayer is not None:
+                replayer.terminate()
+                replayer.wait(30)
             redis.stop()
 
 

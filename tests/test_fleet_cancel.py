@@ -89,9 +89,15 @@ def test_a_running_job_on_another_host_is_stopped_by_its_worker(start_worker, re
     start_worker("pi-jobs", "pi-jobs@hostA", env={"PI_WORKER_NAME": "hostA"}, name="hostA")
     start_worker("pi-jobs", "pi-jobs@hostB", env={"PI_WORKER_NAME": "hostB"}, name="hostB")
     enqueue_spec(forge_spec("gh-cancel-me", body="fake-agent:sleep=60"), "pi-jobs@hostB")
-    container = wait_for(lambda: job_containers("hostB").get("gh-cancel-me"), timeout=90, what="hostB's container")
-    container.reload()
-    assert container.status == "running"
+
+    def running_container():  # the worker creates the container, then starts it: wait for both
+        container = job_containers("hostB").get("gh-cancel-me")
+        if container is not None:
+            container.reload()
+            return container if container.status == "running" else None
+        return None
+
+    container = wait_for(running_container, timeout=90, what="hostB's running container")
 
     asked = time.monotonic()
     result = fleet_command("cancel", "gh-cancel-me")

@@ -13,6 +13,7 @@ from django.core.management.base import BaseCommand
 
 from apps.receiver import intake
 from apps.receiver.models import Delivery, DeliveryStatus
+from pidispatch_site import sqlite_wal
 
 
 class Command(BaseCommand):
@@ -39,6 +40,7 @@ class Command(BaseCommand):
                 elif was_down and not report.redis_down:
                     self.stdout.write("Redis is back: replaying in arrival order")
                 was_down = report.redis_down
+                sqlite_wal.checkpoint()  # here, not inside a webhook's commit
                 self._sleep(interval)
             return
         report = intake.replay_due(ignore_backoff=now, on_replayed=self._print)

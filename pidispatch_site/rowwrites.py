@@ -8,11 +8,14 @@ fields, so a new field or a JSON, bytes or datetime value is stored exactly as t
 
 from __future__ import annotations
 
+import logging
 from functools import lru_cache
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.models import Model
+
+logger = logging.getLogger("pidispatch.db")
 
 
 def _connection():
@@ -54,21 +57,24 @@ def insert(instance: Model) -> Model:
 
 
 def update(instance: Model, names: tuple[str, ...], *, wait_for_disk: bool = True) -> None:
-    """UPDATE the named fields of a saved instance, from its current attribute values.
+    """UPDATE the named fields of a saved instance from its attributes (`auto_now` applied, as `save()` does).
 
-    `wait_for_disk=False` commits without an fsync of its own, for a write whose loss in a power cut
-    costs only a replay: SQLite (WAL, synchronous=FULL) commits it NORMAL, synced by the next FULL commit or
-    checkpoint; PostgreSQL commits it with `synchronous_commit = off`. Either way it survives any crash of
-    our processes and is never half applied; only a power cut or a kernel crash in the next moment can undo
-    it whole. Inside a caller's transaction the caller's commit decides.
+    `wait_for_disk=False` commits without an fsync of its own, for a write whose loss in a power cut costs
+    only a replay. SQLite (WAL, synchronous=FULL) commits it NORMAL: it is on disk with the next FULL commit
+    of any connection or the next checkpoint (the inbox replayer makes one every pass). PostgreSQL commits it
+    with `synchronous_commit = off`: on disk within three WAL-writer delays. Either way it survives any crash
+    of our processes and is never half applied; only a power cut or a kernel crash in between can undo it
+    whole. Inside a caller's transaction, or without autocommit, the caller's commit decides.
     """
     connection = _connection()
     fields, sql = _update_statement(type(instance), names, connection.vendor)
-    params = [field.get_db_prep_save(getattr(instance, field.attname), connection) for field in fields]
+    params = [field.get_db_prep_save(field.pre_save(instance, False), connection) for field in fields]
     params.append(instance.pk)
-    relaxed = not wait_for_disk and not connection.in_atomic_block
-    if relaxed and connection.vendor == "postgresql":
-        # One statement string in autocommit runs as one implicit transaction: SET LOCAL covers the UPDATE.
+    relaxed = not wait_for_disk and connection.get_autocommit() and not connection.in_atomic_block
+    if relaxed and connection.vendor == "postgresql" and not connection.settings_dict["OPTIONS"].get(
+            "server_side_binding"):
+        # One statement string in autocommit runs as one implicit transaction, so SET LOCAL covers the UPDATE
+        # (client-side binding sends it as one simple query; server-side binding cannot, and waits instead).
         sql = "SET LOCAL synchronous_commit TO OFF; " + sql
     elif relaxed and connection.vendor == "sqlite" and getattr(settings, "SQLITE_SYNCHRONOUS", "FULL") == "FULL":
         with connection.cursor() as cursor:
@@ -76,11 +82,17 @@ def update(instance: Model, names: tuple[str, ...], *, wait_for_disk: bool = Tru
             try:
                 cursor.execute(sql, params)
             finally:
-                try:
-                    cursor.execute("PRAGMA synchronous=FULL")
-                except DatabaseError:
-                    connection.close()  # never keep a connection that skips the fsync: the next one opens FULL
-                    raise
+                _restore_full_sync(connection, cursor)
         return
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
+
+
+def _restore_full_sync(connection, cursor) -> None:
+    try:
+        cursor.execute("PRAGMA synchronous=FULL")
+    except DatabaseError:
+        # The UPDATE has committed; what must not survive is a connection that skips the fsync. Closed, the
+        # next use opens a new one with the settings' FULL.
+        logger.error("sqlite_synchronous_restore_failed action=connection-closed")
+        connection.close()

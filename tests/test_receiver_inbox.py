@@ -223,6 +223,37 @@ def test_a_settle_undone_by_a_power_cut_replays_without_running_the_job_again(
     assert queued(redis_conn) == []
 
 
+def skipped_fsync(statements) -> bool:
+    return any(sql == "PRAGMA synchronous=NORMAL" or sql.startswith("SET LOCAL synchronous_commit TO OFF")
+               for sql in statements)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_only_the_settle_of_a_wholly_queued_delivery_skips_the_fsync(client, forges, label_rule, redis_conn,
+                                                                     settings):
+    """A queued delivery replayed after a power cut lands on the same job ids; an ignored one would be
+    decided anew (the rules may have changed), so its settle waits for the disk."""
+    statements = []
+
+    def record(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        assert deliver(client, 12, "d-fast").json()["status"] == "queued"
+    assert skipped_fsync(statements) or getattr(settings, "SQLITE_SYNCHRONOUS", "FULL") == "NORMAL"
+    assert Delivery.objects.get(delivery_id="d-fast").payload is None
+
+    statements.clear()
+    payload = labelled(13)
+    payload["issue"]["labels"] = [{"name": "docs"}]
+    body = dumps(payload)
+    with connection.execute_wrapper(record):
+        assert post(client, "github", body, github_headers(body, "issues", "d-slow")).json()["status"] == "ignored"
+    assert not skipped_fsync(statements)
+    assert Delivery.objects.get(delivery_id="d-slow").payload is None
+
+
 def test_our_own_bug_keeps_the_delivery_and_never_answers_500(client, forges, label_rule, monkeypatch, caplog):
     from apps.receiver import intake as intake_module
 

@@ -92,3 +92,19 @@ def test_a_write_that_waits_for_the_disk_changes_no_setting():
         rowwrites.update(delivery, ("status",))
 
     assert len(statements) == 1 and statements[0].startswith("UPDATE")
+
+
+def test_inside_a_callers_transaction_the_callers_commit_decides():
+    delivery = stored()
+    delivery.status = DeliveryStatus.QUEUED
+    statements = []
+
+    def record(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    with transaction.atomic(), connection.execute_wrapper(record):
+        rowwrites.update(delivery, ("status",), wait_for_disk=False)
+
+    assert len(statements) == 1 and statements[0].startswith("UPDATE")
+    assert Delivery.objects.get(pk=delivery.pk).status == DeliveryStatus.QUEUED

@@ -144,11 +144,16 @@ def _spool(forge: str, event: str, delivery_id: str, raw_body: bytes, now: datet
 
 # --- deciding ------------------------------------------------------------------------------------------------
 
-def _settle(delivery: Delivery, status: str, reason: str = "", job_ids=None) -> None:
-    """The outcome is final and the payload goes. The commit does not wait for the disk (of the two fsyncs a
-    delivery would wait for, only the one that stores it matters): a power cut that undoes the settle
-    leaves the delivery stored and unsettled, and its replay converges on the same jobs without running one
-    twice (RQ's job id and the dedup claim while they last, then `_jobs_that_ran`)."""
+def _settle(delivery: Delivery, status: str, reason: str = "", job_ids=None, *, replay_safe: bool = False) -> None:
+    """The outcome is final and the payload goes.
+
+    `replay_safe`: every job the delivery asked for is queued (none swallowed), so undoing this settle
+    could only make the delivery replay onto the same job ids, which RQ's unique id, the dedup claim and
+    `_jobs_that_ran` stop from running twice. Such a settle does not wait for the disk (on SQLite FULL, one of
+    the two fsyncs a queued delivery would wait for; the one that stores it still happens before the answer).
+    Any other outcome replayed after a power cut could be decided anew (rules changed, a dedup window over),
+    so it waits.
+    """
     delivery.status = status
     delivery.reason = reason
     if job_ids is not None:
@@ -157,7 +162,7 @@ def _settle(delivery: Delivery, status: str, reason: str = "", job_ids=None) -> 
     delivery.processed_at = timezone.now()
     delivery.next_attempt_at = None
     rowwrites.update(delivery, ("status", "reason", "job_ids", "payload", "processed_at", "next_attempt_at"),
-                     wait_for_disk=False)
+                     wait_for_disk=not replay_safe)
 
 
 def _backoff(delivery: Delivery, reason: str) -> timedelta:
@@ -215,13 +220,13 @@ def process(delivery: Delivery, payload: dict | None = None) -> Answer:
         # because GitHub, GitLab and Forgejo never redeliver by themselves.
         return _pend(delivery, REDIS_UNAVAILABLE)
 
-    result.existing += sorted(ran)
+    result.existing += [spec.job_id for spec in specs if spec.job_id in ran]
     job_ids = result.job_ids
     if result.all_swallowed:
         _settle(delivery, DeliveryStatus.DUPLICATE, "dedup-window", job_ids=job_ids)
         logger.info("delivery_duplicate forge=%s delivery=%s surviving=%s", forge, delivery_id, ",".join(job_ids))
         return Answer(202, {"status": "duplicate", "jobs": job_ids})
-    _settle(delivery, DeliveryStatus.QUEUED, job_ids=job_ids)
+    _settle(delivery, DeliveryStatus.QUEUED, job_ids=job_ids, replay_safe=not result.swallowed)
     logger.info("delivery_queued forge=%s delivery=%s target=%s jobs=%s created=%s", forge, delivery_id,
                 f"{event.repo or event.project}:{event.number}", ",".join(job_ids), len(result.created))
     return Answer(202, {"status": "queued", "jobs": job_ids})

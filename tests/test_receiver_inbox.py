@@ -18,6 +18,7 @@ from apps.receiver import intake
 from apps.receiver.models import Delivery, DeliveryStatus
 from devtools import services
 from tests.conftest import ROOT, wait_for
+from tests.sqlsupport import recorded_statements, skipped_fsync
 from tests.receiver_support import (  # noqa: F401
     dumps, fake_forge, forges, github_headers, load, post, queued, rule,
 )
@@ -223,32 +224,20 @@ def test_a_settle_undone_by_a_power_cut_replays_without_running_the_job_again(
     assert queued(redis_conn) == []
 
 
-def skipped_fsync(statements) -> bool:
-    return any(sql == "PRAGMA synchronous=NORMAL" or sql.startswith("SET LOCAL synchronous_commit TO OFF")
-               for sql in statements)
-
-
 @pytest.mark.django_db(transaction=True)
 def test_only_the_settle_of_a_wholly_queued_delivery_skips_the_fsync(client, forges, label_rule, redis_conn,
                                                                      settings):
     """A queued delivery replayed after a power cut lands on the same job ids; an ignored one would be
     decided anew (the rules may have changed), so its settle waits for the disk."""
-    statements = []
-
-    def record(execute, sql, params, many, context):
-        statements.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(record):
+    with recorded_statements() as statements:
         assert deliver(client, 12, "d-fast").json()["status"] == "queued"
     assert skipped_fsync(statements) or getattr(settings, "SQLITE_SYNCHRONOUS", "FULL") == "NORMAL"
     assert Delivery.objects.get(delivery_id="d-fast").payload is None
 
-    statements.clear()
     payload = labelled(13)
     payload["issue"]["labels"] = [{"name": "docs"}]
     body = dumps(payload)
-    with connection.execute_wrapper(record):
+    with recorded_statements() as statements:
         assert post(client, "github", body, github_headers(body, "issues", "d-slow")).json()["status"] == "ignored"
     assert not skipped_fsync(statements)
     assert Delivery.objects.get(delivery_id="d-slow").payload is None

@@ -7,6 +7,7 @@ from django.utils import timezone
 
 from apps.receiver.models import Delivery, DeliveryStatus
 from pidispatch_site import rowwrites
+from tests.sqlsupport import recorded_statements
 
 pytestmark = pytest.mark.django_db
 
@@ -56,13 +57,7 @@ def test_update_writes_the_named_fields_only():
 def test_a_write_that_skips_the_fsync_leaves_the_connection_syncing_every_commit(settings):
     delivery = stored()
     delivery.status, delivery.payload = DeliveryStatus.QUEUED, None
-    statements = []
-
-    def record(execute, sql, params, many, context):
-        statements.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(record):
+    with recorded_statements() as statements:
         rowwrites.update(delivery, SETTLE_FIELDS, wait_for_disk=False)
 
     assert Delivery.objects.get(pk=delivery.pk).status == DeliveryStatus.QUEUED
@@ -82,13 +77,7 @@ def test_a_write_that_skips_the_fsync_leaves_the_connection_syncing_every_commit
 def test_a_write_that_waits_for_the_disk_changes_no_setting():
     delivery = stored()
     delivery.status = DeliveryStatus.IGNORED
-    statements = []
-
-    def record(execute, sql, params, many, context):
-        statements.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(record):
+    with recorded_statements() as statements:
         rowwrites.update(delivery, ("status",))
 
     assert len(statements) == 1 and statements[0].startswith("UPDATE")
@@ -97,13 +86,7 @@ def test_a_write_that_waits_for_the_disk_changes_no_setting():
 def test_inside_a_callers_transaction_the_callers_commit_decides():
     delivery = stored()
     delivery.status = DeliveryStatus.QUEUED
-    statements = []
-
-    def record(execute, sql, params, many, context):
-        statements.append(sql)
-        return execute(sql, params, many, context)
-
-    with transaction.atomic(), connection.execute_wrapper(record):
+    with transaction.atomic(), recorded_statements() as statements:
         rowwrites.update(delivery, ("status",), wait_for_disk=False)
 
     assert len(statements) == 1 and statements[0].startswith("UPDATE")

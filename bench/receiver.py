@@ -194,7 +194,8 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="pidispatch-bench-") as scratch:
         port_redis = services.free_port()
-        redis = services.start_redis(Path(scratch) / "redis", port_redis, persistent=False)
+        # Persistent (append-only file), as a deployment's Redis must be: it holds settled deliveries' jobs.
+        redis = services.start_redis(Path(scratch) / "redis", port_redis, persistent=True)
         server = replayer = None
         try:
             env = {

@@ -150,16 +150,35 @@ def redis_answers(url: str) -> bool:
         return False
 
 
+def _aof_written(persistence: dict) -> bool:
+    return (persistence.get("aof_enabled") == 1 and persistence.get("aof_rewrite_in_progress") == 0
+            and persistence.get("aof_rewrite_scheduled") == 0)
+
+
 def start_redis(data_dir: Path, port: int, persistent: bool) -> Service:
+    """A private redis-server. `persistent`: every write is in its append-only file within a second, so a
+    killed Redis keeps the jobs whose deliveries the inbox has already settled (a snapshot every minute
+    would lose up to a minute of them)."""
     binary = ensure_package("redis-server", "redis-server")
     data_dir.mkdir(parents=True, exist_ok=True)
     log = data_dir / "redis.log"
     command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
-               "--daemonize", "no", "--logfile", str(log), "--protected-mode", "yes"]
-    command += ["--save", "60 1", "--appendonly", "no"] if persistent else ["--save", "", "--appendonly", "no"]
+               "--daemonize", "no", "--logfile", str(log), "--protected-mode", "yes", "--save", ""]
+    # A folder from before the append-only file holds only a snapshot, which Redis ignores when it starts
+    # with appendonly on: load the snapshot first, then switch (Redis writes the file from memory).
+    has_log = (data_dir / "appendonlydir").is_dir()
+    logged = ["--appendonly", "yes", "--appendfsync", "everysec"]
+    command += logged if persistent and has_log else ["--appendonly", "no"]
     url = f"redis://127.0.0.1:{port}/0"
     service = Service("redis", spawn(command), env={"REDIS_URL": url})
     wait_until(lambda: redis_answers(url), 20, "redis-server", log)
+    if persistent and not has_log:
+        import redis
+
+        client = redis.Redis.from_url(url)
+        client.config_set("appendfsync", "everysec")
+        client.config_set("appendonly", "yes")
+        wait_until(lambda: _aof_written(client.info("persistence")), 60, "redis-server's append-only file", log)
     return service
 
 

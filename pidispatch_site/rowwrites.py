@@ -9,11 +9,14 @@ fields, so a new field or a JSON, bytes or datetime value is stored exactly as t
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from functools import lru_cache
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.models import Model
+
+from . import sqlite_wal
 
 logger = logging.getLogger("pidispatch.db")
 
@@ -44,13 +47,22 @@ def _update_statement(model: type[Model], names: tuple[str, ...], vendor: str):
 
 def insert(instance: Model) -> Model:
     """INSERT one new instance (defaults and auto_now_add applied as `create()` does); sets its pk.
-    A unique-constraint violation raises django.db.IntegrityError, as `create()` would."""
+    A unique-constraint violation raises django.db.IntegrityError, as `create()` would.
+
+    In autocommit the row is on disk when this returns, as under the settings' synchronous=FULL; SQLite
+    commits it without its own fsync and the log is synced after the write lock is free (sqlite_wal.py)."""
     connection = _connection()
     fields, sql = _insert_statement(type(instance), connection.vendor)
     values = [field.get_db_prep_save(field.pre_save(instance, True), connection) for field in fields]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, values)
-        instance.pk = cursor.fetchone()[0]
+    if _sqlite_full_in_autocommit(connection):
+        with _sqlite_commits_normal(connection) as cursor:
+            cursor.execute(sql, values)
+            instance.pk = cursor.fetchone()[0]
+        sqlite_wal.sync_log(connection)  # on disk before we go on, without holding the write lock
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, values)
+            instance.pk = cursor.fetchone()[0]
     instance._state.adding = False
     instance._state.db = connection.alias
     return instance
@@ -60,11 +72,11 @@ def update(instance: Model, names: tuple[str, ...], *, wait_for_disk: bool = Tru
     """UPDATE the named fields of a saved instance from its attributes (`auto_now` applied, as `save()` does).
 
     `wait_for_disk=False` commits without an fsync of its own, for a write whose loss in a power cut costs
-    only a replay. SQLite (WAL, synchronous=FULL) commits it NORMAL: it is on disk with the next FULL commit
-    of any connection or the next checkpoint (the inbox replayer makes one every pass). PostgreSQL commits it
-    with `synchronous_commit = off`: on disk within three WAL-writer delays. Either way it survives any crash
-    of our processes and is never half applied; only a power cut or a kernel crash in between can undo it
-    whole. Inside a caller's transaction, or without autocommit, the caller's commit decides.
+    only a replay. SQLite (WAL, synchronous=FULL) commits it NORMAL: it is on disk with the next commit that
+    syncs the log (any connection's: every insert here does) or the next checkpoint (the inbox replayer makes
+    one every pass). PostgreSQL commits it with `synchronous_commit = off`: on disk within three WAL-writer
+    delays. Either way it survives any crash of our processes and is never half applied; only a power cut or
+    a kernel crash in between can undo it whole. Inside a caller's transaction, or without autocommit, the caller's commit decides.
     """
     connection = _connection()
     fields, sql = _update_statement(type(instance), names, connection.vendor)
@@ -76,16 +88,27 @@ def update(instance: Model, names: tuple[str, ...], *, wait_for_disk: bool = Tru
         # One statement string in autocommit runs as one implicit transaction, so SET LOCAL covers the UPDATE
         # (client-side binding sends it as one simple query; server-side binding cannot, and waits instead).
         sql = "SET LOCAL synchronous_commit TO OFF; " + sql
-    elif relaxed and connection.vendor == "sqlite" and getattr(settings, "SQLITE_SYNCHRONOUS", "FULL") == "FULL":
-        with connection.cursor() as cursor:
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            try:
-                cursor.execute(sql, params)
-            finally:
-                _restore_full_sync(connection, cursor)
+    elif relaxed and _sqlite_full_in_autocommit(connection):
+        with _sqlite_commits_normal(connection) as cursor:
+            cursor.execute(sql, params)
         return
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
+
+
+def _sqlite_full_in_autocommit(connection) -> bool:
+    return (connection.vendor == "sqlite" and getattr(settings, "SQLITE_SYNCHRONOUS", "FULL") == "FULL"
+            and connection.get_autocommit() and not connection.in_atomic_block)
+
+
+@contextmanager
+def _sqlite_commits_normal(connection):
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        try:
+            yield cursor
+        finally:
+            _restore_full_sync(connection, cursor)
 
 
 def _restore_full_sync(connection, cursor) -> None:

@@ -18,7 +18,7 @@ from apps.receiver import intake
 from apps.receiver.models import Delivery, DeliveryStatus
 from devtools import services
 from tests.conftest import ROOT, wait_for
-from tests.sqlsupport import recorded_statements, skipped_fsync
+from tests.sqlsupport import recorded_statements, update_skipped_fsync
 from tests.receiver_support import (  # noqa: F401
     dumps, fake_forge, forges, github_headers, load, post, queued, rule,
 )
@@ -67,6 +67,11 @@ def own_redis(tmp_path, settings):
 
         def stop(self):
             self.service.stop()
+
+        def kill(self):
+            """The way a crash or the OOM killer ends Redis: no shutdown save."""
+            os.killpg(self.service.process.pid, signal.SIGKILL)
+            self.service.process.wait(10)
 
     redis = OwnRedis()
     redis.start()
@@ -125,6 +130,56 @@ def test_redis_stopped_mid_test_deliveries_become_jobs_exactly_once_when_it_retu
     assert Queue("pi-jobs", connection=connection).get_job_ids() == jobs
 
 
+def test_a_killed_redis_keeps_the_jobs_of_settled_deliveries(client, forges, label_rule, own_redis):
+    import redis as redis_py
+
+    assert deliver(client, 1, "d-kept").json()["status"] == "queued"
+    assert Delivery.objects.get(delivery_id="d-kept").payload is None  # the job is now the only copy
+    # Killed, not shut down: nothing saves on the way out. Redis writes its append-only file before it answers,
+    # so the job survives the process (a power cut can take its last second: appendfsync everysec).
+    own_redis.kill()
+    own_redis.start()
+
+    assert Queue("pi-jobs", connection=redis_py.Redis.from_url(own_redis.url)).get_job_ids() == ["gh-d-kept"]
+
+
+def test_the_replayer_warns_when_redis_would_lose_queued_jobs(own_redis, capsys):
+    from django.core.management import call_command
+
+    call_command("replay_deliveries")
+    assert intake.UNLOGGED_QUEUE_WARNING not in capsys.readouterr().err
+
+    fleet_connection.get_redis().config_set("appendonly", "no")
+    call_command("replay_deliveries")
+    assert intake.UNLOGGED_QUEUE_WARNING in capsys.readouterr().err
+
+
+def test_a_redis_folder_from_before_the_append_only_file_keeps_its_data(tmp_path):
+    import redis as redis_py
+
+    port, data = services.free_port(), tmp_path / "redis"
+    data.mkdir()
+    old = services.spawn(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
+                          "--save", "60 1", "--appendonly", "no"])
+    url = f"redis://127.0.0.1:{port}/0"
+    services.wait_until(lambda: services.redis_answers(url), 20, "the old-style redis-server")
+    redis_py.Redis.from_url(url).rpush("rq:queue:pi-jobs", "gh-old")
+    os.killpg(old.pid, signal.SIGTERM)  # the old setup's shutdown snapshot
+    old.wait(20)
+
+    service = services.start_redis(data, port, persistent=True)
+    try:
+        assert redis_py.Redis.from_url(url).lrange("rq:queue:pi-jobs", 0, -1) == [b"gh-old"]
+        assert redis_py.Redis.from_url(url).config_get("appendonly") == {"appendonly": "yes"}
+    finally:
+        service.stop()
+    service = services.start_redis(data, port, persistent=True)  # now from the append-only file
+    try:
+        assert redis_py.Redis.from_url(url).lrange("rq:queue:pi-jobs", 0, -1) == [b"gh-old"]
+    finally:
+        service.stop()
+
+
 def test_one_shot_replay_command_reports_redis_down(forges, label_rule, redis_down, client, capsys):
     deliver(client, 2, "d-wait")
     with pytest.raises(SystemExit) as exited:
@@ -164,6 +219,30 @@ def test_database_down_spools_the_delivery_to_redis_and_the_replayer_moves_it_in
     delivery = Delivery.objects.get(delivery_id="d-spooled")
     assert (delivery.status, delivery.job_ids, delivery.payload) == (DeliveryStatus.QUEUED, ["gh-d-spooled"], None)
     assert redis_conn.llen(intake.SPOOL_KEY) == 0 and queued(redis_conn) == ["gh-d-spooled"]
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's own log")
+@pytest.mark.django_db(transaction=True)
+def test_a_delivery_whose_log_the_disk_will_not_sync_is_kept_and_queued_once(
+        client, forges, label_rule, redis_conn, monkeypatch):
+    from pidispatch_site import sqlite_wal
+
+    def refused(fd):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(sqlite_wal.os, "fdatasync", refused)
+    response = deliver(client, 6, "d-unsynced")
+    monkeypatch.undo()
+
+    # Committed but not known to be on disk: not processed, answered as kept, never a 5xx.
+    assert (response.status_code, response.json()) == (202, {"status": "accepted"})
+    delivery = Delivery.objects.get(delivery_id="d-unsynced")
+    assert (delivery.status, delivery.payload is not None) == (DeliveryStatus.RECEIVED, True)
+    assert queued(redis_conn) == []
+
+    Delivery.objects.filter(pk=delivery.pk).update(attempted_at=timezone.now() - timedelta(minutes=5))
+    assert intake.replay_due().outcomes == {"queued": 1}  # its spooled copy is the same delivery: moved, not twice
+    assert queued(redis_conn) == ["gh-d-unsynced"] and Delivery.objects.count() == 1
 
 
 def test_only_when_neither_the_database_nor_redis_can_take_it_is_the_answer_503(
@@ -231,7 +310,7 @@ def test_only_the_settle_of_a_wholly_queued_delivery_skips_the_fsync(client, for
     decided anew (the rules may have changed), so its settle waits for the disk."""
     with recorded_statements() as statements:
         assert deliver(client, 12, "d-fast").json()["status"] == "queued"
-    assert skipped_fsync(statements) or getattr(settings, "SQLITE_SYNCHRONOUS", "FULL") == "NORMAL"
+    assert update_skipped_fsync(statements) or getattr(settings, "SQLITE_SYNCHRONOUS", "FULL") == "NORMAL"
     assert Delivery.objects.get(delivery_id="d-fast").payload is None
 
     payload = labelled(13)
@@ -239,7 +318,7 @@ def test_only_the_settle_of_a_wholly_queued_delivery_skips_the_fsync(client, for
     body = dumps(payload)
     with recorded_statements() as statements:
         assert post(client, "github", body, github_headers(body, "issues", "d-slow")).json()["status"] == "ignored"
-    assert not skipped_fsync(statements)
+    assert not update_skipped_fsync(statements)
     assert Delivery.objects.get(delivery_id="d-slow").payload is None
 
 

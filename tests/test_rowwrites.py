@@ -1,12 +1,16 @@
-"""The webhook's single-row writes (pidispatch_site/rowwrites.py) store exactly what the ORM would, and a
-write that skips the fsync never leaves the connection skipping it."""
+"""The webhook's single-row writes (pidispatch_site/rowwrites.py) store exactly what the ORM would, an insert
+is on disk when it returns, and a write that skips the fsync never leaves the connection skipping it."""
+
+import errno
+import os
+import sqlite3
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
 from apps.receiver.models import Delivery, DeliveryStatus
-from pidispatch_site import rowwrites
+from pidispatch_site import rowwrites, sqlite_wal
 from tests.sqlsupport import recorded_statements
 
 pytestmark = pytest.mark.django_db
@@ -91,3 +95,45 @@ def test_inside_a_callers_transaction_the_callers_commit_decides():
 
     assert len(statements) == 1 and statements[0].startswith("UPDATE")
     assert Delivery.objects.get(pk=delivery.pk).status == DeliveryStatus.QUEUED
+
+
+sqlite_only = pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's own log")
+
+
+@sqlite_only
+@pytest.mark.django_db(transaction=True)
+def test_an_insert_is_on_disk_when_it_returns_and_its_fsync_holds_no_write_lock(monkeypatch):
+    database = connection.settings_dict["NAME"]
+    seen = []
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd):
+        other = sqlite3.connect(database, timeout=0)  # another process's connection, in effect
+        try:
+            stored_rows = other.execute(
+                "SELECT COUNT(*) FROM receiver_delivery WHERE delivery_id = 'd-sync'").fetchone()
+            other.execute("BEGIN IMMEDIATE")  # the write lock is free: others commit while we wait for the disk
+            other.rollback()
+        finally:
+            other.close()
+        seen.append((os.readlink(f"/proc/self/fd/{fd}"), stored_rows[0]))
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(sqlite_wal.os, "fdatasync", fdatasync)
+    stored("d-sync")
+
+    assert seen == [(f"{database}-wal", 1)]  # the log, synced after the commit and before insert() returned
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA synchronous")
+        assert cursor.fetchone()[0] == 2  # FULL again for every other write of this connection
+
+
+@sqlite_only
+@pytest.mark.django_db(transaction=True)
+def test_a_log_the_disk_refuses_to_sync_is_a_database_error(monkeypatch):
+    def refused(fd):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(sqlite_wal.os, "fdatasync", refused)
+    with pytest.raises(DatabaseError, match="could not sync the database's log"):
+        stored("d-eio")

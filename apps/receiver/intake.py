@@ -306,6 +306,23 @@ def drain_spool() -> int:
         redis.lpop(SPOOL_KEY)
 
 
+UNLOGGED_QUEUE_WARNING = (
+    "Redis runs without its append-only file (appendonly no): if Redis dies, the jobs queued since its last "
+    "snapshot are gone, and the inbox has already settled their deliveries. Set `appendonly yes` "
+    "(appendfsync everysec) in redis.conf."
+)
+
+
+def unlogged_queue_warning() -> str | None:
+    """What to tell the operator when Redis would lose queued jobs in a crash; None when it keeps them (or its
+    settings cannot be read: a managed Redis may disable CONFIG)."""
+    try:
+        appendonly = get_redis().config_get("appendonly").get("appendonly")
+    except RedisError:
+        return None
+    return UNLOGGED_QUEUE_WARNING if appendonly == "no" else None
+
+
 @dataclass
 class ReplayReport:
     moved_from_spool: int = 0

@@ -28,6 +28,7 @@ class Command(BaseCommand):
     def handle(self, *args, follow, now, interval, **options):
         interval = interval if interval is not None else settings.PI_INBOX_POLL_SECONDS
         self._stopping = False
+        self._warn_if_redis_loses_jobs()
         if follow:
             signal.signal(signal.SIGTERM, self._stop)
             signal.signal(signal.SIGINT, self._stop)
@@ -39,6 +40,7 @@ class Command(BaseCommand):
                     self.stderr.write("Redis is unreachable: deliveries wait in the inbox until it is back")
                 elif was_down and not report.redis_down:
                     self.stdout.write("Redis is back: replaying in arrival order")
+                    self._warn_if_redis_loses_jobs()  # it may have come back with other settings
                 was_down = report.redis_down
                 sqlite_wal.checkpoint()  # here, not inside a webhook's commit
                 self._sleep(interval)
@@ -63,6 +65,11 @@ class Command(BaseCommand):
         detail = (delivery.reason if pending else ",".join(answer.body.get("jobs", []))
                   or answer.body.get("reason") or answer.body.get("error") or "")
         self.stdout.write(f"{delivery.forge}:{delivery.delivery_id} {state} {detail}".rstrip())
+
+    def _warn_if_redis_loses_jobs(self):
+        warning = intake.unlogged_queue_warning()
+        if warning:
+            self.stderr.write(warning)
 
     def _stop(self, signum, frame):
         self._stopping = True

@@ -76,7 +76,8 @@ def update(instance: Model, names: tuple[str, ...], *, wait_for_disk: bool = Tru
     syncs the log (any connection's: every insert here does) or the next checkpoint (the inbox replayer makes
     one every pass). PostgreSQL commits it with `synchronous_commit = off`: on disk within three WAL-writer
     delays. Either way it survives any crash of our processes and is never half applied; only a power cut or
-    a kernel crash in between can undo it whole. Inside a caller's transaction, or without autocommit, the caller's commit decides.
+    a kernel crash in between can undo it whole. Inside a caller's transaction, or without autocommit, the
+    caller's commit decides.
     """
     connection = _connection()
     fields, sql = _update_statement(type(instance), names, connection.vendor)

@@ -1,6 +1,7 @@
 """The inbox never loses a delivery: Redis down, the database down, forge lookups that cannot be answered,
 our own bugs; the replayer (`replay_deliveries`) and the admin's replay and discard actions."""
 
+import errno
 import os
 import signal
 import subprocess
@@ -228,7 +229,7 @@ def test_a_delivery_whose_log_the_disk_will_not_sync_is_kept_and_queued_once(
     from pidispatch_site import sqlite_wal
 
     def refused(fd):
-        raise OSError(5, "Input/output error")
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
 
     monkeypatch.setattr(sqlite_wal.os, "fdatasync", refused)
     response = deliver(client, 6, "d-unsynced")
@@ -238,11 +239,12 @@ def test_a_delivery_whose_log_the_disk_will_not_sync_is_kept_and_queued_once(
     assert (response.status_code, response.json()) == (202, {"status": "accepted"})
     delivery = Delivery.objects.get(delivery_id="d-unsynced")
     assert (delivery.status, delivery.payload is not None) == (DeliveryStatus.RECEIVED, True)
-    assert queued(redis_conn) == []
+    assert queued(redis_conn) == [] and redis_conn.llen(intake.SPOOL_KEY) == 1  # and a spooled copy
 
     Delivery.objects.filter(pk=delivery.pk).update(attempted_at=timezone.now() - timedelta(minutes=5))
-    assert intake.replay_due().outcomes == {"queued": 1}  # its spooled copy is the same delivery: moved, not twice
+    assert intake.replay_due().outcomes == {"queued": 1}  # the spooled copy is the same delivery: dropped
     assert queued(redis_conn) == ["gh-d-unsynced"] and Delivery.objects.count() == 1
+    assert redis_conn.llen(intake.SPOOL_KEY) == 0
 
 
 def test_only_when_neither_the_database_nor_redis_can_take_it_is_the_answer_503(

@@ -156,9 +156,9 @@ def _aof_written(persistence: dict) -> bool:
 
 
 def start_redis(data_dir: Path, port: int, persistent: bool) -> Service:
-    """A private redis-server. `persistent`: every write is in its append-only file within a second, so a
-    killed Redis keeps the jobs whose deliveries the inbox has already settled (a snapshot every minute
-    would lose up to a minute of them)."""
+    """A private redis-server. `persistent`: every write is on disk in its append-only file before Redis
+    answers it, so neither a killed Redis nor a power cut loses the jobs whose deliveries the inbox has
+    already settled (a snapshot every minute would lose up to a minute of them)."""
     binary = ensure_package("redis-server", "redis-server")
     data_dir.mkdir(parents=True, exist_ok=True)
     log = data_dir / "redis.log"
@@ -167,7 +167,7 @@ def start_redis(data_dir: Path, port: int, persistent: bool) -> Service:
     # A folder from before the append-only file holds only a snapshot, which Redis ignores when it starts
     # with appendonly on: load the snapshot first, then switch (Redis writes the file from memory).
     has_log = (data_dir / "appendonlydir").is_dir()
-    logged = ["--appendonly", "yes", "--appendfsync", "everysec"]
+    logged = ["--appendonly", "yes", "--appendfsync", "always"]
     command += logged if persistent and has_log else ["--appendonly", "no"]
     url = f"redis://127.0.0.1:{port}/0"
     service = Service("redis", spawn(command), env={"REDIS_URL": url})
@@ -176,7 +176,7 @@ def start_redis(data_dir: Path, port: int, persistent: bool) -> Service:
         import redis
 
         client = redis.Redis.from_url(url)
-        client.config_set("appendfsync", "everysec")
+        client.config_set("appendfsync", "always")
         client.config_set("appendonly", "yes")
         wait_until(lambda: _aof_written(client.info("persistence")), 60, "redis-server's append-only file", log)
     return service

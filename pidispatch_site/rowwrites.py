@@ -4,6 +4,7 @@
 (about 0.2 ms each here, against under 0.1 ms for the statement itself), and a delivery makes two. These
 build each statement once per model and field set, and still convert every value through the model's own
 fields, so a new field or a JSON, bytes or datetime value is stored exactly as the ORM would store it.
+Each write also says whether it waits for the disk (`_autocommit_write`).
 """
 
 from __future__ import annotations
@@ -45,78 +46,77 @@ def _update_statement(model: type[Model], names: tuple[str, ...], vendor: str):
     return fields, sql
 
 
-def insert(instance: Model) -> Model:
+def insert(instance: Model, *, wait_for_disk: bool = True) -> Model:
     """INSERT one new instance (defaults and auto_now_add applied as `create()` does); sets its pk.
-    A unique-constraint violation raises django.db.IntegrityError, as `create()` would.
-
-    In autocommit the row is on disk when this returns, as under the settings' synchronous=FULL; SQLite
-    commits it without its own fsync and the log is synced after the write lock is free (sqlite_wal.py)."""
+    A unique-constraint violation raises django.db.IntegrityError, as `create()` would. `wait_for_disk` as
+    for `update()`."""
     connection = _connection()
     fields, sql = _insert_statement(type(instance), connection.vendor)
     values = [field.get_db_prep_save(field.pre_save(instance, True), connection) for field in fields]
-    if _sqlite_full_in_autocommit(connection):
-        with _sqlite_commits_normal(connection) as cursor:
-            cursor.execute(sql, values)
-            instance.pk = cursor.fetchone()[0]
-        sqlite_wal.sync_log(connection)  # on disk before we go on, without holding the write lock
-    else:
-        with connection.cursor() as cursor:
-            cursor.execute(sql, values)
-            instance.pk = cursor.fetchone()[0]
+    with _autocommit_write(connection, sql, values, wait_for_disk) as cursor:
+        instance.pk = cursor.fetchone()[0]
     instance._state.adding = False
     instance._state.db = connection.alias
     return instance
 
 
 def update(instance: Model, names: tuple[str, ...], *, wait_for_disk: bool = True) -> None:
-    """UPDATE the named fields of a saved instance from its attributes (`auto_now` applied, as `save()` does).
-
-    `wait_for_disk=False` commits without an fsync of its own, for a write whose loss in a power cut costs
-    only a replay. SQLite (WAL, synchronous=FULL) commits it NORMAL: it is on disk with the next commit that
-    syncs the log (any connection's: every insert here does) or the next checkpoint (the inbox replayer makes
-    one every pass). PostgreSQL commits it with `synchronous_commit = off`: on disk within three WAL-writer
-    delays. Either way it survives any crash of our processes and is never half applied; only a power cut or
-    a kernel crash in between can undo it whole. Inside a caller's transaction, or without autocommit, the
-    caller's commit decides.
-    """
+    """UPDATE the named fields of a saved instance from its attributes (`auto_now` applied, as `save()` does)."""
     connection = _connection()
     fields, sql = _update_statement(type(instance), names, connection.vendor)
     params = [field.get_db_prep_save(field.pre_save(instance, False), connection) for field in fields]
     params.append(instance.pk)
-    relaxed = not wait_for_disk and connection.get_autocommit() and not connection.in_atomic_block
-    if relaxed and connection.vendor == "postgresql" and not connection.settings_dict["OPTIONS"].get(
-            "server_side_binding"):
-        # One statement string in autocommit runs as one implicit transaction, so SET LOCAL covers the UPDATE
-        # (client-side binding sends it as one simple query; server-side binding cannot, and waits instead).
-        sql = "SET LOCAL synchronous_commit TO OFF; " + sql
-    elif relaxed and _sqlite_full_in_autocommit(connection):
-        with _sqlite_commits_normal(connection) as cursor:
-            cursor.execute(sql, params)
-        return
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-
-
-def _sqlite_full_in_autocommit(connection) -> bool:
-    return (connection.vendor == "sqlite" and getattr(settings, "SQLITE_SYNCHRONOUS", "FULL") == "FULL"
-            and connection.get_autocommit() and not connection.in_atomic_block)
+    with _autocommit_write(connection, sql, params, wait_for_disk):
+        pass
 
 
 @contextmanager
-def _sqlite_commits_normal(connection):
+def _autocommit_write(connection, sql: str, params: list, wait_for_disk: bool):
+    """Run one statement as its own transaction and yield the cursor holding its result.
+
+    `wait_for_disk=True`: the write is on disk when this returns. SQLite (WAL, synchronous=FULL) commits
+    without its own fsync and the log is synced after the write lock is free (sqlite_wal.py), so concurrent
+    writers share the flush instead of queueing behind each other's; PostgreSQL commits as usual.
+
+    `wait_for_disk=False`, for a write whose durable copy is elsewhere or whose loss in a power cut costs only a
+    replay: SQLite commits it NORMAL (on disk with the next commit that syncs the log, any connection's, or
+    the next checkpoint: the inbox replayer makes one every pass); PostgreSQL with `synchronous_commit = off`
+    (in its log within three WAL-writer delays). Either way it survives any crash of our processes and is never
+    half applied; a power cut, a kernel crash or (PostgreSQL) a crash of the database server in between can
+    undo it whole.
+
+    Inside a caller's transaction, or without autocommit, the caller's commit decides.
+    """
+    autocommit = connection.get_autocommit() and not connection.in_atomic_block
+    if autocommit and connection.vendor == "sqlite" and getattr(settings, "SQLITE_SYNCHRONOUS", "FULL") == "FULL":
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            try:
+                cursor.execute(sql, params)
+                yield cursor
+            finally:
+                _restore_full_sync(connection, cursor)
+        if wait_for_disk:
+            sqlite_wal.sync_log(connection)  # on disk before we go on, without holding the write lock
+        return
+    relaxed = autocommit and not wait_for_disk and connection.vendor == "postgresql"
+    if relaxed and connection.settings_dict["OPTIONS"].get("server_side_binding"):
+        relaxed = False  # server-side binding cannot send two statements at once: this write waits instead
     with connection.cursor() as cursor:
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        try:
-            yield cursor
-        finally:
-            _restore_full_sync(connection, cursor)
+        if relaxed:
+            # One statement string in autocommit runs as one implicit transaction, so SET LOCAL covers the write.
+            cursor.execute("SET LOCAL synchronous_commit TO OFF; " + sql, params)
+            cursor.nextset()  # from the SET's result to the write's
+        else:
+            cursor.execute(sql, params)
+        yield cursor
 
 
 def _restore_full_sync(connection, cursor) -> None:
     try:
         cursor.execute("PRAGMA synchronous=FULL")
     except DatabaseError:
-        # The UPDATE has committed; what must not survive is a connection that skips the fsync. Closed, the
+        # The write has committed; what must not survive is a connection that skips the fsync. Closed, the
         # next use opens a new one with the settings' FULL.
         logger.error("sqlite_synchronous_restore_failed action=connection-closed")
         connection.close()

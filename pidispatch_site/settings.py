@@ -87,10 +87,10 @@ DATABASES = {
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The web server and the workers write concurrently: WAL plus immediate transactions turn
     # "database is locked" into a short wait.
-    # FULL (SQLite's default) makes every commit, an inbox row included, survive a power cut (the inbox row
-    # syncs the log after SQLite's write lock is free, pidispatch_site/rowwrites.py; only a queued delivery's
-    # settle does not wait for the disk: `_settle` in apps/receiver/intake.py says why that is safe); NORMAL
-    # keeps them through any crash of ours and drops the fsync per commit.
+    # FULL (SQLite's default) makes every commit survive a power cut. The inbox's writes sync the log after
+    # SQLite's write lock is free (pidispatch_site/rowwrites.py), and a queued delivery's two writes do not
+    # wait at all, since Redis holds its job on disk (apps/receiver/intake.py says why that is safe). NORMAL
+    # keeps commits through any crash of ours and drops the fsync per commit.
     SQLITE_SYNCHRONOUS = env.str("SQLITE_SYNCHRONOUS", default="FULL").upper()
     if SQLITE_SYNCHRONOUS not in ("FULL", "NORMAL"):
         raise ImproperlyConfigured(f"SQLITE_SYNCHRONOUS must be FULL or NORMAL, not {SQLITE_SYNCHRONOUS!r}.")

@@ -1,8 +1,9 @@
 """SQLite's write-ahead log: its fsync and its checkpoint, both moved out of the way of other writers.
 
 A commit under synchronous=FULL syncs the log while it still holds SQLite's one write lock, so under load the
-web workers' commits queue behind each other's fsync. `sync_log()` does the same fsync after the commit has
-released the lock: the others commit meanwhile, and the kernel flushes the log for all who wait at once.
+web workers' commits queue behind each other's fsync. The inbox's writes that wait for the disk (an ignored
+delivery's settle, a pending one's) commit without it and call `sync_log()`, the same fsync after the lock is
+released: the others commit meanwhile, and the kernel flushes the log for all who wait at once.
 
 Every commit appends to the write-ahead log; a checkpoint copies the log back into the database file. By
 default SQLite does that every 1000 pages inside whichever commit crosses the mark, so a webhook answer

@@ -19,7 +19,7 @@ from apps.receiver import intake
 from apps.receiver.models import Delivery, DeliveryStatus
 from devtools import services
 from tests.conftest import ROOT, wait_for
-from tests.sqlsupport import recorded_statements, update_skipped_fsync
+from tests.sqlsupport import recorded_writes
 from tests.receiver_support import (  # noqa: F401
     dumps, fake_forge, forges, github_headers, load, post, queued, rule,
 )
@@ -136,8 +136,8 @@ def test_a_killed_redis_keeps_the_jobs_of_settled_deliveries(client, forges, lab
 
     assert deliver(client, 1, "d-kept").json()["status"] == "queued"
     assert Delivery.objects.get(delivery_id="d-kept").payload is None  # the job is now the only copy
-    # Killed, not shut down: nothing saves on the way out. Redis writes its append-only file before it answers,
-    # so the job survives the process (a power cut can take its last second: appendfsync everysec).
+    # Killed, not shut down: nothing saves on the way out. Redis writes (and, appendfsync always, syncs) its
+    # append-only file before it answers, so the job survives the process, and a power cut too.
     own_redis.kill()
     own_redis.start()
 
@@ -148,7 +148,11 @@ def test_the_replayer_warns_when_redis_would_lose_queued_jobs(own_redis, capsys)
     from django.core.management import call_command
 
     call_command("replay_deliveries")
-    assert intake.UNLOGGED_QUEUE_WARNING not in capsys.readouterr().err
+    assert "Redis" not in capsys.readouterr().err  # make run's Redis: append-only file, synced on every write
+
+    fleet_connection.get_redis().config_set("appendfsync", "everysec")
+    call_command("replay_deliveries")
+    assert intake.UNSYNCED_QUEUE_WARNING.format(policy="everysec") in capsys.readouterr().err
 
     fleet_connection.get_redis().config_set("appendonly", "no")
     call_command("replay_deliveries")
@@ -171,12 +175,14 @@ def test_a_redis_folder_from_before_the_append_only_file_keeps_its_data(tmp_path
     service = services.start_redis(data, port, persistent=True)
     try:
         assert redis_py.Redis.from_url(url).lrange("rq:queue:pi-jobs", 0, -1) == [b"gh-old"]
-        assert redis_py.Redis.from_url(url).config_get("appendonly") == {"appendonly": "yes"}
+        assert redis_py.Redis.from_url(url).config_get("append*") | {"appendfilename": "-", "appenddirname": "-"} == {
+            "appendonly": "yes", "appendfsync": "always", "appendfilename": "-", "appenddirname": "-"}
     finally:
         service.stop()
     service = services.start_redis(data, port, persistent=True)  # now from the append-only file
     try:
         assert redis_py.Redis.from_url(url).lrange("rq:queue:pi-jobs", 0, -1) == [b"gh-old"]
+        assert redis_py.Redis.from_url(url).config_get("appendfsync") == {"appendfsync": "always"}
     finally:
         service.stop()
 
@@ -222,9 +228,40 @@ def test_database_down_spools_the_delivery_to_redis_and_the_replayer_moves_it_in
     assert redis_conn.llen(intake.SPOOL_KEY) == 0 and queued(redis_conn) == ["gh-d-spooled"]
 
 
+@contextmanager
+def inbox_unsettleable():
+    """The database takes the delivery's row, then fails every later write to it (a server that went away)."""
+    def refuse(execute, sql, params, many, context):
+        if f'UPDATE "{Delivery._meta.db_table}"' in sql:  # also behind PostgreSQL's SET LOCAL
+            raise OperationalError("server closed the connection unexpectedly")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(refuse):
+        yield
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_delivery_the_database_fails_after_storing_it_is_spooled_too_and_queued_once(
+        client, forges, label_rule, redis_conn):
+    with inbox_unsettleable():
+        response = deliver(client, 6, "d-unsettled")
+
+    # Its row was written without waiting for the disk, and cannot be settled: before the forge hears
+    # "accepted", a copy goes to the spool. Never a 5xx.
+    assert (response.status_code, response.json()) == (202, {"status": "accepted"})
+    delivery = Delivery.objects.get(delivery_id="d-unsettled")
+    assert (delivery.status, delivery.payload is not None) == (DeliveryStatus.RECEIVED, True)
+    assert redis_conn.llen(intake.SPOOL_KEY) == 1
+
+    Delivery.objects.filter(pk=delivery.pk).update(attempted_at=timezone.now() - timedelta(minutes=5))
+    assert intake.replay_due().outcomes == {"queued": 1}  # the spooled copy is the same delivery: dropped
+    assert queued(redis_conn) == ["gh-d-unsettled"] and Delivery.objects.count() == 1
+    assert redis_conn.llen(intake.SPOOL_KEY) == 0
+
+
 @pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's own log")
 @pytest.mark.django_db(transaction=True)
-def test_a_delivery_whose_log_the_disk_will_not_sync_is_kept_and_queued_once(
+def test_a_pending_delivery_whose_log_the_disk_will_not_sync_is_spooled_to_redis(
         client, forges, label_rule, redis_conn, monkeypatch):
     from pidispatch_site import sqlite_wal
 
@@ -232,19 +269,14 @@ def test_a_delivery_whose_log_the_disk_will_not_sync_is_kept_and_queued_once(
         raise OSError(errno.EIO, os.strerror(errno.EIO))
 
     monkeypatch.setattr(sqlite_wal.os, "fdatasync", refused)
-    response = deliver(client, 6, "d-unsynced")
+    monkeypatch.setattr(intake, "self_identity", lambda forge: None)  # the identity gate keeps it pending
+    response = deliver(client, 7, "d-unsynced")
     monkeypatch.undo()
 
-    # Committed but not known to be on disk: not processed, answered as kept, never a 5xx.
+    # The pend committed, but its log would not sync: Redis holds a copy before the forge hears "accepted".
     assert (response.status_code, response.json()) == (202, {"status": "accepted"})
-    delivery = Delivery.objects.get(delivery_id="d-unsynced")
-    assert (delivery.status, delivery.payload is not None) == (DeliveryStatus.RECEIVED, True)
-    assert queued(redis_conn) == [] and redis_conn.llen(intake.SPOOL_KEY) == 1  # and a spooled copy
-
-    Delivery.objects.filter(pk=delivery.pk).update(attempted_at=timezone.now() - timedelta(minutes=5))
-    assert intake.replay_due().outcomes == {"queued": 1}  # the spooled copy is the same delivery: dropped
-    assert queued(redis_conn) == ["gh-d-unsynced"] and Delivery.objects.count() == 1
-    assert redis_conn.llen(intake.SPOOL_KEY) == 0
+    assert Delivery.objects.get(delivery_id="d-unsynced").reason == "identity-unknown"
+    assert redis_conn.llen(intake.SPOOL_KEY) == 1
 
 
 def test_only_when_neither_the_database_nor_redis_can_take_it_is_the_answer_503(
@@ -306,22 +338,33 @@ def test_a_settle_undone_by_a_power_cut_replays_without_running_the_job_again(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_only_the_settle_of_a_wholly_queued_delivery_skips_the_fsync(client, forges, label_rule, redis_conn,
-                                                                     settings):
-    """A queued delivery replayed after a power cut lands on the same job ids; an ignored one would be
-    decided anew (the rules may have changed), so its settle waits for the disk."""
-    with recorded_statements() as statements:
+def test_a_queued_delivery_waits_for_no_database_fsync_and_every_other_outcome_for_one(
+        client, forges, label_rule, redis_conn, settings):
+    """A queued delivery's durable copy is its job (Redis syncs it before answering), so neither its row nor
+    the settle waits for the database's disk; replayed after a power cut, it lands on the same job ids. Any
+    other outcome is the delivery's only record and would be decided anew (the rules may have changed), so
+    it is on disk before the answer."""
+    table = Delivery._meta.db_table
+    with recorded_writes(table) as writes:
         assert deliver(client, 12, "d-fast").json()["status"] == "queued"
-    assert update_skipped_fsync(statements) or getattr(settings, "SQLITE_SYNCHRONOUS", "FULL") == "NORMAL"
+    assert writes == [("INSERT", False), ("UPDATE", False)]
     assert Delivery.objects.get(delivery_id="d-fast").payload is None
 
     payload = labelled(13)
     payload["issue"]["labels"] = [{"name": "docs"}]
     body = dumps(payload)
-    with recorded_statements() as statements:
+    with recorded_writes(table) as writes:
         assert post(client, "github", body, github_headers(body, "issues", "d-slow")).json()["status"] == "ignored"
-    assert not update_skipped_fsync(statements)
+    assert writes == [("INSERT", False), ("UPDATE", True)]
     assert Delivery.objects.get(delivery_id="d-slow").payload is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_delivery_kept_while_redis_is_down_is_on_disk_before_its_answer(client, forges, label_rule, redis_down):
+    with recorded_writes(Delivery._meta.db_table) as writes:
+        assert deliver(client, 14, "d-kept").json() == {"status": "accepted"}
+    assert writes == [("INSERT", False), ("UPDATE", True)]  # the pend waits, and the row is in the same log
+    assert Delivery.objects.get(delivery_id="d-kept").status == DeliveryStatus.PENDING
 
 
 def test_our_own_bug_keeps_the_delivery_and_never_answers_500(client, forges, label_rule, monkeypatch, caplog):

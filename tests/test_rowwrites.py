@@ -1,5 +1,6 @@
-"""The webhook's single-row writes (pidispatch_site/rowwrites.py) store exactly what the ORM would, an insert
-is on disk when it returns, and a write that skips the fsync never leaves the connection skipping it."""
+"""The webhook's single-row writes (pidispatch_site/rowwrites.py) store exactly what the ORM would, a write that
+waits for the disk is on disk when it returns, and one that does not never leaves the connection skipping
+the fsync."""
 
 import errno
 import os
@@ -57,34 +58,66 @@ def test_update_writes_the_named_fields_only():
     assert Delivery.objects.get(pk=other.pk).status == DeliveryStatus.RECEIVED
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_write_that_skips_the_fsync_leaves_the_connection_syncing_every_commit(settings):
-    delivery = stored()
+def written(write: str, delivery_id: str, wait_for_disk: bool) -> Delivery:
+    """The row for `delivery_id` written by the named write: inserted, or inserted in a test transaction's
+    setup and then settled by an update."""
+    if write == "insert":
+        return rowwrites.insert(Delivery(forge="github", delivery_id=delivery_id, event="issues", payload=b"{}",
+                                         attempted_at=timezone.now()), wait_for_disk=wait_for_disk)
+    delivery = Delivery.objects.create(forge="github", delivery_id=delivery_id, event="issues", payload=b"{}")
     delivery.status, delivery.payload = DeliveryStatus.QUEUED, None
-    with recorded_statements() as statements:
-        rowwrites.update(delivery, SETTLE_FIELDS, wait_for_disk=False)
+    rowwrites.update(delivery, SETTLE_FIELDS, wait_for_disk=wait_for_disk)
+    return delivery
 
-    assert Delivery.objects.get(pk=delivery.pk).status == DeliveryStatus.QUEUED
+
+@pytest.fixture
+def log_syncs(monkeypatch):
+    """The files sync_log() flushed, in order."""
+    synced = []
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(sqlite_wal.os, "fdatasync", fdatasync)
+    return synced
+
+
+@pytest.mark.parametrize("write", ["insert", "update"])
+@pytest.mark.django_db(transaction=True)
+def test_a_write_that_skips_the_fsync_leaves_the_connection_syncing_every_commit(write, settings, log_syncs):
+    with recorded_statements() as statements:
+        delivery = written(write, "d-fast", wait_for_disk=False)
+
+    row = Delivery.objects.get(pk=delivery.pk)
+    assert row.status == (DeliveryStatus.RECEIVED if write == "insert" else DeliveryStatus.QUEUED)
+    verb = write.upper()
+    written_by = [sql for sql in statements if verb in sql]
     with connection.cursor() as cursor:
         if connection.vendor == "sqlite":
             assert settings.SQLITE_SYNCHRONOUS == "FULL"
-            assert statements[0] == "PRAGMA synchronous=NORMAL" and statements[-1] == "PRAGMA synchronous=FULL"
+            at = statements.index(written_by[-1])
+            assert statements[at - 1] == "PRAGMA synchronous=NORMAL" and statements[at + 1] == "PRAGMA synchronous=FULL"
+            assert log_syncs == []  # and nothing synced it afterwards
             cursor.execute("PRAGMA synchronous")
             assert cursor.fetchone()[0] == 2  # FULL
         else:
-            assert statements[0].startswith("SET LOCAL synchronous_commit TO OFF; UPDATE")
+            assert written_by[-1].startswith(f"SET LOCAL synchronous_commit TO OFF; {verb}")
             cursor.execute("SHOW synchronous_commit")
             assert cursor.fetchone()[0] == "on"  # SET LOCAL ended with its statement's transaction
 
 
+@pytest.mark.parametrize("write", ["insert", "update"])
 @pytest.mark.django_db(transaction=True)
-def test_a_write_that_waits_for_the_disk_changes_no_setting():
-    delivery = stored()
-    delivery.status = DeliveryStatus.IGNORED
+def test_a_write_that_waits_for_the_disk_is_synced_before_it_returns(write, log_syncs):
     with recorded_statements() as statements:
-        rowwrites.update(delivery, ("status",))
+        written(write, "d-slow", wait_for_disk=True)
 
-    assert len(statements) == 1 and statements[0].startswith("UPDATE")
+    written_by = [sql for sql in statements if write.upper() in sql]
+    assert not written_by[-1].startswith("SET LOCAL")  # PostgreSQL: an ordinary, synchronous commit
+    if connection.vendor == "sqlite":
+        assert log_syncs == [f"{connection.settings_dict['NAME']}-wal"]
 
 
 def test_inside_a_callers_transaction_the_callers_commit_decides():
@@ -100,9 +133,10 @@ def test_inside_a_callers_transaction_the_callers_commit_decides():
 sqlite_only = pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's own log")
 
 
+@pytest.mark.parametrize("write", ["insert", "update"])
 @sqlite_only
 @pytest.mark.django_db(transaction=True)
-def test_an_insert_is_on_disk_when_it_returns_and_its_fsync_holds_no_write_lock(monkeypatch):
+def test_the_fsync_of_a_write_that_waits_holds_no_write_lock(write, monkeypatch):
     database = connection.settings_dict["NAME"]
     seen = []
     real_fdatasync = os.fdatasync
@@ -110,19 +144,21 @@ def test_an_insert_is_on_disk_when_it_returns_and_its_fsync_holds_no_write_lock(
     def fdatasync(fd):
         other = sqlite3.connect(database, timeout=0)  # another process's connection, in effect
         try:
-            stored_rows = other.execute(
-                "SELECT COUNT(*) FROM receiver_delivery WHERE delivery_id = 'd-sync'").fetchone()
+            visible = other.execute(
+                "SELECT status FROM receiver_delivery WHERE delivery_id = 'd-sync'").fetchall()
             other.execute("BEGIN IMMEDIATE")  # the write lock is free: others commit while we wait for the disk
             other.rollback()
         finally:
             other.close()
-        seen.append((os.readlink(f"/proc/self/fd/{fd}"), stored_rows[0]))
+        seen.append((os.readlink(f"/proc/self/fd/{fd}"), visible))
         real_fdatasync(fd)
 
     monkeypatch.setattr(sqlite_wal.os, "fdatasync", fdatasync)
-    stored("d-sync")
+    written(write, "d-sync", wait_for_disk=True)
 
-    assert seen == [(f"{database}-wal", 1)]  # the log, synced after the commit and before insert() returned
+    # The log, synced after the commit (another connection sees the write) and before the write returned.
+    status = DeliveryStatus.RECEIVED if write == "insert" else DeliveryStatus.QUEUED
+    assert seen == [(f"{database}-wal", [(status,)])]
     with connection.cursor() as cursor:
         cursor.execute("PRAGMA synchronous")
         assert cursor.fetchone()[0] == 2  # FULL again for every other write of this connection

@@ -12,6 +12,11 @@ stays pending (payload kept, retried with backoff) while Redis is down, while th
 authority lookup, or while our own identity on that forge is unknown. When the database cannot take it,
 the raw delivery is spooled to a Redis list and moved into the inbox later; only when neither can take
 it is the answer 503.
+
+A 2xx answer waits for one fsync that holds the delivery: a queued delivery's is Redis's, which writes the
+job to its append-only file before it answers (`appendfsync always`; the replayer warns when Redis is set
+otherwise); every other outcome's is the database's, at the row's last write. The row's first write waits
+for nothing, since the job or that last write makes it durable, and a queued delivery pays no second fsync.
 """
 
 from __future__ import annotations
@@ -81,23 +86,25 @@ def receive(forge: str, event: str, delivery_id: str, raw_body: bytes, payload: 
         # savepoint keeps a duplicate's IntegrityError from breaking it.
         with transaction.atomic() if connection.in_atomic_block else nullcontext():
             delivery = rowwrites.insert(Delivery(forge=forge, delivery_id=delivery_id, event=event,
-                                                 payload=raw_body, attempts=1, attempted_at=now))
+                                                 payload=raw_body, attempts=1, attempted_at=now),
+                                        wait_for_disk=False)  # the outcome's write waits (module docstring)
     except IntegrityError:
         return _answer_redelivery(forge, delivery_id)
     except DatabaseError:
         return _spool(forge, event, delivery_id, raw_body, now)
-    return _process_safely(delivery, payload)
+    return _process_safely(delivery, payload, raw_body)
 
 
-def _process_safely(delivery: Delivery, payload: dict | None = None) -> Answer:
-    """process(), but a stored delivery is never answered with a 5xx: whatever goes wrong, it is kept."""
+def _process_safely(delivery: Delivery, payload: dict | None = None, raw_body: bytes | None = None) -> Answer:
+    """process(), but a stored delivery is never answered with a 5xx: whatever goes wrong, it is kept.
+    `raw_body`: the web path's delivery, whose row is not yet known to be on disk."""
     try:
         return process(delivery, payload)
     except DatabaseError:
         # Stored, not settled: the replayer picks up stale "received" rows.
         logger.error("delivery_processing_interrupted forge=%s delivery=%s reason=database", delivery.forge,
                      delivery.delivery_id)
-        return ACCEPTED
+        return _kept_unsettled(delivery, raw_body)
     except Exception as error:  # a bug of ours must not lose the delivery (nor print its text)
         # Where, not what: frame names only (a message or a source line could quote payload text).
         frames = ",".join(f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}:{frame.name}"
@@ -105,10 +112,18 @@ def _process_safely(delivery: Delivery, payload: dict | None = None) -> Answer:
         logger.error("delivery_processing_error forge=%s delivery=%s error=%s at=%s", delivery.forge,
                      delivery.delivery_id, type(error).__name__, frames)
         try:
-            _pend(delivery, "processing-error")
+            return _pend(delivery, "processing-error")
         except DatabaseError:
-            pass
+            return _kept_unsettled(delivery, raw_body)
+
+
+def _kept_unsettled(delivery: Delivery, raw_body: bytes | None) -> Answer:
+    """The row is written but could not be settled or pended. Its insert did not wait for the disk, so before
+    the forge hears "accepted" the raw delivery is also spooled to Redis; the replayer drops that copy when it
+    finds the row, and replays the row. (A replay has no forge waiting and spools nothing.)"""
+    if raw_body is None:
         return ACCEPTED
+    return _spool(delivery.forge, delivery.event, delivery.delivery_id, raw_body, delivery.received_at)
 
 
 def _answer_redelivery(forge: str, delivery_id: str) -> Answer:
@@ -147,12 +162,11 @@ def _spool(forge: str, event: str, delivery_id: str, raw_body: bytes, now: datet
 def _settle(delivery: Delivery, status: str, reason: str = "", job_ids=None, *, replay_safe: bool = False) -> None:
     """The outcome is final and the payload goes.
 
-    `replay_safe`: every job the delivery asked for is queued (none swallowed), so undoing this settle
-    could only make the delivery replay onto the same job ids, which RQ's unique id, the dedup claim and
-    `_jobs_that_ran` stop from running twice. Such a settle does not wait for the disk (on SQLite FULL, one of
-    the two fsyncs a queued delivery would wait for; the one that stores it still happens before the answer).
-    Any other outcome replayed after a power cut could be decided anew (rules changed, a dedup window over),
-    so it waits.
+    `replay_safe`: every job the delivery asked for is queued (none swallowed), so Redis holds the delivery
+    on disk, and undoing this settle could only make the delivery replay onto the same job ids, which RQ's
+    unique id, the dedup claim and `_jobs_that_ran` stop from running twice. Such a settle does not wait for
+    the disk. Any other outcome is the delivery's only durable record, and replayed after a power cut it could
+    be decided anew (rules changed, a dedup window over), so it waits.
     """
     delivery.status = status
     delivery.reason = reason
@@ -176,7 +190,7 @@ def _pend(delivery: Delivery, reason: str) -> Answer:
     delivery.status = DeliveryStatus.PENDING
     delivery.reason = reason
     delivery.next_attempt_at = timezone.now() + _backoff(delivery, reason)
-    delivery.save(update_fields=["status", "reason", "next_attempt_at"])
+    rowwrites.update(delivery, ("status", "reason", "next_attempt_at"))  # on disk before the forge's answer
     logger.warning("delivery_pending forge=%s delivery=%s reason=%s attempts=%s", delivery.forge,
                    delivery.delivery_id, reason, delivery.attempts)
     return ACCEPTED
@@ -296,7 +310,8 @@ def drain_spool() -> int:
                 Delivery.objects.filter(pk=delivery.pk).update(received_at=received_at)
             moved += 1
         except IntegrityError:
-            pass  # moved before, and the process died before it popped the entry
+            pass  # in the inbox already: moved before (and the process died before it popped the entry),
+            # or the web path's copy of a row it could not settle (_kept_unsettled)
         except (ValueError, KeyError, TypeError):
             logger.error("delivery_spool_entry_unreadable")
         except DataError:
@@ -308,19 +323,29 @@ def drain_spool() -> int:
 
 UNLOGGED_QUEUE_WARNING = (
     "Redis runs without its append-only file (appendonly no): if Redis dies, the jobs queued since its last "
-    "snapshot are gone, and the inbox has already settled their deliveries. Set `appendonly yes` "
-    "(appendfsync everysec) in redis.conf."
+    "snapshot are gone, and the inbox has already settled their deliveries. Set `appendonly yes` and "
+    "`appendfsync always` in redis.conf."
+)
+UNSYNCED_QUEUE_WARNING = (
+    "Redis syncs its append-only file only now and then (appendfsync {policy}): a power cut can lose the jobs "
+    "of the deliveries answered in its last second or so, and the inbox has already settled them. Set "
+    "`appendfsync always` in redis.conf (writes that arrive together share one fsync)."
 )
 
 
-def unlogged_queue_warning() -> str | None:
-    """What to tell the operator when Redis would lose queued jobs in a crash; None when it keeps them (or its
-    settings cannot be read: a managed Redis may disable CONFIG)."""
+def queue_durability_warning() -> str | None:
+    """What to tell the operator when Redis could lose jobs whose deliveries the inbox has settled; None when
+    it keeps them (or its settings cannot be read: a managed Redis may disable CONFIG)."""
     try:
-        appendonly = get_redis().config_get("appendonly").get("appendonly")
+        config = get_redis().config_get("append*")
     except RedisError:
         return None
-    return UNLOGGED_QUEUE_WARNING if appendonly == "no" else None
+    if config.get("appendonly") == "no":
+        return UNLOGGED_QUEUE_WARNING
+    policy = config.get("appendfsync")
+    if policy and policy != "always":
+        return UNSYNCED_QUEUE_WARNING.format(policy=policy)
+    return None
 
 
 @dataclass

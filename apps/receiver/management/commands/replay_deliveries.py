@@ -67,7 +67,7 @@ class Command(BaseCommand):
         self.stdout.write(f"{delivery.forge}:{delivery.delivery_id} {state} {detail}".rstrip())
 
     def _warn_if_redis_loses_jobs(self):
-        warning = intake.unlogged_queue_warning()
+        warning = intake.queue_durability_warning()
         if warning:
             self.stderr.write(warning)
 

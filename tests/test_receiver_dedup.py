@@ -5,6 +5,7 @@ import threading
 import pytest
 from django.db import connections
 
+from apps.receiver import intake
 from apps.receiver.models import Delivery, DeliveryStatus
 from tests.receiver_support import (  # noqa: F401
     dumps, fake_forge, forges, github_headers, gitlab_token_headers, job_spec, load, post, queued, rule,
@@ -108,6 +109,11 @@ def test_concurrent_redeliveries_of_one_delivery_make_exactly_one_job(forges, re
 
     assert len(answers) == 8 and all(answer.status_code == 202 for answer in answers), [a.content for a in answers]
     assert queued(redis_conn) == ["gh-d-race"]
+    assert Delivery.objects.filter(delivery_id="d-race").count() == 1
+
+    # A loser that answered "accepted" while the winner held the row spooled a copy: the replayer drops it.
+    intake.replay_due()
+    assert redis_conn.llen(intake.SPOOL_KEY) == 0 and queued(redis_conn) == ["gh-d-race"]
     assert Delivery.objects.filter(delivery_id="d-race").count() == 1
 
 

@@ -386,7 +386,7 @@ def test_our_own_bug_keeps_the_delivery_and_never_answers_500(client, forges, la
 
 def test_redeliveries_get_the_first_answer(client, forges, label_rule, redis_down):
     assert deliver(client, 2, "d-again").json() == {"status": "accepted"}
-    assert deliver(client, 2, "d-again").json() == {"status": "accepted"}
+    assert deliver(client, 2, "d-again").json() == {"status": "accepted"}  # pending: on disk already
 
     payload = labelled(3)
     payload["issue"]["labels"] = [{"name": "docs"}]
@@ -395,6 +395,21 @@ def test_redeliveries_get_the_first_answer(client, forges, label_rule, redis_dow
     assert first == post(client, "github", body, github_headers(body, "issues", "d-ign")).json() == {
         "status": "ignored", "reason": "no-allowlisted-label"}
     assert Delivery.objects.count() == 2
+
+
+def test_a_redelivery_while_another_process_holds_the_row_spools_a_copy_before_accepting(
+        client, forges, label_rule, redis_conn):
+    body = dumps(labelled(4))
+    # Another web worker has stored this delivery (its first write waits for no fsync) and not settled it yet.
+    Delivery.objects.create(forge="github", delivery_id="d-twice", event="issues", payload=body)
+
+    response = post(client, "github", body, github_headers(body, "issues", "d-twice"))
+
+    assert (response.status_code, response.json()) == (202, {"status": "accepted"})
+    assert redis_conn.llen(intake.SPOOL_KEY) == 1 and queued(redis_conn) == []
+    Delivery.objects.filter(delivery_id="d-twice").update(attempted_at=timezone.now() - timedelta(minutes=5))
+    assert intake.replay_due().outcomes == {"queued": 1}  # the row is replayed once; the copy is dropped
+    assert queued(redis_conn) == ["gh-d-twice"] and redis_conn.llen(intake.SPOOL_KEY) == 0
 
 
 # --- the admin ------------------------------------------------------------------------------------------------

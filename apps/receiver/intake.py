@@ -89,7 +89,7 @@ def receive(forge: str, event: str, delivery_id: str, raw_body: bytes, payload: 
                                                  payload=raw_body, attempts=1, attempted_at=now),
                                         wait_for_disk=False)  # the outcome's write waits (module docstring)
     except IntegrityError:
-        return _answer_redelivery(forge, delivery_id)
+        return _answer_redelivery(forge, event, delivery_id, raw_body, now)
     except DatabaseError:
         return _spool(forge, event, delivery_id, raw_body, now)
     return _process_safely(delivery, payload, raw_body)
@@ -123,18 +123,23 @@ def _kept_unsettled(delivery: Delivery, raw_body: bytes | None) -> Answer:
     finds the row, and replays the row. (A replay has no forge waiting and spools nothing.)"""
     if raw_body is None:
         return ACCEPTED
-    return _spool(delivery.forge, delivery.event, delivery.delivery_id, raw_body, delivery.received_at)
+    return _spool(delivery.forge, delivery.event, delivery.delivery_id, raw_body, delivery.received_at,
+                  reason="database-error")
 
 
-def _answer_redelivery(forge: str, delivery_id: str) -> Answer:
+def _answer_redelivery(forge: str, event: str, delivery_id: str, raw_body: bytes, now: datetime) -> Answer:
+    """The first answer again. A row that is not settled or pending is still in another process's hands and
+    may not be on disk yet, so this "accepted" spools a copy first, as `_kept_unsettled` does."""
     try:
         existing = Delivery.objects.filter(forge=forge, delivery_id=delivery_id).first()
     except DatabaseError:
-        return ACCEPTED  # it is stored; only its outcome cannot be read right now
+        return _spool(forge, event, delivery_id, raw_body, now, reason="database-error")
     logger.info("delivery_redelivered forge=%s delivery=%s status=%s", forge, delivery_id,
                 existing.status if existing else "-")
-    if existing is None or existing.status in (DeliveryStatus.PENDING, DeliveryStatus.RECEIVED):
-        return ACCEPTED
+    if existing is None or existing.status == DeliveryStatus.RECEIVED:
+        return _spool(forge, event, delivery_id, raw_body, now, reason="in-flight")
+    if existing.status == DeliveryStatus.PENDING:
+        return ACCEPTED  # a pend waits for the disk
     if existing.status == DeliveryStatus.IGNORED:
         return Answer(200, {"status": "ignored", "reason": existing.reason})
     if existing.status == DeliveryStatus.REJECTED:
@@ -144,8 +149,10 @@ def _answer_redelivery(forge: str, delivery_id: str) -> Answer:
     return Answer(202, {"status": "duplicate", "jobs": existing.job_ids})
 
 
-def _spool(forge: str, event: str, delivery_id: str, raw_body: bytes, now: datetime) -> Answer:
-    """The database is down: keep the raw delivery in Redis until the replayer moves it into the inbox."""
+def _spool(forge: str, event: str, delivery_id: str, raw_body: bytes, now: datetime,
+           reason: str = "database-unavailable") -> Answer:
+    """Keep the raw delivery in Redis until the replayer moves it into the inbox: the database is down, or the
+    delivery's row is not known to be on disk (the replayer drops the copy when it finds the row)."""
     entry = {"forge": forge, "event": event, "delivery_id": delivery_id, "received_at": now.isoformat(),
              "payload": base64.b64encode(raw_body).decode()}
     try:
@@ -153,7 +160,7 @@ def _spool(forge: str, event: str, delivery_id: str, raw_body: bytes, now: datet
     except RedisError:
         logger.error("delivery_store_failed forge=%s delivery=%s reason=database-and-redis-down", forge, delivery_id)
         return Answer(503, {"error": "store-failed"})
-    logger.warning("delivery_spooled forge=%s delivery=%s reason=database-unavailable", forge, delivery_id)
+    logger.warning("delivery_spooled forge=%s delivery=%s reason=%s", forge, delivery_id, reason)
     return ACCEPTED
 
 

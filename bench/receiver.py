@@ -3,6 +3,7 @@ served by the same gunicorn (with the inbox replayer beside it, as deployed), in
 
     python bench/receiver.py                     # defaults: 4 sync workers, 8 clients x 300 requests x 5 rounds
     python bench/receiver.py --rounds 9 --rate 100 --seconds 20
+    python bench/receiver.py --redis-appendfsync everysec   # Redis as most deployments run it (see README)
 
 The full path is the real one: HMAC check, inbox row, trigger matching, the semantic-dedup key and an RQ
 enqueue (every delivery targets another issue, so none is swallowed). The bare view reads the same body and
@@ -187,6 +188,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5, help="closed-loop rounds, bare and full alternating")
     parser.add_argument("--rate", type=float, default=100, help="deliveries per second in the open loop")
     parser.add_argument("--seconds", type=float, default=10, help="length of the open loop")
+    parser.add_argument("--redis-appendfsync", choices=("always", "everysec"), default="always",
+                        help="Redis's fsync policy: always (the README's advice: a queued delivery survives a "
+                             "power cut) or everysec (a power cut can lose its last second)")
     args = parser.parse_args()
 
     sys.path.insert(0, str(ROOT))
@@ -198,6 +202,9 @@ def main() -> int:
         redis = services.start_redis(Path(scratch) / "redis", port_redis, persistent=True)
         server = replayer = None
         try:
+            import redis as redis_py
+
+            redis_py.Redis(port=port_redis).config_set("appendfsync", args.redis_appendfsync)
             env = {
                 **os.environ,
                 "REDIS_URL": f"redis://127.0.0.1:{port_redis}/0",
@@ -231,7 +238,7 @@ def main() -> int:
                 closed_loop(port, target, f"{run}-warm", 4, 25)
             print(f"receiver bench: gunicorn {args.workers} sync workers, "
                   f"{'PostgreSQL' if 'postgres' in env['DATABASE_URL'] else 'SQLite synchronous=' + env.get('SQLITE_SYNCHRONOUS', 'FULL')}"
-                  ", private Redis")
+                  f", private Redis (appendfsync {args.redis_appendfsync})")
             print(f"closed loop, {args.clients} clients x {args.requests} signed deliveries per round, "
                   f"{args.rounds} rounds alternating (this VM's speed drifts; the median round decides):")
             closed = {"bare view": [], "full intake": []}

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from apps.receiver.models import Delivery, DeliveryStatus
 from pidispatch_site import rowwrites, sqlite_wal
-from tests.sqlsupport import recorded_statements
+from tests.sqlsupport import recorded_statements, recorded_writes
 
 pytestmark = pytest.mark.django_db
 
@@ -59,8 +59,8 @@ def test_update_writes_the_named_fields_only():
 
 
 def written(write: str, delivery_id: str, wait_for_disk: bool) -> Delivery:
-    """The row for `delivery_id` written by the named write: inserted, or inserted in a test transaction's
-    setup and then settled by an update."""
+    """The row for `delivery_id`, written by the named write: inserted by rowwrites, or created through the
+    ORM and then settled by a rowwrites update."""
     if write == "insert":
         return rowwrites.insert(Delivery(forge="github", delivery_id=delivery_id, event="issues", payload=b"{}",
                                          attempted_at=timezone.now()), wait_for_disk=wait_for_disk)
@@ -70,36 +70,22 @@ def written(write: str, delivery_id: str, wait_for_disk: bool) -> Delivery:
     return delivery
 
 
-@pytest.fixture
-def log_syncs(monkeypatch):
-    """The files sync_log() flushed, in order."""
-    synced = []
-    real_fdatasync = os.fdatasync
-
-    def fdatasync(fd):
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real_fdatasync(fd)
-
-    monkeypatch.setattr(sqlite_wal.os, "fdatasync", fdatasync)
-    return synced
-
-
 @pytest.mark.parametrize("write", ["insert", "update"])
 @pytest.mark.django_db(transaction=True)
-def test_a_write_that_skips_the_fsync_leaves_the_connection_syncing_every_commit(write, settings, log_syncs):
-    with recorded_statements() as statements:
+def test_a_write_that_skips_the_fsync_leaves_the_connection_syncing_every_commit(write, settings):
+    with recorded_writes(Delivery._meta.db_table) as writes, recorded_statements() as statements:
         delivery = written(write, "d-fast", wait_for_disk=False)
 
     row = Delivery.objects.get(pk=delivery.pk)
     assert row.status == (DeliveryStatus.RECEIVED if write == "insert" else DeliveryStatus.QUEUED)
     verb = write.upper()
+    assert writes[-1] == (verb, False)  # not synced before the code went on
     written_by = [sql for sql in statements if verb in sql]
     with connection.cursor() as cursor:
         if connection.vendor == "sqlite":
             assert settings.SQLITE_SYNCHRONOUS == "FULL"
             at = statements.index(written_by[-1])
             assert statements[at - 1] == "PRAGMA synchronous=NORMAL" and statements[at + 1] == "PRAGMA synchronous=FULL"
-            assert log_syncs == []  # and nothing synced it afterwards
             cursor.execute("PRAGMA synchronous")
             assert cursor.fetchone()[0] == 2  # FULL
         else:
@@ -110,14 +96,11 @@ def test_a_write_that_skips_the_fsync_leaves_the_connection_syncing_every_commit
 
 @pytest.mark.parametrize("write", ["insert", "update"])
 @pytest.mark.django_db(transaction=True)
-def test_a_write_that_waits_for_the_disk_is_synced_before_it_returns(write, log_syncs):
-    with recorded_statements() as statements:
+def test_a_write_that_waits_for_the_disk_is_synced_before_it_returns(write):
+    with recorded_writes(Delivery._meta.db_table) as writes:
         written(write, "d-slow", wait_for_disk=True)
 
-    written_by = [sql for sql in statements if write.upper() in sql]
-    assert not written_by[-1].startswith("SET LOCAL")  # PostgreSQL: an ordinary, synchronous commit
-    if connection.vendor == "sqlite":
-        assert log_syncs == [f"{connection.settings_dict['NAME']}-wal"]
+    assert writes[-1] == (write.upper(), True)  # SQLite: its log synced; PostgreSQL: a synchronous commit
 
 
 def test_inside_a_callers_transaction_the_callers_commit_decides():

@@ -4,11 +4,15 @@ served by the same gunicorn (with the inbox replayer beside it, as deployed), in
     python bench/receiver.py                     # defaults: 4 sync workers, 8 clients x 300 requests x 5 rounds
     python bench/receiver.py --rounds 9 --rate 100 --seconds 20
     python bench/receiver.py --redis-appendfsync everysec   # Redis as most deployments run it (see README)
+    python bench/receiver.py --ignored           # deliveries no trigger matches, as most webhooks are
+    python bench/receiver.py --layers            # also the full path without its inbox writes, and without both
+                                                 # those and its enqueue: what each layer costs
 
 The full path is the real one: HMAC check, inbox row, trigger matching, the semantic-dedup key and an RQ
 enqueue (every delivery targets another issue, so none is swallowed). The bare view reads the same body and
 answers JSON through the same middleware. Targets (issue 3): the full path costs at most 2x the bare view,
-and its p99 stays under 50 ms at 100 deliveries/s.
+and its p99 stays under 50 ms at 100 deliveries/s. The open loop also times the disk's own fsync (a probe
+file beside the databases), so a latency spike can be told apart from the disk stalling under it.
 
 It starts its own redis-server and (unless DATABASE_URL is set) an SQLite database in a temporary folder,
 and stops both when done.
@@ -45,6 +49,49 @@ def _bare(request):
     return JsonResponse({"status": "ok"}, status=202)
 
 
+class _SkippedInboxWrites:
+    """`--layers`: the inbox's row writes made free (the row gets a pk, nothing is written)."""
+
+    _next_pk = 0
+
+    @classmethod
+    def insert(cls, instance, *, wait_for_disk=True):
+        cls._next_pk -= 1  # negative: never a real row's
+        instance.pk = cls._next_pk
+        instance._state.adding = False
+        return instance
+
+    @staticmethod
+    def update(instance, names, *, wait_for_disk=True):
+        pass
+
+
+def _skipped_enqueue(spec, queue_name, claim=None):
+    from apps.worker.jobs import Enqueued
+
+    return Enqueued("created")
+
+
+def _without_layers(*, enqueue: bool):
+    """The GitHub hook with its inbox writes (and, `enqueue=False`, its enqueue) skipped, for `--layers`.
+    A sync worker serves one request at a time, so swapping the modules' names around one call is safe."""
+    from apps.receiver import dispatch, intake, views
+
+    hook = views.github_hook
+
+    def view(request):
+        saved = intake.rowwrites, dispatch.enqueue
+        intake.rowwrites = _SkippedInboxWrites
+        if not enqueue:
+            dispatch.enqueue = _skipped_enqueue
+        try:
+            return hook(request)
+        finally:
+            intake.rowwrites, dispatch.enqueue = saved
+
+    return view
+
+
 def _application():
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pidispatch_site.settings")
     from django.conf import settings
@@ -65,7 +112,11 @@ def __getattr__(name):  # lazily, so importing this module as a script does not 
 
         import pidispatch_site.urls
 
-        return [path("bench/bare", csrf_exempt(_bare))] + pidispatch_site.urls.urlpatterns
+        return [
+            path("bench/bare", csrf_exempt(_bare)),
+            path("bench/hook-without-inbox", csrf_exempt(_without_layers(enqueue=True))),
+            path("bench/hook-without-inbox-or-enqueue", csrf_exempt(_without_layers(enqueue=False))),
+        ] + pidispatch_site.urls.urlpatterns
     if name == "application":
         return _application()
     raise AttributeError(name)
@@ -73,9 +124,12 @@ def __getattr__(name):  # lazily, so importing this module as a script does not 
 
 # --- the client side -----------------------------------------------------------------------------------------
 
-def _delivery(number: int, run: str) -> tuple[bytes, dict]:
+def _delivery(number: int, run: str, ignored: bool) -> tuple[bytes, dict]:
     payload = json.loads(json.dumps(PAYLOAD))
     payload["issue"]["number"] = number
+    if ignored:  # a label no trigger names: the delivery most webhooks are
+        payload["label"] = {"name": "docs"}
+        payload["issue"]["labels"] = [{"name": "docs"}]
     body = json.dumps(payload).encode()
     signature = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
     return body, {"Content-Type": "application/json", "X-GitHub-Event": "issues",
@@ -95,8 +149,9 @@ def _post(port: int, path: str, body: bytes, headers: dict) -> tuple[int, float]
 
 
 class Target:
-    def __init__(self, name: str, path: str):
-        self.name, self.path = name, path
+    def __init__(self, name: str, path: str, *, ignored: bool = False):
+        self.name, self.path, self.ignored = name, path, ignored
+        self.expected_status = 200 if ignored else 202
         self.counter = 0
         self.lock = threading.Lock()
 
@@ -104,7 +159,7 @@ class Target:
         with self.lock:
             self.counter += 1
             number = self.counter
-        return _delivery(number, run)
+        return _delivery(number, run, self.ignored)
 
 
 def closed_loop(port: int, target: Target, run: str, clients: int, requests: int) -> dict:
@@ -115,7 +170,7 @@ def closed_loop(port: int, target: Target, run: str, clients: int, requests: int
             body, headers = target.next_request(run)
             status, seconds = _post(port, target.path, body, headers)
             latencies.append(seconds)
-            if status != 202:
+            if status != target.expected_status:
                 failures.append(status)
 
     threads = [threading.Thread(target=client) for _ in range(clients)]
@@ -148,7 +203,7 @@ def open_loop(port: int, target: Target, run: str, rate: float, seconds: float) 
             finished = time.perf_counter()
             with lock:
                 latencies.append(finished - due)
-                if status != 202:
+                if status != target.expected_status:
                     failures.append(status)
 
     threads = [threading.Thread(target=sender) for _ in range(32)]
@@ -157,6 +212,41 @@ def open_loop(port: int, target: Target, run: str, rate: float, seconds: float) 
     for thread in threads:
         thread.join()
     return {**_percentiles(latencies), "failures": failures}
+
+
+class DiskProbe:
+    """Appends a few bytes to a file and fdatasyncs it every 50 ms while running: the disk's own sync latency
+    in the same seconds as a measurement (rare enough not to load the disk itself)."""
+
+    def __init__(self, path: Path):
+        self.path, self.latencies = path, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        descriptor = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        try:
+            while not self._stop.wait(0.05):
+                os.write(descriptor, b"probe\n")
+                started = time.perf_counter()
+                os.fdatasync(descriptor)
+                self.latencies.append(time.perf_counter() - started)
+        finally:
+            os.close(descriptor)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> str:
+        if not self.latencies:
+            return "disk fsync: no sample"
+        ordered = sorted(self.latencies)
+        return f"disk fsync p50 {statistics.median(ordered) * 1000:.1f} ms, max {ordered[-1] * 1000:.1f} ms"
 
 
 def _percentiles(latencies: list[float]) -> dict:
@@ -191,6 +281,12 @@ def main() -> int:
     parser.add_argument("--redis-appendfsync", choices=("always", "everysec"), default="always",
                         help="Redis's fsync policy: always (the README's advice: a queued delivery survives a "
                              "power cut) or everysec (a power cut can lose its last second)")
+    parser.add_argument("--ignored", action="store_true",
+                        help="deliveries that match no trigger (answered 200 ignored), as most webhooks a "
+                             "deployment receives are, instead of ones that queue a job")
+    parser.add_argument("--layers", action="store_true",
+                        help="also time the full path without its inbox writes, and without those and its enqueue "
+                             "(gunicorn serves both beside the real hook): what each layer costs against the bare view")
     args = parser.parse_args()
 
     sys.path.insert(0, str(ROOT))
@@ -231,17 +327,23 @@ def main() -> int:
             replayer = subprocess.Popen([*manage, "replay_deliveries", "--follow"], env=env, cwd=ROOT,
                                         stdout=subprocess.DEVNULL, start_new_session=True)
             _wait_for(port)
-            bare, full = Target("bare view", "/bench/bare"), Target("full intake", "/hooks/github")
+            bare = Target("bare view", "/bench/bare")
+            full = Target("full intake", "/hooks/github", ignored=args.ignored)
+            layers = [Target("without inbox writes", "/bench/hook-without-inbox", ignored=args.ignored),
+                      Target("without inbox writes or enqueue", "/bench/hook-without-inbox-or-enqueue",
+                             ignored=args.ignored)]
+            closed_targets = (bare, full, *layers) if args.layers else (bare, full)
             run = f"bench{int(time.time())}"
 
-            for target in (bare, full):  # warm up both (imports, connections, SQLite pages)
+            for target in closed_targets:  # warm up (imports, connections, SQLite pages)
                 closed_loop(port, target, f"{run}-warm", 4, 25)
             print(f"receiver bench: gunicorn {args.workers} sync workers, "
                   f"{'PostgreSQL' if 'postgres' in env['DATABASE_URL'] else 'SQLite synchronous=' + env.get('SQLITE_SYNCHRONOUS', 'FULL')}"
-                  f", private Redis (appendfsync {args.redis_appendfsync})")
+                  f", private Redis (appendfsync {args.redis_appendfsync}); "
+                  f"{'ignored deliveries (no trigger matches)' if args.ignored else 'every delivery queues a job'}")
             print(f"closed loop, {args.clients} clients x {args.requests} signed deliveries per round, "
                   f"{args.rounds} rounds alternating (this VM's speed drifts; the median round decides):")
-            closed = {"bare view": [], "full intake": []}
+            closed = {target.name: [] for target in closed_targets}
             ratios = []
             for round_number in range(1, args.rounds + 1):
                 line = f"  round {round_number}:"
@@ -253,21 +355,36 @@ def main() -> int:
                              f"p99 {result['p99']:5.1f} ms){failed}")
                 ratios.append(closed["bare view"][-1]["rate"] / closed["full intake"][-1]["rate"])
                 print(f"{line}  ratio {ratios[-1]:.2f}x")
+                if args.layers:
+                    line = "           "
+                    for target in layers:
+                        result = closed_loop(port, target, run, args.clients, args.requests)
+                        closed[target.name].append(result)
+                        failed = f" {len(result['failures'])} failed" if result["failures"] else ""
+                        line += (f"  {target.name} {result['rate']:5.0f}/s{failed}  ratio "
+                                 f"{closed['bare view'][-1]['rate'] / result['rate']:.2f}x")
+                    print(line)
             ratio = statistics.median(ratios)
             rates = {name: statistics.median(r["rate"] for r in results) for name, results in closed.items()}
             print(f"  median: bare view {rates['bare view']:.0f}/s, full intake {rates['full intake']:.0f}/s; "
                   f"ratio full/bare {ratio:.2f}x the cost per delivery   "
                   f"target <= 2x: {'OK' if ratio <= 2 else 'MISSED'}")
+            for target in layers if args.layers else ():
+                layer_ratios = [b["rate"] / r["rate"] for b, r in zip(closed["bare view"], closed[target.name])]
+                print(f"  median ratio {target.name}: {statistics.median(layer_ratios):.2f}x")
 
             print(f"open loop, {args.rate:g} deliveries/s for {args.seconds:g} s:")
             opened = {}
             for target in (bare, full):
-                opened[target.name] = result = open_loop(port, target, f"{run}-open", args.rate, args.seconds)
-                print(f"  {target.name:12} p50 {result['p50']:6.1f} ms   p99 {result['p99']:6.1f} ms"
+                with DiskProbe(Path(scratch) / f"disk-probe-{len(opened)}") as disk:
+                    opened[target.name] = result = open_loop(port, target, f"{run}-open", args.rate, args.seconds)
+                print(f"  {target.name:12} p50 {result['p50']:6.1f} ms   p99 {result['p99']:6.1f} ms   "
+                      f"({disk.summary()})"
                       + (f"   {len(result['failures'])} failed" if result["failures"] else ""))
             p99 = opened["full intake"]["p99"]
             print(f"  full intake p99 {p99:.1f} ms   target < 50 ms: {'OK' if p99 < 50 else 'MISSED'}")
-            failed = any(r["failures"] for r in (*closed["bare view"], *closed["full intake"], *opened.values()))
+            results = [result for rounds in closed.values() for result in rounds] + list(opened.values())
+            failed = any(result["failures"] for result in results)
             return 1 if failed else 0
         finally:
             if server is not None:

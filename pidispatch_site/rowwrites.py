@@ -1,4 +1,5 @@
-"""Single-row writes for the webhook's hot path: the inbox row before enqueue, and its settle after.
+"""Single-row writes for the webhook's hot path: the inbox row (written before an enqueue or a lookup, or
+settled at once) and its settle.
 
 `Model.objects.create()` and `save(update_fields=...)` spend most of a small write building the query
 (about 0.2 ms each here, against under 0.1 ms for the statement itself), and a delivery makes two. These

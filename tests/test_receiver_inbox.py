@@ -305,6 +305,50 @@ def test_pending_lookups_wait_for_their_backoff(client, forges, redis_conn):
     assert queued(redis_conn) == ["gh-d-back"]
 
 
+def test_a_delivery_is_stored_with_its_payload_before_its_authority_lookup(client, forges, redis_conn, monkeypatch):
+    """A lookup can take the forge's whole timeout: a process that dies meanwhile leaves a row to replay."""
+    rule(position=0, kind="github", on_type="issue", actions=["closed"], flow="retro")
+    forges.github_permission("acme/web", "maintainer-mia", "write")
+    payload = labelled(8)
+    payload["action"] = "closed"
+    body = dumps(payload)
+    rows_during_lookup = []
+    real_check = intake.authority.check
+
+    def check(event):
+        rows_during_lookup.extend((row.status, bytes(row.payload)) for row in Delivery.objects.all())
+        return real_check(event)
+
+    monkeypatch.setattr(intake.authority, "check", check)
+    assert post(client, "github", body, github_headers(body, "issues", "d-look")).json()["status"] == "queued"
+    assert rows_during_lookup == [(DeliveryStatus.RECEIVED, body)]
+    assert Delivery.objects.get(delivery_id="d-look").payload is None
+
+
+def test_a_settle_that_fails_before_its_row_is_written_keeps_the_payload(client, forges, label_rule, monkeypatch):
+    """An ignored delivery's settle is its first write; if our code fails there, the pend that keeps the
+    delivery must still hold the payload the settle had already let go of."""
+    from pidispatch_site import rowwrites
+
+    real_insert = rowwrites.insert
+
+    def insert(instance, **kwargs):
+        if instance.status == DeliveryStatus.IGNORED:
+            raise TypeError("a value the field cannot convert")
+        return real_insert(instance, **kwargs)
+
+    monkeypatch.setattr(rowwrites, "insert", insert)
+    payload = labelled(10)
+    payload["issue"]["labels"] = [{"name": "docs"}]
+    body = dumps(payload)
+    response = post(client, "github", body, github_headers(body, "issues", "d-kept-text"))
+
+    assert (response.status_code, response.json()) == (202, {"status": "accepted"})
+    delivery = Delivery.objects.get(delivery_id="d-kept-text")
+    assert (delivery.status, delivery.reason, bytes(delivery.payload)) == (
+        DeliveryStatus.PENDING, "processing-error", body)
+
+
 def test_a_delivery_whose_process_died_is_picked_up(forges, label_rule, redis_conn):
     delivery = Delivery.objects.create(forge="github", delivery_id="d-orphan", event="issues",
                                        payload=dumps(labelled(9)), attempts=1,
@@ -355,8 +399,34 @@ def test_a_queued_delivery_waits_for_no_database_fsync_and_every_other_outcome_f
     body = dumps(payload)
     with recorded_writes(table) as writes:
         assert post(client, "github", body, github_headers(body, "issues", "d-slow")).json()["status"] == "ignored"
-    assert writes == [("INSERT", False), ("UPDATE", True)]
+    assert writes == [("INSERT", True)]  # decided from the delivery alone: one write, the settled row
     assert Delivery.objects.get(delivery_id="d-slow").payload is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_outcome_decided_from_the_delivery_alone_is_the_rows_only_write(client, forges, label_rule):
+    """Most webhooks match no trigger: their row is written once, settled, and never holds the payload."""
+    table = Delivery._meta.db_table
+    payload = labelled(15)
+    payload["issue"]["labels"] = [{"name": "docs"}]
+    body = dumps(payload)
+    with recorded_writes(table) as writes:
+        response = post(client, "github", body, github_headers(body, "issues", "d-once"))
+    assert (response.status_code, response.json()) == (200, {"status": "ignored", "reason": "no-allowlisted-label"})
+    assert writes == [("INSERT", True)]  # and that row holds no payload: the texts were never stored
+    delivery = Delivery.objects.get(delivery_id="d-once")
+    assert (delivery.status, delivery.reason, delivery.payload) == (DeliveryStatus.IGNORED, "no-allowlisted-label",
+                                                                    None)
+    assert delivery.received_at and delivery.processed_at and delivery.attempts == 1
+
+    payload = labelled(16)
+    del payload["issue"]["number"]  # verified, but the normaliser refuses it: rejected, stored once
+    body = dumps(payload)
+    with recorded_writes(table) as writes:
+        response = post(client, "github", body, github_headers(body, "issues", "d-bad"))
+    assert (response.status_code, response.json()) == (400, {"error": "missing-issue-number"})
+    assert writes == [("INSERT", True)]
+    assert Delivery.objects.get(delivery_id="d-bad").status == DeliveryStatus.REJECTED
 
 
 @pytest.mark.django_db(transaction=True)

@@ -6,17 +6,20 @@
     replay_due()  everything that is due, in arrival order (`replay_deliveries [--follow]`)
     discard()     an operator gives up on a pending delivery
 
-A verified delivery is stored (with its payload) before anything else. It settles as queued, duplicate,
-ignored or rejected, and then its payload copy is deleted: the row keeps ids and the outcome only. It
-stays pending (payload kept, retried with backoff) while Redis is down, while the forge cannot answer an
-authority lookup, or while our own identity on that forge is unknown. When the database cannot take it,
-the raw delivery is spooled to a Redis list and moved into the inbox later; only when neither can take
-it is the answer 503.
+A verified delivery is stored (with its payload) before anything slow or outside this process happens to
+it: an authority lookup, an enqueue. It settles as queued, duplicate, ignored or rejected, and then its
+payload copy is deleted: the row keeps ids and the outcome only. An outcome decided from the delivery and
+the rules alone (ignored, rejected, or pending because our own identity on that forge is unknown) is the
+row's first and only write. It stays pending (payload kept, retried with backoff) while Redis is down,
+while the forge cannot answer an authority lookup, or while our identity is unknown. When the database
+cannot take it, the raw delivery is spooled to a Redis list and moved into the inbox later; only when
+neither can take it is the answer 503.
 
 A 2xx answer waits for one fsync that holds the delivery: a queued delivery's is Redis's, which writes the
 job to its append-only file before it answers (`appendfsync always`; the replayer warns when Redis is set
-otherwise); every other outcome's is the database's, at the row's last write. The row's first write waits
-for nothing, since the job or that last write makes it durable, and a queued delivery pays no second fsync.
+otherwise); every other outcome's is the database's, at the row's last write. A row written before an
+enqueue or a lookup waits for nothing, since the job or that last write makes it durable, and a queued
+delivery pays no second fsync.
 """
 
 from __future__ import annotations
@@ -77,33 +80,56 @@ ACCEPTED = Answer(202, {"status": "accepted"})
 
 # --- the web path ------------------------------------------------------------------------------------------
 
+class Redelivered(Exception):
+    """The delivery's first write found its row already there: the forge sent it again."""
+
+
 def receive(forge: str, event: str, delivery_id: str, raw_body: bytes, payload: dict | None = None) -> Answer:
-    """A verified delivery whose body is a JSON object (`payload`, when already parsed). Stored first, then
-    processed."""
+    """A verified delivery whose body is a JSON object (`payload`, when already parsed). Its row is written
+    by process(), before anything slow happens to it, or whole once its outcome is known."""
     now = timezone.now()
+    delivery = Delivery(forge=forge, delivery_id=delivery_id, event=event, payload=raw_body, attempts=1,
+                        attempted_at=now)
+    try:
+        return _process_safely(delivery, payload, raw_body)
+    except Redelivered:
+        return _answer_redelivery(forge, event, delivery_id, raw_body, now)
+
+
+def _write(delivery: Delivery, names: tuple[str, ...], *, wait_for_disk: bool) -> None:
+    """The row's next state: its first write inserts the whole row (Redelivered when the row exists), a later
+    one updates `names`."""
+    if delivery.pk is not None:
+        rowwrites.update(delivery, names, wait_for_disk=wait_for_disk)
+        return
     try:
         # In autocommit the insert is its own transaction; inside an outer one (tests, ATOMIC_REQUESTS) a
         # savepoint keeps a duplicate's IntegrityError from breaking it.
         with transaction.atomic() if connection.in_atomic_block else nullcontext():
-            delivery = rowwrites.insert(Delivery(forge=forge, delivery_id=delivery_id, event=event,
-                                                 payload=raw_body, attempts=1, attempted_at=now),
-                                        wait_for_disk=False)  # the outcome's write waits (module docstring)
-    except IntegrityError:
-        return _answer_redelivery(forge, event, delivery_id, raw_body, now)
-    except DatabaseError:
-        return _spool(forge, event, delivery_id, raw_body, now)
-    return _process_safely(delivery, payload, raw_body)
+            rowwrites.insert(delivery, wait_for_disk=wait_for_disk)
+    except IntegrityError as error:
+        raise Redelivered from error
+
+
+def _store(delivery: Delivery) -> None:
+    """Before a lookup or an enqueue: the row with its payload, so a crash of this process loses nothing (the
+    replayer takes stale "received" rows). It does not wait for the disk: the outcome's write does, or the
+    job does (module docstring)."""
+    if delivery.pk is None:
+        _write(delivery, (), wait_for_disk=False)
 
 
 def _process_safely(delivery: Delivery, payload: dict | None = None, raw_body: bytes | None = None) -> Answer:
-    """process(), but a stored delivery is never answered with a 5xx: whatever goes wrong, it is kept.
-    `raw_body`: the web path's delivery, whose row is not yet known to be on disk."""
+    """process(), but a verified delivery is never answered with a 5xx: whatever goes wrong, it is kept.
+    `raw_body`: the web path's delivery, whose row is not yet known to be on disk (or not yet written)."""
     try:
         return process(delivery, payload)
+    except Redelivered:
+        raise
     except DatabaseError:
-        # Stored, not settled: the replayer picks up stale "received" rows.
-        logger.error("delivery_processing_interrupted forge=%s delivery=%s reason=database", delivery.forge,
-                     delivery.delivery_id)
+        if delivery.pk is not None:  # stored, not settled: the replayer picks up stale "received" rows
+            logger.error("delivery_processing_interrupted forge=%s delivery=%s reason=database", delivery.forge,
+                         delivery.delivery_id)
         return _kept_unsettled(delivery, raw_body)
     except Exception as error:  # a bug of ours must not lose the delivery (nor print its text)
         # Where, not what: frame names only (a message or a source line could quote payload text).
@@ -111,6 +137,8 @@ def _process_safely(delivery: Delivery, payload: dict | None = None, raw_body: b
                           for frame in traceback.extract_tb(error.__traceback__)[-4:])
         logger.error("delivery_processing_error forge=%s delivery=%s error=%s at=%s", delivery.forge,
                      delivery.delivery_id, type(error).__name__, frames)
+        if delivery.pk is None:
+            delivery.payload = raw_body  # a settle that failed before its insert dropped it; the pend keeps it
         try:
             return _pend(delivery, "processing-error")
         except DatabaseError:
@@ -118,11 +146,14 @@ def _process_safely(delivery: Delivery, payload: dict | None = None, raw_body: b
 
 
 def _kept_unsettled(delivery: Delivery, raw_body: bytes | None) -> Answer:
-    """The row is written but could not be settled or pended. Its insert did not wait for the disk, so before
-    the forge hears "accepted" the raw delivery is also spooled to Redis; the replayer drops that copy when it
-    finds the row, and replays the row. (A replay has no forge waiting and spools nothing.)"""
+    """The database failed before the delivery was settled or pended: its row is not written, or written
+    without waiting for the disk. Before the forge hears "accepted" the raw delivery is spooled to Redis; the
+    replayer moves it into the inbox, or drops it when it finds the row and replays that. (A replay has no
+    forge waiting and spools nothing.)"""
     if raw_body is None:
         return ACCEPTED
+    if delivery.pk is None:
+        return _spool(delivery.forge, delivery.event, delivery.delivery_id, raw_body, delivery.attempted_at)
     return _spool(delivery.forge, delivery.event, delivery.delivery_id, raw_body, delivery.received_at,
                   reason="database-error")
 
@@ -182,8 +213,8 @@ def _settle(delivery: Delivery, status: str, reason: str = "", job_ids=None, *, 
     delivery.payload = None  # the texts leave the inbox as soon as the delivery is settled
     delivery.processed_at = timezone.now()
     delivery.next_attempt_at = None
-    rowwrites.update(delivery, ("status", "reason", "job_ids", "payload", "processed_at", "next_attempt_at"),
-                     wait_for_disk=not replay_safe)
+    _write(delivery, ("status", "reason", "job_ids", "payload", "processed_at", "next_attempt_at"),
+           wait_for_disk=not replay_safe)
 
 
 def _backoff(delivery: Delivery, reason: str) -> timedelta:
@@ -197,7 +228,7 @@ def _pend(delivery: Delivery, reason: str) -> Answer:
     delivery.status = DeliveryStatus.PENDING
     delivery.reason = reason
     delivery.next_attempt_at = timezone.now() + _backoff(delivery, reason)
-    rowwrites.update(delivery, ("status", "reason", "next_attempt_at"))  # on disk before the forge's answer
+    _write(delivery, ("status", "reason", "next_attempt_at"), wait_for_disk=True)  # before the forge's answer
     logger.warning("delivery_pending forge=%s delivery=%s reason=%s attempts=%s", delivery.forge,
                    delivery.delivery_id, reason, delivery.attempts)
     return ACCEPTED
@@ -223,6 +254,7 @@ def process(delivery: Delivery, payload: dict | None = None) -> Answer:
     if match is None:
         return _ignore(delivery, decision.reason)
 
+    _store(delivery)
     if match.authority:
         verdict = authority.check(event)
         if verdict.allowed is None:

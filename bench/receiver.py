@@ -93,15 +93,13 @@ def _without_layers(*, enqueue: bool):
 
 
 def _application():
+    """The deployed WSGI module (its start gate and all), serving this module's URLs."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pidispatch_site.settings")
     from django.conf import settings
-    from django.core.wsgi import get_wsgi_application
 
     settings.ROOT_URLCONF = "bench.receiver"
-    application = get_wsgi_application()
-    from apps.receiver.forge_config import forge_config
+    from pidispatch_site.wsgi import application
 
-    forge_config()  # the same start gate as pidispatch_site.wsgi
     return application
 
 

@@ -1,3 +1,4 @@
+import gc
 import os
 
 from django.core.wsgi import get_wsgi_application
@@ -10,3 +11,11 @@ application = get_wsgi_application()
 from apps.receiver.forge_config import forge_config  # noqa: E402
 
 forge_config()
+
+# Import every view now rather than on the first request, then take everything loaded so far out of the
+# cyclic garbage collector's sight: it lives as long as the process, and a full collection that scans it
+# all pauses a request for tens of milliseconds.
+from django.urls import get_resolver  # noqa: E402
+
+get_resolver().url_patterns
+gc.freeze()

@@ -135,6 +135,35 @@ def test_an_unreachable_forge_at_start_keeps_deliveries_until_the_identity_is_kn
     assert intake.replay(delivery).body == {"status": "queued", "jobs": ["gl-idem-early"]}
 
 
+def test_a_delivery_is_stored_before_our_identity_is_asked_of_the_forge(
+        bare, fake_forge, client, redis_conn, monkeypatch):
+    """Learning our identity is an API call (up to the forge's timeout): a process that dies meanwhile must
+    leave a row for the replayer."""
+    bare.GITLAB_WEBHOOK_MODE, bare.GITLAB_WEBHOOK_SECRET = "token", "gitlab-shared-token"
+    bare.GITLAB_TOKEN, bare.GITLAB_URL = "glpat-t", fake_forge.url
+    fake_forge.routes["/api/v4/user"] = (503, {"message": "starting"})
+    forge_config()  # deferred: the forge is unreachable at start
+    rule(position=0, kind="gitlab", on_type="label", label_any=["pi"], flow="fix-bug")
+    fake_forge.routes["/api/v4/user"] = (200, {"id": 5150})
+    fake_forge.gitlab_member("4711", 1201, 30)
+    monkeypatch.setattr(config_module, "IDENTITY_RETRY_SECONDS", 0)
+    rows_while_asking = []
+    real_resolve = config_module._resolve
+
+    def resolve(forge):
+        rows_while_asking.extend(Delivery.objects.values_list("delivery_id", "status"))
+        return real_resolve(forge)
+
+    monkeypatch.setattr(config_module, "_resolve", resolve)
+    body = dumps(load("gitlab/issue_update_labels.json"))
+
+    response = post(client, "gitlab", body, gitlab_token_headers("Issue Hook", "idem-asking"))
+
+    assert response.json() == {"status": "queued", "jobs": ["gl-idem-asking"]}
+    assert rows_while_asking == [("idem-asking", DeliveryStatus.RECEIVED)]
+    assert Delivery.objects.get().payload is None
+
+
 def test_settings_changes_are_picked_up(settings):
     settings.GITHUB_WEBHOOK_SECRET = "one"
     assert forge_settings().github.webhook_secret == b"one"

@@ -327,7 +327,7 @@ def test_a_delivery_is_stored_with_its_payload_before_its_authority_lookup(clien
 
 def test_a_settle_that_fails_before_its_row_is_written_keeps_the_payload(client, forges, label_rule, monkeypatch):
     """An ignored delivery's settle is its first write; if our code fails there, the pend that keeps the
-    delivery must still hold the payload the settle had already let go of."""
+    delivery holds it as it arrived (the settle had already let go of the payload)."""
     from pidispatch_site import rowwrites
 
     real_insert = rowwrites.insert
@@ -347,6 +347,7 @@ def test_a_settle_that_fails_before_its_row_is_written_keeps_the_payload(client,
     delivery = Delivery.objects.get(delivery_id="d-kept-text")
     assert (delivery.status, delivery.reason, bytes(delivery.payload)) == (
         DeliveryStatus.PENDING, "processing-error", body)
+    assert (delivery.processed_at, delivery.job_ids) == (None, [])  # nothing of the failed settle
 
 
 def test_a_delivery_whose_process_died_is_picked_up(forges, label_rule, redis_conn):

@@ -216,6 +216,11 @@ def _resolve(forge: str) -> Identity:
     return identity
 
 
+def identity_at_hand(forge: str) -> bool:
+    """True when self_identity() answers without asking the forge (configured, or learned already)."""
+    return _configured_identity(forge) is not None or forge in _identities
+
+
 def self_identity(forge: str) -> Identity | None:
     """This deployment's own account on `forge`, or None while the forge cannot tell us (retried later)."""
     configured = _configured_identity(forge)

@@ -1,17 +1,17 @@
 """The inbox service: the one home of a delivery's state changes.
 
-    receive()     the webhook views: store first, then process, answer the forge
+    receive()     the webhook views: store (before anything slow, or settled at once), answer the forge
     process()     decide, check authority, enqueue, settle (or keep pending)
     replay()      one stored delivery again (admin action, `replay_deliveries`)
     replay_due()  everything that is due, in arrival order (`replay_deliveries [--follow]`)
     discard()     an operator gives up on a pending delivery
 
 A verified delivery is stored (with its payload) before anything slow or outside this process happens to
-it: an authority lookup, an enqueue. It settles as queued, duplicate, ignored or rejected, and then its
-payload copy is deleted: the row keeps ids and the outcome only. An outcome decided from the delivery and
-the rules alone (ignored, rejected, or pending because our own identity on that forge is unknown) is the
-row's first and only write. It stays pending (payload kept, retried with backoff) while Redis is down,
-while the forge cannot answer an authority lookup, or while our identity is unknown. When the database
+it: learning our own identity on the forge, an authority lookup, an enqueue. An outcome decided from the
+delivery and the rules alone (ignored, rejected) is instead the row's first and only write. It settles as
+queued, duplicate, ignored or rejected, and then its payload copy is deleted: the row keeps ids and the
+outcome only. It stays pending (payload kept, retried with backoff) while Redis is down, while the forge
+cannot answer an authority lookup, or while our own identity on that forge is unknown. When the database
 cannot take it, the raw delivery is spooled to a Redis list and moved into the inbox later; only when
 neither can take it is the answer 503.
 
@@ -45,7 +45,7 @@ from pidispatch_site import rowwrites
 
 from . import authority, rulebook
 from .dispatch import dispatch, job_specs
-from .forge_config import self_identity
+from .forge_config import identity_at_hand, self_identity
 from .hooks import azure, forgejo, github, gitlab
 from .hooks.base import HookRefused, parse_json_object
 from .matching import decide
@@ -88,12 +88,16 @@ def receive(forge: str, event: str, delivery_id: str, raw_body: bytes, payload: 
     """A verified delivery whose body is a JSON object (`payload`, when already parsed). Its row is written
     by process(), before anything slow happens to it, or whole once its outcome is known."""
     now = timezone.now()
-    delivery = Delivery(forge=forge, delivery_id=delivery_id, event=event, payload=raw_body, attempts=1,
-                        attempted_at=now)
     try:
-        return _process_safely(delivery, payload, raw_body)
+        return _process_safely(_arrived(forge, event, delivery_id, raw_body, now), payload, raw_body)
     except Redelivered:
         return _answer_redelivery(forge, event, delivery_id, raw_body, now)
+
+
+def _arrived(forge: str, event: str, delivery_id: str, raw_body: bytes, now: datetime) -> Delivery:
+    """A verified delivery as it arrived, its row not yet written."""
+    return Delivery(forge=forge, delivery_id=delivery_id, event=event, payload=raw_body, attempts=1,
+                    attempted_at=now)
 
 
 def _write(delivery: Delivery, names: tuple[str, ...], *, wait_for_disk: bool) -> None:
@@ -137,8 +141,8 @@ def _process_safely(delivery: Delivery, payload: dict | None = None, raw_body: b
                           for frame in traceback.extract_tb(error.__traceback__)[-4:])
         logger.error("delivery_processing_error forge=%s delivery=%s error=%s at=%s", delivery.forge,
                      delivery.delivery_id, type(error).__name__, frames)
-        if delivery.pk is None:
-            delivery.payload = raw_body  # a settle that failed before its insert dropped it; the pend keeps it
+        if delivery.pk is None:  # a settle that failed before its insert changed it: pend it as it arrived
+            delivery = _arrived(delivery.forge, delivery.event, delivery.delivery_id, raw_body, delivery.attempted_at)
         try:
             return _pend(delivery, "processing-error")
         except DatabaseError:
@@ -245,6 +249,8 @@ def process(delivery: Delivery, payload: dict | None = None) -> Answer:
         logger.info("delivery_rejected forge=%s delivery=%s reason=%s", forge, delivery_id, refused.error)
         return Answer(refused.status, {"error": refused.error})
 
+    if not identity_at_hand(forge):
+        _store(delivery)  # learning it asks the forge
     identity = self_identity(forge)
     if identity is None:
         return _pend(delivery, "identity-unknown")

@@ -101,11 +101,15 @@ def _arrived(forge: str, event: str, delivery_id: str, raw_body: bytes, now: dat
 
 
 def _write(delivery: Delivery, names: tuple[str, ...], *, wait_for_disk: bool) -> None:
-    """The row's next state: its first write inserts the whole row (Redelivered when the row exists), a later
-    one updates `names`."""
-    if delivery.pk is not None:
+    """The row's next state: its first write inserts the whole row, a later one updates `names`."""
+    if delivery.pk is None:
+        _insert(delivery, wait_for_disk=wait_for_disk)
+    else:
         rowwrites.update(delivery, names, wait_for_disk=wait_for_disk)
-        return
+
+
+def _insert(delivery: Delivery, *, wait_for_disk: bool) -> None:
+    """The row's first write; Redelivered when the forge's delivery id is in the inbox already."""
     try:
         # In autocommit the insert is its own transaction; inside an outer one (tests, ATOMIC_REQUESTS) a
         # savepoint keeps a duplicate's IntegrityError from breaking it.
@@ -116,11 +120,11 @@ def _write(delivery: Delivery, names: tuple[str, ...], *, wait_for_disk: bool) -
 
 
 def _store(delivery: Delivery) -> None:
-    """Before a lookup or an enqueue: the row with its payload, so a crash of this process loses nothing (the
-    replayer takes stale "received" rows). It does not wait for the disk: the outcome's write does, or the
-    job does (module docstring)."""
+    """Before anything slow or outside this process (learning our identity, a lookup, an enqueue): the row
+    with its payload, so a crash of this process loses nothing (the replayer takes stale "received" rows).
+    It does not wait for the disk: the outcome's write does, or the job does (module docstring)."""
     if delivery.pk is None:
-        _write(delivery, (), wait_for_disk=False)
+        _insert(delivery, wait_for_disk=False)
 
 
 def _process_safely(delivery: Delivery, payload: dict | None = None, raw_body: bytes | None = None) -> Answer:

@@ -4,13 +4,17 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: run test install clean
+.PHONY: run test image install clean
 
 run: $(INSTALLED)
 	$(PY) -m devtools.stack run
 
 test: $(INSTALLED)
 	$(PY) -m devtools.stack test -- $(PYTEST_ARGS)
+
+# The production job image on this worker host (docker build where a registry answers, else from packages).
+image: $(INSTALLED)
+	$(PY) -m devtools.jobimage
 
 install: $(INSTALLED)
 

@@ -11,11 +11,18 @@ Starts a private Redis and Docker engine (as `make test` does), a temporary SQLi
                the record (the ladder alone)
   forge job    the same for a GitHub job, which also clones its repository from a local stand-in GitHub
 
+  real pi     enqueue -> run record of a GitHub job on the production image (make image), the real pi CLI
+              doing three model calls and two tool calls against a local scripted provider through its
+              egress gateway, beside `docker run` of the same image with the same flags, mounts and a gateway
+  gateway     one provider call through the gateway's socket against the same call made to the provider
+              directly (the latency the gateway adds per call)
+
 and prints medians, the enqueue-to-container-start latency, the gates' own share (as the worker logs it),
 everything the worker adds beyond the container's own API life, and the ratios. A forge job's workspace
 (token, default branch, protection, the clone) is shown apart: it is the job's own work, which the docker
 CLI baseline does not do. Targets: the gates add under 20 ms median beyond the container itself; a job
-stays within 1.2x the docker CLI. Measure on a quiet machine: the engine's own times swing with load.
+stays within 1.2x the docker CLI; the gateway adds under 2 ms median per provider call. Measure on a quiet
+machine: the engine's own times swing with load.
 """
 
 from __future__ import annotations
@@ -36,7 +43,14 @@ LOCAL_OWNER = (1234, 1234)
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from devtools import fake_forge, services  # noqa: E402
+from devtools import fake_forge, jobimage, scripted_provider, services  # noqa: E402
+
+REAL_MODEL = "claude-sonnet-4-5"
+REAL_SCENARIO = [  # what the real pi does in each round: three model calls, a write and a shell command
+    scripted_provider.ToolCall("write", {"path": "NOTES.md", "content": "bench\n"}),
+    scripted_provider.ToolCall("bash", {"command": "git status --short"}),
+    scripted_provider.Text("Done."),
+]
 
 
 def median_ms(values):
@@ -51,7 +65,7 @@ def docker_cli_command(docker_host: str, workdir: Path) -> tuple[list[str], dict
     (job_dir / "prompt.md").write_text("benchmark\n")
     os.chown(workspace, 1000, 1000)
     command = ["docker", "run", "--rm", "--init", "--cap-drop=ALL", "--security-opt", "no-new-privileges",
-               "--pids-limit=512", "--memory=256m", "--cpus=2", "--shm-size=1g", "--network=none",
+               "--pids-limit=512", "--memory=1g", "--cpus=2", "--shm-size=1g", "--network=none",
                "--user=1000:1000", "-v", f"{job_dir}:/job:ro", "-v", f"{workspace}:/workspace",
                "-e", "PI_JOB_ID=bench", "-e", "PI_FLOW=bench", services.DEMO_IMAGE]
     return command, {**os.environ, "DOCKER_HOST": docker_host}
@@ -104,9 +118,86 @@ def container_events(docker_host: str, sink: dict):
                 event["timeNano"] / 1e9)
 
 
+def real_cli_run(docker_host: str, scratch: Path, image: str, model, index: int) -> float:
+    """`docker run` of the real image with the worker's flags, its /job files and a gateway of its own, timed
+    from the command to its exit (what the CLI baseline of a real job costs, the model's calls included)."""
+    from apps.fleet.connection import get_redis
+    from apps.worker.sandbox import agent_config, gateway
+    from apps.worker.sandbox.providers import Upstream
+
+    job_dir, workspace = scratch / f"real-cli-job-{index}", scratch / f"real-cli-ws-{index}"
+    job_dir.mkdir()
+    workspace.mkdir()
+    (job_dir / "prompt.md").write_text("benchmark\n")
+    os.chown(workspace, 1000, 1000)
+    upstream = Upstream("anthropic", "anthropic-messages", model.url, builtin=True)
+    agent_config.write(job_dir, upstream, REAL_MODEL)
+    egress = gateway.EgressGateway(job_id=f"cli-{index}", upstream=upstream, key="bench-key", allow=frozenset(),
+                                   limits=gateway.Limits(), redis=get_redis(), owner=(1000, 1000),
+                                   on_stop=lambda reason: None)
+    egress.start()
+    try:
+        command = ["docker", "run", "--rm", "--init", "--cap-drop=ALL", "--security-opt", "no-new-privileges",
+                   "--pids-limit=512", "--memory=1g", "--cpus=2", "--shm-size=1g", "--network=none",
+                   "--user=1000:1000", "-v", f"{job_dir}:/job:ro", "-v", f"{workspace}:/workspace",
+                   "-e", "PI_JOB_ID=bench", "-e", "PI_FLOW=bench", "-e", "PI_PROVIDER=anthropic",
+                   "-e", f"PI_MODEL={REAL_MODEL}", "-e", "PI_MAX_TURNS=30", "-e", "HOME=/home/pi"]
+        for name, value in egress.container_environment().items():
+            command += ["-e", f"{name}={value}"]
+        for source, target in egress.mounts():
+            command += ["-v", f"{source}:{target}:ro"]
+        return timed(lambda: subprocess.run([*command, image], env={**os.environ, "DOCKER_HOST": docker_host},
+                                            check=True, capture_output=True))
+    finally:
+        egress.close()
+
+
+def gateway_latency(model, calls: int) -> tuple[list, list]:
+    """The same streamed Anthropic call, `calls` times each way, interleaved: to the provider, and through a
+    gateway's provider socket (over a kept-alive connection, as pi's client keeps one)."""
+    import http.client
+    import json as json_module
+    from urllib.parse import urlsplit
+
+    from apps.fleet.connection import get_redis
+    from apps.worker.sandbox import gateway
+    from apps.worker.sandbox.providers import Upstream
+    from tests.egress_support import UnixHTTPConnection
+
+    body = json_module.dumps({"model": REAL_MODEL, "max_tokens": 256, "stream": True,
+                              "messages": [{"role": "user", "content": "x" * 20000}]}).encode()
+    headers = {"Content-Type": "application/json", "x-api-key": "bench-key", "anthropic-version": "2023-06-01"}
+    upstream = Upstream("anthropic", "anthropic-messages", model.url, builtin=True)
+    egress = gateway.EgressGateway(job_id="bench-latency", upstream=upstream, key="bench-key", allow=frozenset(),
+                                   limits=gateway.Limits(), redis=get_redis(), owner=(os.geteuid(), os.getegid()),
+                                   on_stop=lambda reason: None)
+    egress.start()
+    address = urlsplit(model.url)
+    direct_connection = http.client.HTTPConnection(address.hostname, address.port)
+    gated_connection = UnixHTTPConnection(str(egress.provider_socket))
+    direct, gated = [], []
+
+    def call(connection):
+        start = time.perf_counter()
+        connection.request("POST", "/v1/messages", body=body, headers=headers)
+        answer = connection.getresponse()
+        answer.read()
+        return time.perf_counter() - start
+
+    try:
+        for _ in range(calls):
+            direct.append(call(direct_connection))
+            gated.append(call(gated_connection))
+    finally:
+        egress.close()
+    return direct, gated
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="time the worker's overhead against docker run and bare RQ")
     parser.add_argument("--jobs", type=int, default=20)
+    parser.add_argument("--real-jobs", type=int, default=6, help="rounds with the real pi (0: skip them)")
+    parser.add_argument("--calls", type=int, default=200, help="provider calls for the gateway's latency")
     args = parser.parse_args()
 
     stack = []
@@ -121,6 +212,10 @@ def main() -> int:
             if dockerd:
                 stack.append(dockerd)
             services.ensure_demo_image(docker_host)
+            real_image = jobimage.ensure_image(docker_host) if args.real_jobs else ""
+            model = scripted_provider.ScriptedProvider(key="bench-key", scenarios={"bench": REAL_SCENARIO},
+                                                       default="bench")
+            stack.append(services.Service("scripted model", stop_function=model.close))
             # Forge jobs clone their repository: a local stand-in GitHub serves one (no forge is reachable).
             forge = fake_forge.github_for_any_repository(scratch / "forge", "bench-token", {"README.md": "bench\n"})
             stack.append(services.Service("stand-in GitHub", stop_function=forge.close))
@@ -128,8 +223,9 @@ def main() -> int:
             env = {
                 **os.environ, "REDIS_URL": redis_service.env["REDIS_URL"], "DOCKER_HOST": docker_host,
                 "DATABASE_URL": f"sqlite:///{scratch / 'bench.sqlite3'}", "PI_JOB_IMAGE": services.DEMO_IMAGE,
-                "PI_JOB_ROOT": str(scratch / "jobs"), "PI_JOB_MEMORY": "256m", "PI_DAILY_CAP": "100000",
+                "PI_JOB_ROOT": str(scratch / "jobs"), "PI_JOB_MEMORY": "1g", "PI_DAILY_CAP": "100000",
                 "ANTHROPIC_API_KEY": "bench-key", "DJANGO_SETTINGS_MODULE": "pidispatch_site.settings",
+                "PI_PROVIDER": "anthropic", "PI_PROVIDER_BASE_URL": model.url, "PI_MODEL": REAL_MODEL,
                 "GITHUB_API_URL": forge.url, "GITHUB_TOKEN": "bench-token",
             }
             subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
@@ -195,6 +291,17 @@ def main() -> int:
                                        target_type="local", flow="bench", task="benchmark", force=True), local)
                 pidispatch_job(JobSpec(job_id=f"gh-bench-{uuid.uuid4().hex[:12]}", kind="github", repo="bench/repo",
                                        target_type="issue", number=index + 1, flow="bench", body="benchmark"), forged)
+
+            real_cli, real = [], Measures()
+            if args.real_jobs:
+                print(f"==> {args.real_jobs} rounds of: docker run CLI of the real image, a real-pi job", flush=True)
+                for index in range(args.real_jobs):
+                    real_cli.append(real_cli_run(docker_host, scratch, real_image, model, index))
+                    pidispatch_job(JobSpec(job_id=f"gh-real-{uuid.uuid4().hex[:12]}", kind="github",
+                                           repo="bench/repo", target_type="issue", number=1000 + index,
+                                           flow="bench", body="benchmark", image=real_image), real)
+            print(f"==> {args.calls} provider calls, direct and through the gateway", flush=True)
+            direct, gated = gateway_latency(model, args.calls)
         finally:
             for service in reversed(stack):
                 service.stop()
@@ -214,7 +321,19 @@ def main() -> int:
                   "   (the job's work, not overhead)")
             print(f"{name + ', all the worker adds':52} {median_ms(measures.added):10.1f}   "
                   f"(RQ pickup, gates, files, record; bare RQ alone: {median_ms(bare):.1f})")
+    if real.full:
+        print(f"{'docker run CLI, real image and pi (baseline)':52} {median_ms(real_cli):10.1f}")
+        print(f"{'real-pi job, enqueue -> run record':52} {median_ms(real.full):10.1f}")
+        if real.added:
+            print(f"{'real-pi job, all the worker adds':52} {median_ms(real.added):10.1f}")
+    print(f"{'provider call, direct':52} {median_ms(direct):10.2f}")
+    print(f"{'provider call, through the gateway':52} {median_ms(gated):10.2f}")
+    print(f"{'the gateway adds per call':52} {median_ms(gated) - median_ms(direct):10.2f}   target < 2 ms")
     print(f"{'ratio local job / docker run CLI':52} {statistics.median(local.full) / baseline:10.2f}   target <= 1.2")
+    if real.full:
+        print(f"{'ratio real-pi job / docker run CLI of it':52} "
+              f"{statistics.median(real.full) / statistics.median(real_cli):10.2f}   target <= 1.2 "
+              "(includes its clone)")
     print(f"{'ratio forge job / docker run CLI':52} {statistics.median(forged.full) / baseline:10.2f}   "
           "(includes its clone, which the CLI baseline does not do)")
     return 1 if failures else 0

@@ -23,14 +23,15 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from . import fake_forge, services
+from . import fake_forge, jobimage, scripted_provider, services
 from .services import ROOT, Service, SetupError, say
 
 VAR = ROOT / "var"
 DEV_ENV = VAR / "dev.env"
 SAMPLE_DELIVERY = ROOT / "tests" / "payloads" / "github" / "issues_labeled.json"
 DEMO_SELF_ID = "1"  # the demo deployment's own (made-up) GitHub account id, for the bot-loop guard
-DEMO_TIMEOUT_SECONDS = 60
+DEMO_TIMEOUT_SECONDS = 180
+DEMO_MODEL = "claude-sonnet-4-5"  # priced from pi's list, so the demo's record shows a cost
 DEMO_FORGE_TOKEN = "demo-github-token"
 DEMO_REPOSITORY = {
     "README.md": "# acme/web\n\nThe demo repository the demo job clones.\n",
@@ -187,6 +188,29 @@ def _wait_for_run(job_id: str, timeout: float):
     return None
 
 
+def _demo_provider(env: dict, stack: Stack) -> str:
+    """The demo's model: the real provider through the gateway when its key is set, else a local scripted one
+    (devtools/scripted_provider.py) behind the same gateway, standing in for Anthropic. Says which."""
+    provider = env.setdefault("PI_PROVIDER", "anthropic")
+    registry = json.loads((ROOT / "apps" / "worker" / "sandbox" / "pi_registry.json").read_text())["providers"]
+    variable = registry.get(provider, {}).get("keyVariable")
+    if env.get("PI_JOB_IMAGE") == services.DEMO_IMAGE:
+        env.setdefault(variable or "ANTHROPIC_API_KEY", "demo-key-the-fake-runner-never-uses")
+        return "the fake runner of the demo image, no model"
+    if (variable and env.get(variable)) or env.get("PI_PROVIDER_BASE_URL"):
+        say(f"the demo job talks to the real {provider} provider through its egress gateway "
+            f"({variable or 'PI_PROVIDER_KEY_VARS'} is set; it never enters the container)")
+        return f"real {provider}"
+    key = secrets.token_hex(16)
+    model = scripted_provider.ScriptedProvider(key=key)
+    stack.add(Service("scripted model", stop_function=model.close))
+    env.update(PI_PROVIDER="anthropic", PI_PROVIDER_BASE_URL=model.url, ANTHROPIC_API_KEY=key,
+               PI_MODEL=env.get("PI_MODEL") or DEMO_MODEL)
+    say(f"no provider key is set: the demo's model is a local scripted stand-in for Anthropic at {model.url} "
+        "(set ANTHROPIC_API_KEY to use the real one); the real pi calls it through its gateway")
+    return f"scripted model standing in for anthropic/{env['PI_MODEL']}"
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -220,12 +244,12 @@ def run_platform(args) -> int:
         stack.docker_host = docker_host
         if docker_host:
             env["DOCKER_HOST"] = docker_host
-        env.setdefault("PI_JOB_IMAGE", services.DEMO_IMAGE)
+        env.setdefault("PI_JOB_IMAGE", jobimage.DEFAULT_TAG)
         if env["PI_JOB_IMAGE"] == services.DEMO_IMAGE:
-            services.ensure_demo_image(docker_host, services.DEMO_IMAGE)
-            # The fake runner calls no model; the provider gate still wants a key, so the demo brings one.
-            env.setdefault("PI_PROVIDER", "anthropic")
-            env.setdefault("ANTHROPIC_API_KEY", "demo-key-the-fake-runner-never-uses")
+            services.ensure_demo_image(docker_host, services.DEMO_IMAGE)  # the fake runner: no model at all
+        elif env["PI_JOB_IMAGE"] == jobimage.DEFAULT_TAG:
+            jobimage.ensure_image(docker_host, jobimage.DEFAULT_TAG)  # the real pi (about a minute, once)
+        demo_model = _demo_provider(env, stack)
 
         if not os.environ.get("GITHUB_API_URL"):
             # No GitHub can be reached from here: a local stand-in answers the demo job's API calls (token,
@@ -267,7 +291,9 @@ def run_platform(args) -> int:
                              "above (is the worker running, can it reach Docker?).")
         url = f"{base_url}/admin/worker/run/{run.pk}/change/"
         detail = f" ({run.reason})" if run.reason else ""
-        print(f"\ndemo run {job_id} {run.outcome}{detail}: {url}\n", flush=True)
+        spend = (f"{run.tokens_total} tokens" if run.tokens_total is not None else "no tokens metered") + (
+            f", ${run.cost}" if run.cost is not None else "")
+        print(f"\ndemo run {job_id} {run.outcome}{detail} ({demo_model}; {spend}): {url}\n", flush=True)
         say(f"admin: {base_url}/admin/  (user '{os.environ.get('PI_ADMIN_USER', 'admin')}')")
         say("everything keeps running; press Ctrl-C to stop it all")
 
@@ -298,6 +324,8 @@ def run_tests(args) -> int:
             stack.add(dockerd)
             stack.docker_host = docker_host
             services.ensure_demo_image(docker_host, services.DEMO_IMAGE)
+            # The production image, for the tests where the real pi matters (built once, cached by its inputs).
+            real_image = jobimage.ensure_image(docker_host, jobimage.DEFAULT_TAG)
             services.ensure_package("git", "git")
             services.ensure_package("node", "nodejs")  # the image runner's tests run it on the host
             services.ensure_package("chromium", "chromium")  # the fleet panel's browser test
@@ -307,6 +335,7 @@ def run_tests(args) -> int:
                 "REDIS_URL": redis_service.env["REDIS_URL"],
                 "DOCKER_HOST": docker_host,
                 "PI_JOB_IMAGE": services.DEMO_IMAGE,
+                "PI_REAL_JOB_IMAGE": real_image,
                 # No connection may outlive a test's thread (live servers), or the test database cannot be dropped.
                 "DATABASE_CONN_MAX_AGE": "0",
                 "PIDISPATCH_TEST_STACK": "1",

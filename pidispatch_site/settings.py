@@ -162,6 +162,18 @@ PI_PROVIDER = env("PI_PROVIDER", default="anthropic")
 PI_MODEL = env("PI_MODEL", default="")
 # Extra `provider:ENV_VAR` pairs for providers the built-in table does not know.
 PI_PROVIDER_KEY_VARS = env("PI_PROVIDER_KEY_VARS", default="")
+# The egress gateway (apps/worker/sandbox/): the PI_PROVIDER's upstream when it is not pi's built-in endpoint
+# (a company proxy, or any OpenAI-compatible server) and that endpoint's API kind for a custom provider.
+PI_PROVIDER_BASE_URL = env("PI_PROVIDER_BASE_URL", default="")
+PI_PROVIDER_API = env("PI_PROVIDER_API", default="")
+# How long a provider may go silent mid-answer before the call counts as failed.
+PI_PROVIDER_READ_TIMEOUT_SECONDS = env.int("PI_PROVIDER_READ_TIMEOUT_SECONDS", default=300)
+# host:port pairs a job may open tunnels to besides its provider (none by default).
+PI_EGRESS_ALLOW = env("PI_EGRESS_ALLOW", default="")
+# Where each job's gateway sockets live on the host (short: unix socket paths are limited to 108 bytes).
+PI_EGRESS_SOCKET_DIR = env("PI_EGRESS_SOCKET_DIR", default="")
+# The operator's dollar prices per model (JSON), over pi's list prices.
+PI_MODEL_PRICES = env("PI_MODEL_PRICES", default="")
 # Spend caps (job counts per UTC day / Monday week / month; 0 or unset = no cap).
 PI_DAILY_CAP = env.int("PI_DAILY_CAP", default=25) or None
 PI_WEEKLY_CAP = env.int("PI_WEEKLY_CAP", default=0) or None

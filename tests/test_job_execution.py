@@ -11,13 +11,11 @@ import pytest
 from rq import Queue
 
 from apps.worker.models import Outcome, Run
-from tests.conftest import github_payload, wait_for
+from tests.conftest import CONTAINER_ENV, SHELL_OWN_ENV, github_payload, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
-CLOSED_ENV = {"HOME", "PATH", "PI_JOB_ID", "PI_FLOW", "PI_MAX_TURNS", "PI_PROVIDER", "ANTHROPIC_API_KEY", "HOSTNAME",
-              "GITHUB_TOKEN", "GH_TOKEN", "GITHUB_API_URL"}  # the job's own forge token and its instance
-SHELL_OWN_ENV = {"PWD", "SHLVL", "OLDPWD", "_"}
+
 
 
 def deliver(post_github, delivery: str, body_text: str = "Please fix it.") -> str:
@@ -106,9 +104,10 @@ def test_the_container_is_locked_down(post_github, label_trigger, run_worker, se
     assert int(report["memory_max"]) == 256 * 1024**2
     # Nothing of the worker's environment (its webhook secret, a canary) reaches the container.
     env_names = set(report["env_names"].split()) - SHELL_OWN_ENV
-    assert env_names <= CLOSED_ENV, env_names - CLOSED_ENV
+    assert env_names <= CONTAINER_ENV, env_names - CONTAINER_ENV
     given = {entry.split("=", 1)[0] for entry in config["Env"]}
-    assert given <= CLOSED_ENV and "LEAK_CANARY" not in given and "GITHUB_WEBHOOK_SECRET" not in given
+    assert given <= CONTAINER_ENV and "LEAK_CANARY" not in given and "GITHUB_WEBHOOK_SECRET" not in given
+    assert "ANTHROPIC_API_KEY" not in given  # the provider key stays with the gateway
     assert Run.objects.get(job_id=job_id).outcome == Outcome.COMPLETED
     assert _find_container(engine, f"pi-job-{job_id}") is None  # removed after the run
 
@@ -223,3 +222,19 @@ def test_a_confirmed_oom_kill_is_a_policy_stop(post_github, label_trigger, run_w
     run = Run.objects.get(job_id=job_id)
     assert (run.outcome, run.reason, run.exit_code) == (Outcome.POLICY, "oom-killed", 137)
     assert Run.objects.filter(job_id=job_id).count() == 1  # never retried
+
+
+def test_a_runners_token_claim_is_clamped_to_the_jobs_budget(post_github, label_trigger, run_worker, redis_conn):
+    """The exit line is the container's word: a claim of 10^12 tokens (no provider call went through the
+    gateway, so nothing was metered) counts no more than the job could have spent."""
+    from django.utils import timezone
+
+    from apps.worker import budget
+
+    job_id = deliver(post_github, "e2e-claim", "fake-agent:tokens-in=999999999999 fake-agent:tokens-out=1")
+
+    run_worker("pi-jobs", env_overrides={"PI_MAX_TOKENS": "5000", "PI_DAILY_TOKEN_CAP": "100000"})
+
+    run = Run.objects.get(job_id=job_id)
+    assert run.outcome == Outcome.COMPLETED and run.tokens_total == 5000
+    assert budget.tokens_spent_today(redis_conn, timezone.now()) == 5000  # the day's other jobs still run

@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -86,10 +87,60 @@ def test_the_turn_budget_stops_pi(job_dir, tmp_path):
     assert result.returncode == 2 and exit_line(result)["reason"] == "turn-budget"
 
 
-def test_the_token_budget_stops_pi(job_dir, tmp_path):
+def test_tokens_are_not_the_runners_to_bound(job_dir, tmp_path):
+    """The job's gateway holds it to its token budget (tests/test_real_pi.py); a budget in the runner's own
+    environment, which the container could change, stops nothing."""
     result = run_runner(job_dir, tmp_path, PI_MAX_TOKENS="2000", FAKE_PI_DELAY="0.05")
-    line = exit_line(result)
-    assert result.returncode == 2 and line["reason"] == "token-budget" and line["tokens"]["total"] > 2000
+    assert result.returncode == 0 and exit_line(result)["tokens"]["total"] > 2000
+
+
+def test_the_runner_speaks_the_workers_protocol():
+    from apps.worker.sandbox import image_contract
+
+    assert f'export const RUNNER_PROTOCOL = "{image_contract.RUNNER_PROTOCOL}";' in RUNNER.read_text()
+
+
+def test_each_gateway_socket_gets_a_loopback_forwarder(job_dir, tmp_path):
+    """The runner listens on loopback (8080 and 3128 in the image) and pipes every byte to the gateway's sockets."""
+    import socket
+    import threading
+
+    egress = tmp_path / "egress"
+    egress.mkdir()
+    heard = {}
+    servers = []
+    for name in ("provider.sock", "proxy.sock"):
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(egress / name))
+        server.listen()
+        servers.append((name, server))
+
+    def answer(name, server):
+        conn, _ = server.accept()
+        heard[name] = conn.recv(1024)
+        conn.sendall(b"pong-" + name.encode())
+        conn.close()
+
+    threads = [threading.Thread(target=answer, args=pair, daemon=True) for pair in servers]
+    for thread in threads:
+        thread.start()
+    ports = []
+    for _ in range(2):
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            ports.append(free.getsockname()[1])
+    probe = (f"import socket\nfor port in {tuple(ports)}:\n s = socket.create_connection(('127.0.0.1', port))\n"
+             f" s.sendall(b'ping'); print(s.recv(64).decode())\n")
+    # The fake pi is this probe: it talks to the forwarders the runner started before spawning it.
+    fake_pi = tmp_path / "pi"
+    fake_pi.write_text(f"#!/bin/sh\nexec {sys.executable} -c \"{probe}\"\n")
+    fake_pi.chmod(0o755)
+    result = run_runner(job_dir, tmp_path, PI_BIN=str(fake_pi), PI_RUNNER_EGRESS_DIR=str(egress),
+                        PI_RUNNER_EGRESS_PORTS=",".join(map(str, ports)))
+    for thread in threads:
+        thread.join(10)
+    assert heard == {"provider.sock": b"ping", "proxy.sock": b"ping"}
+    assert "pong-provider.sock" in result.stdout.decode() and "pong-proxy.sock" in result.stdout.decode()
 
 
 def test_pi_crashing_is_infrastructure(job_dir, tmp_path):

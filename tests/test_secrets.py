@@ -221,10 +221,11 @@ def test_a_mapped_provider_variable_is_reserved_too(resolver, settings):
 @pytest.mark.django_db
 def test_every_name_the_container_is_given_is_reserved():
     from apps.worker import ladder, runtime_settings
+    from apps.worker.sandbox.gateway import EgressGateway
 
     spec = forge_spec("gh-env", model="m", exclude_tools=("bash",))
     runtime = replace(runtime_settings.current(), max_tokens=5)
-    given = ladder.container_environment(spec, runtime, "anthropic", ("ANTHROPIC_API_KEY", "k"),
+    given = ladder.container_environment(spec, runtime, "anthropic", EgressGateway.container_environment(),
                                          {"GITHUB_TOKEN": "t", "GH_TOKEN": "t", "GITHUB_API_URL": "u"})
     assert all(secrets.is_reserved(name) for name in given)
 

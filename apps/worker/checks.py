@@ -40,3 +40,44 @@ def secret_resolver_settings(app_configs, **kwargs):
                 "jobs needing it will retry and fail (secret-resolver-unreachable).",
                 hint="Install the resolver at the declared path and make it executable.", id="worker.W001"))
     return found
+
+
+@register()
+def egress_settings(app_configs, **kwargs):
+    """The gateway's upstream, allowlist and prices: a mistake here would fail every job, so it fails start."""
+    from urllib.parse import urlsplit
+
+    from .sandbox import prices, providers
+    from .sandbox.egress_policy import PolicyError, parse_allowlist
+
+    found = []
+    try:
+        parse_allowlist(settings.PI_EGRESS_ALLOW)
+    except PolicyError as error:
+        found.append(Error(str(error), hint="A comma-separated list like registry.npmjs.org:443,pypi.org:443.",
+                           id="worker.E004"))
+    base_url = settings.PI_PROVIDER_BASE_URL
+    if base_url:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            found.append(Error(f"PI_PROVIDER_BASE_URL {base_url!r} is not an http(s) URL without query.",
+                               hint="e.g. https://llm.example.com/v1", id="worker.E005"))
+    if settings.PI_PROVIDER_API and settings.PI_PROVIDER_API not in providers.METERED_APIS:
+        found.append(Error(f"PI_PROVIDER_API {settings.PI_PROVIDER_API!r} is not one the gateway can meter.",
+                           hint=f"One of {', '.join(providers.METERED_APIS)}.", id="worker.E006"))
+    provider = settings.PI_PROVIDER
+    if provider not in providers.builtin_providers():
+        missing = [name for name, value in (("PI_PROVIDER_BASE_URL", base_url),
+                                            ("PI_PROVIDER_API", settings.PI_PROVIDER_API),
+                                            ("PI_MODEL", settings.PI_MODEL)) if not value]
+        if not providers.key_variable(provider):
+            missing.append(f"PI_PROVIDER_KEY_VARS ({provider}:<VARIABLE>)")
+        if missing:
+            found.append(Error(f"PI_PROVIDER {provider!r} is not one of pi's built-in providers, so its endpoint must "
+                               f"be configured: set {', '.join(missing)}.", id="worker.E007"))
+    if settings.PI_MODEL_PRICES:
+        try:
+            prices.price("-", "-")
+        except ImproperlyConfigured as error:
+            found.append(Error(str(error), id="worker.E008"))
+    return found

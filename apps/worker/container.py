@@ -18,6 +18,8 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import LogConfig, Mount
 from django.conf import settings
 
+from .sandbox import image_contract
+
 logger = logging.getLogger("pidispatch.container")
 
 JOB_LABEL = "pidispatch.job"
@@ -92,14 +94,37 @@ def memory_bytes(size: str) -> int:
     return int(size)
 
 
+class ImageIncompatible(Exception):
+    """The image is there but was not built for this worker's runner protocol: refused with `reason`."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
 def preflight_image(client: docker.DockerClient, image: str) -> str:
-    """The image id, or ImageMissing / EngineUnavailable. Never cached: an operator may rebuild mid-day."""
+    """The image id, or ImageMissing / ImageIncompatible / EngineUnavailable. Never cached: an operator may
+    rebuild mid-day. The image's labels say which runner protocol it speaks (apps/worker/sandbox/image_contract.py)."""
     try:
-        return client.images.get(image).id
+        found = client.images.get(image)
     except ImageNotFound:
         raise ImageMissing(image) from None
     except (APIError, requests.RequestException, DockerException) as exc:
         raise EngineUnavailable(type(exc).__name__) from None
+    reason = image_contract.incompatibility(found.labels)
+    if reason:
+        raise ImageIncompatible(reason)
+    return found.id
+
+
+def stop_job_container(job_id: str) -> None:
+    """Stop a job's container now (SIGTERM, SIGKILL after the grace), from any thread of the worker."""
+    try:
+        engine().containers.get(container_name(job_id)).stop(timeout=STOP_GRACE_SECONDS)
+    except NotFound:
+        pass
+    except (EngineUnavailable, APIError, requests.RequestException, DockerException):
+        logger.warning("container_stop_failed container=%s", container_name(job_id))
 
 
 def run_container(
@@ -115,6 +140,7 @@ def run_container(
     user: tuple[int, int],
     memory: str,
     cpus: float,
+    egress_mounts: list[tuple[str, str]] = (),
 ) -> ContainerExit:
     uid, gid = user
     if uid == 0:
@@ -139,6 +165,8 @@ def run_container(
             mounts=[
                 Mount("/job", str(job_dir), type="bind", read_only=True),
                 Mount("/workspace", str(workspace), type="bind", read_only=False),
+                # The gateway's sockets: the container's only way out (network_mode none).
+                *(Mount(target, source, type="bind", read_only=True) for source, target in egress_mounts),
             ],
             log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
             detach=True,

@@ -8,8 +8,9 @@ no attempt, no record), or ends it with a `Verdict` (refused, or an infrastructu
     4 scope concurrency, folder mutex -> defer (PI_SCOPE_BUSY_RECHECK_SECONDS)
     5 settings overlay       -> settings-overlay-invalid
     6 one-shot spent         -> once-already-spent
-    7 image preflight        -> job-image-missing; engine down -> retry
-    8 provider credential    -> provider-unconfigured
+    7 image preflight        -> job-image-missing / job-image-unlabelled / job-image-protocol-mismatch;
+                                engine down -> retry
+    8 provider credential    -> provider-unconfigured (no key on this worker, or no upstream the gateway serves)
     9 secrets (run.secrets)  -> secret-name-reserved / secret-profile-unknown / secret-profile-ambiguous /
                              secret-unresolved; resolver unreachable -> retry (apps/worker/secrets.py)
    10 workspace              forge job: the job's token, the default branch's commit and protection, a
@@ -18,7 +19,9 @@ no attempt, no record), or ends it with a `Verdict` (refused, or an infrastructu
                              local job: the folder itself -> workspace-* / job-user-unmappable
    11 daily token cap        -> daily-token-cap
    12 job-count caps         -> scope-cap, over-budget, soft-hold
-   13 the container          -> completed | policy | retry
+   13 the container, behind its egress gateway (apps/worker/sandbox/gateway.py)
+                             -> completed | policy (the gateway's stop: token-budget, daily-token-cap,
+                                model-not-allowed; egress-denied, provider-auth-refused) | retry
 """
 
 from __future__ import annotations
@@ -43,13 +46,14 @@ from . import (
     forge_workspace,
     jobfiles,
     leases,
-    providers,
     quiet_hours,
     runtime_settings,
     secrets,
     waitfor,
 )
-from .exitline import parse_exit_line
+from .exitline import Telemetry, parse_exit_line
+from .sandbox import agent_config, gateway, prices, providers
+from .sandbox.egress_policy import parse_allowlist
 from .forges import ForgeFailure
 from .jobs import FORGE_KINDS, JobSpec, job_time_budget_seconds
 from .models import Outcome, PauseWindow, Run
@@ -100,11 +104,12 @@ class Attempt:
 
 
 def container_environment(spec: JobSpec, runtime: runtime_settings.RuntimeSettings, provider: str,
-                          credential: tuple[str, str], forge: dict[str, str] | None = None,
+                          egress: dict[str, str], forge: dict[str, str] | None = None,
                           secret_values: dict[str, str] | None = None) -> dict[str, str]:
-    """The container's whole environment, from a closed list: nothing of the worker's is inherited. A forge
-    job adds its own token under the forge's usual names (and the instance URL), never the worker's. The
-    job's resolved secrets come last; gate 9 refused any name that could shadow one of the above."""
+    """The container's whole environment, from a closed list: nothing of the worker's is inherited, and no
+    provider key (the gateway adds it outside). `egress` points pi and every other client at the gateway. A
+    forge job adds its own token under the forge's usual names (and the instance URL), never the worker's.
+    The job's resolved secrets come last; gate 9 refused any name that could shadow one of the above."""
     environment = {
         "HOME": "/home/pi",
         "PI_JOB_ID": spec.job_id,
@@ -115,38 +120,72 @@ def container_environment(spec: JobSpec, runtime: runtime_settings.RuntimeSettin
         environment["PI_FLOW"] = spec.flow
     else:
         environment["PI_COMMAND"] = spec.command
-    if runtime.max_tokens:
-        environment["PI_MAX_TOKENS"] = str(runtime.max_tokens)
-    model = spec.model or settings.PI_MODEL
+    model = job_model(spec)
     if model:
         environment["PI_MODEL"] = model
     if spec.exclude_tools:
         environment["PI_EXCLUDE_TOOLS"] = ",".join(spec.exclude_tools)
-    name, value = credential
-    environment[name] = value  # the provider's own variable, and only this provider's
+    environment.update(egress)
     environment.update(forge or {})
     environment.update(secret_values or {})
     return environment
 
 
-def classify(result: container.ContainerExit) -> Verdict:
-    """Exit code to outcome. The exit line adds numbers; it never changes the classification."""
+def job_model(spec: JobSpec) -> str:
+    return spec.model or settings.PI_MODEL
+
+
+def gateway_limits(spec: JobSpec, upstream: providers.Upstream, runtime: runtime_settings.RuntimeSettings):
+    """The job's token budget and the day's cap; the model is held to only when it names one exactly (pi
+    also takes fuzzy patterns like `sonnet`, which the gateway cannot tell apart from another model)."""
+    model = job_model(spec)
+    exact = model and (not upstream.builtin or prices.is_listed(upstream.provider, model))
+    return gateway.Limits(max_tokens=runtime.max_tokens, daily_token_cap=runtime.daily_token_cap,
+                          model=model if exact else "")
+
+
+def classify(result: container.ContainerExit, egress: gateway.EgressReport | None = None,
+             runtime: runtime_settings.RuntimeSettings | None = None) -> Verdict:
+    """Exit code to outcome. What the gateway saw decides before it: a stop it made is the run's policy end,
+    and a failure after the gateway refused a call (or the provider refused the key) is that refusal, not a
+    fault to retry. The exit line adds numbers; it never changes the classification."""
     code = result.exit_code
-    telemetry = parse_exit_line(result.output_tail, code)
-    fields = {"exit_code": code, "telemetry": telemetry, "budget_reserved": True}
+    exit_line = parse_exit_line(result.output_tail, code)
+    fields = {"exit_code": code, "telemetry": _telemetry(exit_line, egress, runtime), "budget_reserved": True}
+    if egress is not None and egress.stop_reason:
+        return Verdict.refused(egress.stop_reason, **fields)
     if result.timed_out:
         return Verdict.refused("worker-abort", **fields)
     if code == EXIT_COMPLETED:
         return Verdict(outcome=Outcome.COMPLETED, **fields)
+    if egress is not None and egress.auth_refused:
+        return Verdict.refused("provider-auth-refused", **fields)
     if code == EXIT_POLICY:
-        return Verdict.refused(telemetry.reason or "runner-policy", **fields)
+        return Verdict.refused(exit_line.reason or "runner-policy", **fields)
     if code == EXIT_KILLED and result.oom_killed:
         return Verdict.refused("oom-killed", **fields)
     if code in EXITS_NEVER_STARTED:
         return Verdict.infrastructure_fault("container-never-started", **{**fields, "budget_reserved": False})
+    if egress is not None and egress.denied:
+        return Verdict.refused("egress-denied", **fields)
     if code == EXIT_INFRASTRUCTURE:
         return Verdict.infrastructure_fault("runner-infra", **fields)
     return Verdict.infrastructure_fault("container-exit-unknown", **fields)
+
+
+def _telemetry(exit_line: Telemetry, egress: gateway.EgressReport | None,
+               runtime: runtime_settings.RuntimeSettings | None) -> Telemetry:
+    """The gateway's count when it forwarded any provider call; otherwise the runner's claim, which is
+    untrusted: its token counts are clamped to the job's budget (or the day's cap), so it can neither stop
+    the day's jobs with a made-up 10^12 nor be trusted past what the job could have spent."""
+    if egress is not None and egress.meter.metered:
+        return egress.meter.telemetry(turns=exit_line.turns)
+    ceiling = runtime and (runtime.max_tokens or runtime.daily_token_cap)
+    if not ceiling:
+        return exit_line
+    clamp = lambda value: None if value is None else min(value, ceiling)  # noqa: E731
+    return replace(exit_line, tokens_in=clamp(exit_line.tokens_in), tokens_out=clamp(exit_line.tokens_out),
+                   tokens_total=clamp(exit_line.tokens_total))
 
 
 def warm_up() -> None:
@@ -237,15 +276,19 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         container.preflight_image(client, attempt.image)
     except container.ImageMissing:
         return Verdict.refused("job-image-missing")
+    except container.ImageIncompatible as incompatible:
+        logger.error("job_image_refused job=%s image=%s reason=%s", spec.job_id, attempt.image, incompatible.reason)
+        return Verdict.refused(incompatible.reason)
     except container.EngineUnavailable:
         return Verdict.infrastructure_fault("docker-unavailable")
 
-    # 8. The provider's credential.
+    # 8. The provider: a key on this worker and an upstream its gateway can serve (and meter).
     provider = spec.provider or settings.PI_PROVIDER
     credential = providers.credential(provider)
-    if credential is None:
-        logger.error("provider_unconfigured job=%s provider=%s variable=%s", spec.job_id, provider,
-                     providers.key_variable(provider) or "-")
+    upstream = providers.upstream(provider)
+    if credential is None or upstream is None:
+        logger.error("provider_unconfigured job=%s provider=%s variable=%s upstream=%s", spec.job_id, provider,
+                     providers.key_variable(provider) or "-", "unknown" if upstream is None else "ok")
         return Verdict.refused("provider-unconfigured")
 
     # 9. The job's secrets, resolved on this host (before the workspace: nothing costly for a job refused here).
@@ -269,6 +312,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         attempt.workspace_seconds = time.perf_counter() - workspace_started
         workspace_folder, user = local.folder, local.owner
     dirs = attempt.dirs = jobfiles.prepare(spec, settings.PI_JOB_ROOT, owner=user, workspace=workspace_folder)
+    agent_config.write(dirs.job, upstream, job_model(spec))
     if spec.kind in FORGE_KINDS:
         workspace_started = time.perf_counter()
         try:
@@ -300,6 +344,17 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         reservation.give_back(redis)
         return Verdict.refused("operator-cancel")
     container_started = time.perf_counter()
+    egress = gateway.EgressGateway(
+        job_id=spec.job_id, upstream=upstream, key=credential[1], allow=parse_allowlist(settings.PI_EGRESS_ALLOW),
+        limits=gateway_limits(spec, upstream, runtime), redis=redis, owner=user,
+        on_stop=lambda reason: container.stop_job_container(spec.job_id),
+    )
+    try:
+        egress.start()
+    except gateway.GatewayUnavailable as exc:
+        logger.error("egress_gateway_unavailable job=%s why=%s", spec.job_id, exc)
+        reservation.give_back(redis)
+        return Verdict.infrastructure_fault("egress-gateway-unavailable")
     try:
         result = container.run_container(
             client,
@@ -308,13 +363,14 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             image=attempt.image,
             job_dir=dirs.job,
             workspace=dirs.workspace,
-            environment=container_environment(spec, runtime, provider, credential,
+            environment=container_environment(spec, runtime, provider, egress.container_environment(),
                                               attempt.forge.environment() if attempt.forge else None,
                                               secret_values),
             timeout_seconds=settings.PI_JOB_TIMEOUT_SECONDS,
             user=user,
             memory=runtime.job_memory,
             cpus=runtime.job_cpus,
+            egress_mounts=egress.mounts(),
         )
     except container.ImageMissing:
         reservation.give_back(redis)
@@ -324,11 +380,13 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         return Verdict.infrastructure_fault("container-never-started")
     except container.EngineUnavailable:
         return Verdict.infrastructure_fault("docker-unavailable", budget_reserved=True)
+    finally:
+        egress.close()
     container_seconds = time.perf_counter() - container_started
     logger.info("job_phases job=%s gates_ms=%.1f workspace_ms=%.1f container_ms=%.1f", spec.job_id,
                 (container_started - attempt.clock - attempt.workspace_seconds) * 1000,
                 attempt.workspace_seconds * 1000, container_seconds * 1000)
-    verdict = classify(result)
+    verdict = classify(result, egress.report, runtime)
     # The container has ended: from here a Redis fault must not turn its outcome into a retry (which would
     # run the agent again). What cannot be settled now is logged; the counters' TTLs bound the drift.
     try:
@@ -338,7 +396,9 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
                                       telemetry=verdict.telemetry, budget_reserved=True)
         if not verdict.budget_reserved:
             reservation.give_back(redis)  # nothing ran, so nothing was spent
-        budget.record_tokens(redis, verdict.telemetry.tokens_total or 0, now)
+        # The gateway counted its tokens into the day as they were spent; what it could not is settled here.
+        unmetered = 0 if egress.report.meter.metered else (verdict.telemetry.tokens_total or 0)
+        budget.record_tokens(redis, unmetered + egress.unrecorded_tokens, now)
     except RedisError:
         logger.warning("job_post_run_redis_failed job=%s", spec.job_id)
     return verdict

@@ -31,7 +31,7 @@ from django.conf import settings
 
 from apps.fleet.capabilities import parse_profiles
 
-from . import providers
+from .sandbox import providers
 from .forges import forge_client_classes
 from .hostscripts import run_script
 from .jobs import JobSpec
@@ -75,7 +75,7 @@ class ResolverUnreachable(Exception):
 
 def reserved_names() -> frozenset[str]:
     """Every name a secret may not take, from what this worker puts into a container today."""
-    provider_keys = set(providers.KEY_VARIABLES.values()) | set(providers.key_variable_overrides().values())
+    provider_keys = providers.known_key_variables()
     forge_names = {name for client in forge_client_classes()
                    for name in (*client.token_variables, client.url_variable) if name}
     return RUNTIME_NAMES | frozenset(name.upper() for name in provider_keys | forge_names)

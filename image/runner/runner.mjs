@@ -7,13 +7,21 @@
 //
 // It streams pi's JSON events to stdout as they come, and its last stdout line is always
 //   {"event":"exit","code":N,"turns":T,"tokens":{...},"usage":{"v":1,"models":[...]},"reason":"..."}
-// which the worker treats as untrusted telemetry. Budgets come from the environment the worker sets
-// (PI_MAX_TURNS, PI_MAX_TOKENS); nothing else of the job is trusted to change them.
+// which the worker treats as untrusted telemetry. The turn budget comes from the environment the worker
+// sets (PI_MAX_TURNS); tokens are counted and bounded outside the container, by the job's egress gateway.
+//
+// Egress (runner protocol 2): the container has no network but loopback. The worker bind-mounts its
+// gateway's unix sockets under /run/pi-egress; this process listens on 127.0.0.1 and pipes every connection
+// to them: :8080 -> provider.sock (pi's models.json points its provider here; the gateway adds the key) and
+// :3128 -> proxy.sock (HTTP(S)_PROXY: CONNECT and absolute-form requests, refused unless allowed).
 
 import { spawn } from "node:child_process";
 import { existsSync, readFileSync } from "node:fs";
+import { connect, createServer } from "node:net";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
+
+export const RUNNER_PROTOCOL = "2";
 
 const EXIT_COMPLETED = 0;
 const EXIT_INFRASTRUCTURE = 1;
@@ -23,7 +31,14 @@ const MAX_MODEL_ROWS = 8;
 
 const env = process.env;
 const jobDir = env.PI_RUNNER_JOB_DIR || "/job";
+const egressDir = env.PI_RUNNER_EGRESS_DIR || "/run/pi-egress";
 const piBin = env.PI_BIN || "pi";
+// The ports are the protocol's; PI_RUNNER_EGRESS_PORTS=<provider>,<proxy> moves them for the runner's tests.
+const [providerPort, proxyPort] = (env.PI_RUNNER_EGRESS_PORTS || "8080,3128").split(",").map(Number);
+const FORWARDERS = [
+  { port: providerPort, socket: "provider.sock" },
+  { port: proxyPort, socket: "proxy.sock" },
+];
 
 function positiveInt(value) {
   const number = Number.parseInt(value ?? "", 10);
@@ -31,7 +46,6 @@ function positiveInt(value) {
 }
 
 const maxTurns = positiveInt(env.PI_MAX_TURNS) ?? 30;
-const maxTokens = positiveInt(env.PI_MAX_TOKENS);
 
 const ledger = new Map(); // "provider/model" -> usage row
 let turns = 0;
@@ -126,10 +140,36 @@ function piArguments() {
   return args;
 }
 
-function main() {
+// One loopback listener per gateway socket that is there; each connection is piped to the socket as is.
+function forward({ port, socket }) {
+  const path = join(egressDir, socket);
+  if (!existsSync(path)) return Promise.resolve(null);
+  return new Promise((resolve, reject) => {
+    const server = createServer((client) => {
+      const upstream = connect(path);
+      const close = () => {
+        client.destroy();
+        upstream.destroy();
+      };
+      client.on("error", close);
+      upstream.on("error", close);
+      client.pipe(upstream);
+      upstream.pipe(client);
+    });
+    server.on("error", reject);
+    server.listen(port, "127.0.0.1", () => resolve(server));
+  });
+}
+
+async function main() {
   const prompt = join(jobDir, "prompt.md");
   if (!existsSync(prompt) || !readFileSync(prompt, "utf8").trim()) finish(EXIT_POLICY, "runner-config");
   if (!env.PI_FLOW && !env.PI_COMMAND) finish(EXIT_POLICY, "runner-config");
+  try {
+    await Promise.all(FORWARDERS.map(forward));
+  } catch {
+    finish(EXIT_INFRASTRUCTURE, null); // a loopback port taken: nothing of the job has run yet
+  }
 
   const child = spawn(piBin, piArguments(), { stdio: ["ignore", "pipe", "inherit"], env });
   child.on("error", () => finish(EXIT_INFRASTRUCTURE, null)); // pi missing or not executable
@@ -157,7 +197,6 @@ function main() {
     } else if (event.type === "message_end" && event.message && event.message.role === "assistant") {
       lastAssistant = event.message;
       recordUsage(event.message);
-      if (maxTokens && totals().total > maxTokens) stop(child, EXIT_POLICY, "token-budget");
     }
   });
 

@@ -1,0 +1,38 @@
+"""The `models.json` that points pi inside the container at its gateway (PI_CODING_AGENT_DIR=/job/pi-agent).
+
+A built-in provider keeps pi's own models and API adapter and only has its base URL moved to the runner's
+loopback forwarder (pi's "Overriding Built-in Providers"); any other provider is declared with its API kind
+and the job's model. Either way the key pi holds is a placeholder: the gateway drops it and adds the real one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import image_contract, prices
+from .gateway import PLACEHOLDER_KEY
+from .providers import Upstream
+
+AGENT_FOLDER = "pi-agent"  # under the job's /job folder
+
+
+def models_document(upstream: Upstream, model: str) -> dict:
+    entry = {"baseUrl": f"http://127.0.0.1:{image_contract.PROVIDER_PORT}{upstream.path}", "apiKey": PLACEHOLDER_KEY}
+    if not upstream.builtin:
+        entry["api"] = upstream.api
+    if model and not (upstream.builtin and prices.is_listed(upstream.provider, model)):
+        entry["models"] = [{"id": model}]
+        if upstream.builtin:
+            entry["api"] = upstream.api
+    return {"providers": {upstream.provider: entry}}
+
+
+def write(job_folder: Path, upstream: Upstream, model: str) -> Path:
+    folder = job_folder / AGENT_FOLDER
+    folder.mkdir(mode=0o755, exist_ok=True)
+    folder.chmod(0o755)
+    path = folder / "models.json"
+    path.write_text(json.dumps(models_document(upstream, model), indent=2) + "\n")
+    path.chmod(0o644)
+    return path

@@ -1,0 +1,458 @@
+"""A job's egress gateway: the container's only way out, served by the work horse while the container lives.
+
+Two unix sockets, bind-mounted read-only into the container (the runner's loopback forwarders pipe to them):
+
+    provider.sock  pi's provider calls (origin-form HTTP): forwarded over HTTPS to the provider's real
+                   endpoint with the key added, metered from the provider's own answers, and refused once the
+                   job is past its token budget or the day's token cap (the job is then stopped)
+    proxy.sock     the HTTP(S)_PROXY of everything else: CONNECT tunnels and absolute-form requests, only to
+                   the host:port pairs of PI_EGRESS_ALLOW; anything else is answered 403 before a name is
+                   resolved or a socket opened
+
+Why in the work horse and not one process per host: the gateway lives and dies with the one job it serves
+(a dead horse leaves its container with no way out at all), the key never leaves the process that already
+holds it, and the meter hands its ledger straight to the run's verdict. Its event loop runs on a thread of
+its own; the horse's thread waits on the container as before.
+
+Log lines carry host:port and counts only, never a path, a header or a body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from hashlib import sha256
+from pathlib import Path
+from typing import Callable
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+import aiohttp
+from aiohttp import web
+from django.conf import settings
+from django.utils import timezone
+from redis.exceptions import RedisError
+
+from .. import budget
+from . import image_contract, prices
+from .egress_policy import log_safe, split_authority
+from .metering import Meter, ResponseReader
+from .providers import Upstream
+
+logger = logging.getLogger("pidispatch.egress")
+
+# What pi in the container holds in place of a key (models.json); the gateway drops it and adds the real one.
+PLACEHOLDER_KEY = "pidispatch-gateway-adds-the-key"
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                        "transfer-encoding", "upgrade", "proxy-connection"})
+CLIENT_CREDENTIALS = frozenset({"authorization", "x-api-key", "x-goog-api-key", "api-key"})
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
+MAX_PROXY_HEAD_BYTES = 16 * 1024
+CONNECT_TIMEOUT_SECONDS = 10
+MODEL_NEAR_START = re.compile(rb'"model"\s*:\s*"([^"\\]{1,200})"')
+GOOGLE_MODEL = re.compile(r"/models/([^/:]{1,200}):")
+MAX_DENIED_NAMED = 5
+
+
+class GatewayUnavailable(Exception):
+    """The gateway could not start (its sockets, its thread): an infrastructure fault, retried."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the gateway holds the job to. A model, when set, is the only one it forwards."""
+
+    max_tokens: int | None = None
+    daily_token_cap: int | None = None
+    model: str = ""
+
+
+@dataclass
+class EgressReport:
+    """What the gateway saw, for the run's verdict and record."""
+
+    meter: Meter
+    stop_reason: str | None = None
+    auth_refused: int = 0
+    denied: int = 0
+    faults: int = 0
+    tunnels: dict[str, int] = field(default_factory=dict)
+
+
+def auth_headers(api: str, key: str) -> dict[str, str]:
+    if api == "anthropic-messages":
+        return {"x-api-key": key}
+    if api == "google-generative-ai":
+        return {"x-goog-api-key": key}
+    return {"Authorization": f"Bearer {key}"}
+
+
+def socket_root() -> Path:
+    """A short private folder (unix socket paths are limited to 108 bytes), never one another user made."""
+    if settings.PI_EGRESS_SOCKET_DIR:
+        return Path(settings.PI_EGRESS_SOCKET_DIR)
+    if os.geteuid() == 0 and os.access("/run", os.W_OK):
+        return Path("/run/pidispatch-egress")
+    return Path(tempfile.gettempdir()) / f"pidispatch-egress-{os.geteuid()}"
+
+
+def _private_folder(path: Path) -> None:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.stat()
+    if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        raise GatewayUnavailable(f"socket-folder-unsafe:{path}")
+
+
+class EgressGateway:
+    def __init__(self, *, job_id: str, upstream: Upstream, key: str, allow: frozenset[tuple[str, int]],
+                 limits: Limits, redis, owner: tuple[int, int], on_stop: Callable[[str], None]):
+        self.job_id = job_id
+        self.upstream = upstream
+        self._key = key
+        self.allow = allow
+        self.limits = limits
+        self.redis = redis
+        self.owner = owner
+        self.on_stop = on_stop
+        self.report = EgressReport(meter=Meter())
+        self.folder = socket_root() / sha256(job_id.encode()).hexdigest()[:20]
+        self.provider_socket = self.folder / "provider.sock"
+        self.proxy_socket = self.folder / "proxy.sock"
+        self.unrecorded_tokens = 0  # metered tokens the day's Redis counter has not taken yet
+        self._denied_names: dict[str, int] = {}
+        self._ready = threading.Event()
+        self._failure: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._pipes: set[asyncio.Task] = set()
+
+    # --- what the container gets ---------------------------------------------------------------------
+
+    def mounts(self) -> list[tuple[str, str]]:
+        """(host path, container path) of each socket, to bind-mount read-only."""
+        return [(str(self.provider_socket), image_contract.PROVIDER_SOCKET),
+                (str(self.proxy_socket), image_contract.PROXY_SOCKET)]
+
+    @staticmethod
+    def container_environment() -> dict[str, str]:
+        proxy = f"http://127.0.0.1:{image_contract.PROXY_PORT}"
+        local = "127.0.0.1,localhost"
+        return {"HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "http_proxy": proxy, "https_proxy": proxy,
+                "NO_PROXY": local, "no_proxy": local, "PI_CODING_AGENT_DIR": image_contract.AGENT_DIR}
+
+    # --- lifetime ------------------------------------------------------------------------------------
+
+    def __enter__(self) -> EgressGateway:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self) -> None:
+        root = socket_root()
+        _private_folder(root)
+        shutil.rmtree(self.folder, ignore_errors=True)  # a killed horse's leftovers for the same job
+        _private_folder(self.folder)
+        self._thread = threading.Thread(target=self._run, name=f"egress-{self.job_id}", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(15) or self._failure is not None:
+            self.close()
+            raise GatewayUnavailable(type(self._failure).__name__ if self._failure else "start-timeout")
+
+    def close(self) -> None:
+        if self._loop is not None and self._closing is not None and self._thread and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._closing.set)
+        if self._thread is not None:
+            self._thread.join(30)
+        shutil.rmtree(self.folder, ignore_errors=True)
+        if self._thread is not None:
+            self._log_summary()
+            self._thread = None
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._serve())
+        except BaseException as exc:  # reported to start(); after it, the job simply loses its way out
+            self._failure = exc
+            self._ready.set()
+        finally:
+            loop.close()
+
+    async def _serve(self) -> None:
+        self._closing = asyncio.Event()
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=32, enable_cleanup_closed=True),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SECONDS,
+                                          sock_read=settings.PI_PROVIDER_READ_TIMEOUT_SECONDS),
+            auto_decompress=False,
+        )
+        self._session = session
+        provider = web.Server(self._provider_request, access_log=None)
+        loop = asyncio.get_running_loop()
+        provider_server = await loop.create_unix_server(provider, path=str(self.provider_socket))
+        proxy_server = await asyncio.start_unix_server(self._proxy_connection, path=str(self.proxy_socket),
+                                                       limit=MAX_PROXY_HEAD_BYTES)
+        for path in (self.provider_socket, self.proxy_socket):
+            if os.geteuid() == 0:
+                os.chown(path, *self.owner)
+            path.chmod(0o600)  # the container's user, and nobody else, may connect
+        self._ready.set()
+        try:
+            await self._closing.wait()
+        finally:
+            provider_server.close()
+            proxy_server.close()
+            for task in list(self._pipes):
+                task.cancel()
+            await provider.shutdown(2)
+            await session.close()
+
+    def _log_summary(self) -> None:
+        report = self.report
+        tunnels = ",".join(f"{name}={count}" for name, count in sorted(report.tunnels.items())) or "-"
+        denied_to = ",".join(f"{name}={count}" for name, count in sorted(self._denied_names.items())) or "-"
+        logger.info("egress_summary job=%s provider=%s calls=%d tokens=%d faults=%d auth_refused=%d stop=%s "
+                    "tunnels=%s denied=%d denied_to=%s", self.job_id, self.upstream.host_port, report.meter.calls,
+                    report.meter.tokens_total, report.faults, report.auth_refused, report.stop_reason or "-",
+                    tunnels, report.denied, denied_to)
+
+    # --- stopping the job ------------------------------------------------------------------------------
+
+    def _stop(self, reason: str) -> None:
+        if self.report.stop_reason is None:
+            self.report.stop_reason = reason
+            logger.info("egress_stop job=%s reason=%s tokens=%d", self.job_id, reason, self.report.meter.tokens_total)
+            threading.Thread(target=self.on_stop, args=(reason,), name=f"egress-stop-{self.job_id}", daemon=True).start()
+
+    def _refusal(self) -> str | None:
+        if self.report.stop_reason:
+            return self.report.stop_reason
+        if self.limits.max_tokens and self.report.meter.tokens_total >= self.limits.max_tokens:
+            return "token-budget"
+        if self.limits.daily_token_cap:
+            try:
+                spent = budget.tokens_spent_today(self.redis, timezone.now())
+            except RedisError:
+                spent = 0  # the cap was checked before the job started; the run's record settles it
+            if spent + self.unrecorded_tokens >= self.limits.daily_token_cap:
+                return "daily-token-cap"
+        return None
+
+    def _count_tokens(self, tokens: int) -> None:
+        if not tokens:
+            return
+        try:
+            budget.record_tokens(self.redis, tokens + self.unrecorded_tokens, timezone.now())
+            self.unrecorded_tokens = 0
+        except RedisError:
+            self.unrecorded_tokens += tokens
+
+    # --- the provider ---------------------------------------------------------------------------------
+
+    def _model(self, path: str, body: bytes) -> str:
+        if self.upstream.api == "google-generative-ai":
+            match = GOOGLE_MODEL.search(path)
+            return match.group(1) if match else ""
+        match = MODEL_NEAR_START.search(body[:2048])
+        if match:
+            return match.group(1).decode("utf-8", "replace")
+        try:
+            document = json.loads(body)
+        except ValueError:
+            return ""
+        model = document.get("model") if isinstance(document, dict) else None
+        return model if isinstance(model, str) else ""
+
+    def _recorded_model(self, model: str) -> str:
+        """Only a name the operator or pi's registry knows reaches the record (the container chose it)."""
+        if model and (model == self.limits.model or prices.is_listed(self.upstream.provider, model)):
+            return model.lower()
+        return "unlisted"
+
+    @staticmethod
+    def _with_usage_requested(body: bytes) -> bytes:
+        """A streamed chat completion without `stream_options.include_usage` would report no usage."""
+        if b'"include_usage"' in body or b'"stream"' not in body:
+            return body
+        try:
+            document = json.loads(body)
+        except ValueError:
+            return body
+        if not isinstance(document, dict) or document.get("stream") is not True:
+            return body
+        options = document.get("stream_options") if isinstance(document.get("stream_options"), dict) else {}
+        document["stream_options"] = {**options, "include_usage": True}
+        return json.dumps(document, separators=(",", ":")).encode()
+
+    def _policy_answer(self, status: int, reason: str) -> web.Response:
+        message = f"pidispatch egress gateway: {reason}"
+        return web.json_response({"type": "error", "error": {"type": "pidispatch_policy", "message": message}},
+                                 status=status)
+
+    async def _provider_request(self, request: web.BaseRequest) -> web.StreamResponse:
+        path = request.rel_url.path
+        prefix = self.upstream.path
+        if prefix and path != prefix and not path.startswith(prefix + "/"):
+            return self._policy_answer(404, "not a path of this job's provider")
+        refusal = self._refusal()
+        if refusal:
+            self._stop(refusal)
+            return self._policy_answer(403, refusal)
+        body = bytearray()
+        async for chunk in request.content.iter_any():
+            body += chunk
+            if len(body) > MAX_REQUEST_BYTES:
+                return self._policy_answer(413, "request too large")
+        body = bytes(body)
+        model = self._model(path, body)
+        if self.limits.model and model and model != self.limits.model:
+            self._stop("model-not-allowed")
+            return self._policy_answer(403, "model-not-allowed")
+        if self.upstream.api == "openai-completions":
+            body = self._with_usage_requested(body)
+        query = [(name, value) for name, value in parse_qsl(request.rel_url.query_string, keep_blank_values=True)
+                 if name != "key"]
+        url = self.upstream.origin + path + (f"?{urlencode(query)}" if query else "")
+        headers = {name: value for name, value in request.headers.items()
+                   if name.lower() not in HOP_BY_HOP | CLIENT_CREDENTIALS | {"host", "content-length", "accept-encoding"}}
+        headers.update(auth_headers(self.upstream.api, self._key))
+        headers["Accept-Encoding"] = "identity"
+        answered, reader = False, None
+        try:
+            async with self._session.request(request.method, url, data=body, headers=headers,
+                                             allow_redirects=False) as answer:
+                answered = True
+                if answer.status in (401, 403):
+                    self.report.auth_refused += 1
+                response = web.StreamResponse(status=answer.status, reason=answer.reason)
+                for name, value in answer.headers.items():
+                    if name.lower() not in HOP_BY_HOP | {"content-length"}:
+                        response.headers.add(name, value)
+                if answer.content_length is not None:
+                    response.content_length = answer.content_length
+                streaming = answer.headers.get("Content-Type", "").startswith("text/event-stream")
+                reader = ResponseReader(self.upstream.api, streaming) if answer.status < 400 else None
+                await response.prepare(request)
+                try:
+                    async for chunk in answer.content.iter_any():
+                        if reader is not None:
+                            reader.feed(chunk)
+                        await response.write(chunk)
+                    await response.write_eof()
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                    response.force_close()  # the provider or the container went away mid-answer
+                return response
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            self.report.faults += 1
+            logger.warning("egress_provider_fault job=%s provider=%s error=%s", self.job_id,
+                           self.upstream.host_port, type(exc).__name__)
+            return self._policy_answer(502, "the provider could not be reached")
+        finally:
+            if answered:
+                usage = reader.finish() if reader is not None else None
+                self._count_tokens(self.report.meter.record(self.upstream.provider, self._recorded_model(model),
+                                                            usage))
+
+    # --- everything else: CONNECT and absolute-form, by the allowlist -----------------------------------
+
+    async def _proxy_connection(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter):
+        try:
+            head = await asyncio.wait_for(client_reader.readuntil(b"\r\n\r\n"), 30)
+        except (asyncio.LimitOverrunError, asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
+            client_writer.close()
+            return
+        request_line, *header_lines = head.decode("latin-1").split("\r\n")
+        parts = request_line.split(" ")
+        if len(parts) != 3:
+            await self._answer(client_writer, 400, "malformed request")
+            return
+        method, target, version = parts
+        if method == "CONNECT":
+            destination = split_authority(target)
+        elif target.startswith("http://"):
+            destination = split_authority(urlsplit(target).netloc.rpartition("@")[2], default_port=80)
+        elif target.startswith("https://"):
+            destination = split_authority(urlsplit(target).netloc.rpartition("@")[2], default_port=443)
+        else:
+            await self._answer(client_writer, 400, "this is a proxy: absolute-form or CONNECT requests only")
+            return
+        if destination is None:
+            await self._answer(client_writer, 400, "malformed destination")
+            return
+        host, port = destination
+        if destination not in self.allow:
+            self.report.denied += 1
+            name = log_safe(host, port)
+            if name in self._denied_names or len(self._denied_names) < MAX_DENIED_NAMED:
+                self._denied_names[name] = self._denied_names.get(name, 0) + 1
+            await self._answer(client_writer, 403, f"egress to {host}:{port} is not allowed (PI_EGRESS_ALLOW)")
+            return
+        if target.startswith("https://"):
+            await self._answer(client_writer, 501, "use CONNECT for https")
+            return
+        try:
+            upstream_reader, upstream_writer = await asyncio.wait_for(asyncio.open_connection(host, port),
+                                                                      CONNECT_TIMEOUT_SECONDS)
+        except (OSError, asyncio.TimeoutError):
+            await self._answer(client_writer, 502, f"{host}:{port} could not be reached")
+            return
+        name = log_safe(host, port)
+        self.report.tunnels[name] = self.report.tunnels.get(name, 0) + 1
+        if method == "CONNECT":
+            client_writer.write(f"{version} 200 Connection Established\r\n\r\n".encode("latin-1"))
+        else:
+            upstream_writer.write(self._origin_form(method, target, version, header_lines, host, port))
+        await self._relay((client_reader, client_writer), (upstream_reader, upstream_writer))
+
+    @staticmethod
+    def _origin_form(method: str, target: str, version: str, header_lines: list[str], host: str, port: int) -> bytes:
+        """One absolute-form request rewritten for its origin; the connection ends with its answer."""
+        parts = urlsplit(target)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        kept = [line for line in header_lines if line and line.split(":", 1)[0].strip().lower()
+                not in HOP_BY_HOP | {"host"}]
+        authority = f"[{host}]" if ":" in host else host
+        lines = [f"{method} {path} {version}", f"Host: {authority}" + (f":{port}" if port != 80 else ""),
+                 *kept, "Connection: close", "", ""]
+        return "\r\n".join(lines).encode("latin-1")
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while chunk := await reader.read(65536):
+            writer.write(chunk)
+            await writer.drain()
+
+    async def _relay(self, client: tuple, upstream: tuple) -> None:
+        """Both directions until either side is done (HTTP and TLS need no half-open connection)."""
+        pipes = {asyncio.ensure_future(self._pipe(client[0], upstream[1])),
+                 asyncio.ensure_future(self._pipe(upstream[0], client[1]))}
+        self._pipes |= pipes
+        try:
+            await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in pipes:
+                task.cancel()
+            self._pipes -= pipes
+            for _, writer in (client, upstream):
+                writer.close()
+
+    @staticmethod
+    async def _answer(writer: asyncio.StreamWriter, status: int, message: str) -> None:
+        phrases = {400: "Bad Request", 403: "Forbidden", 501: "Not Implemented", 502: "Bad Gateway"}
+        body = (message + "\n").encode()
+        writer.write(f"HTTP/1.1 {status} {phrases.get(status, 'Error')}\r\nContent-Type: text/plain\r\n"
+                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        try:
+            await writer.drain()
+        except ConnectionError:
+            pass
+        writer.close()

@@ -1,0 +1,74 @@
+"""Dollar prices per model: pi's own list prices (pi_registry.json, pinned with pi), under the operator's.
+
+`PI_MODEL_PRICES` names a JSON file of the operator's prices, which win over pi's:
+
+    {"acme/coder-1": {"input": 3, "output": 15, "cacheRead": 0.3, "cacheWrite": 3.75}}
+
+in dollars per million tokens, keyed `provider/model`. A model priced nowhere has no cost (None), never 0.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from functools import cache
+from pathlib import Path
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from .providers import builtin_providers
+
+PRICE_FIELDS = ("input", "output", "cacheRead", "cacheWrite")
+MILLION = Decimal(1_000_000)
+
+
+@cache
+def _operator_prices(path: str) -> dict[str, dict[str, Decimal]]:
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ImproperlyConfigured(f"PI_MODEL_PRICES: {path} is not a readable JSON file ({type(exc).__name__})")
+    return parse_operator_prices(raw)
+
+
+def parse_operator_prices(raw) -> dict[str, dict[str, Decimal]]:
+    if not isinstance(raw, dict):
+        raise ImproperlyConfigured('PI_MODEL_PRICES: expected {"provider/model": {"input": ..., "output": ...}}')
+    table = {}
+    for key, entry in raw.items():
+        if not isinstance(key, str) or "/" not in key or not isinstance(entry, dict):
+            raise ImproperlyConfigured(f"PI_MODEL_PRICES: {key!r} must be provider/model with an object of prices")
+        row = {}
+        for name in PRICE_FIELDS:
+            value = entry.get(name, 0)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ImproperlyConfigured(f"PI_MODEL_PRICES: {key}.{name} must be a number of dollars >= 0")
+            row[name] = Decimal(str(value))
+        table[key.lower()] = row
+    return table
+
+
+def price(provider: str, model: str) -> dict[str, Decimal] | None:
+    if settings.PI_MODEL_PRICES:
+        operator = _operator_prices(settings.PI_MODEL_PRICES).get(f"{provider}/{model}".lower())
+        if operator is not None:
+            return operator
+    builtin = (builtin_providers().get(provider) or {}).get("prices", {})
+    entry = builtin.get(model) or next((value for key, value in builtin.items() if key.lower() == model), None)
+    if entry is None:
+        return None
+    return {name: Decimal(str(entry.get(name, 0))) for name in PRICE_FIELDS}
+
+
+def cost(provider: str, model: str, usage) -> Decimal | None:
+    rates = price(provider, model)
+    if rates is None:
+        return None
+    return (rates["input"] * usage.input + rates["output"] * usage.output + rates["cacheRead"] * usage.cache_read
+            + rates["cacheWrite"] * usage.cache_write) / MILLION
+
+
+def is_listed(provider: str, model: str) -> bool:
+    """A model pi's registry or the operator's prices name (what the gateway lets into a record)."""
+    return price(provider, model) is not None

@@ -55,6 +55,65 @@ def issue_closed(number=7, sender_id=6600123, login="closer-carl"):
     return payload
 
 
+# --- labels on issues ------------------------------------------------------------------------------------------
+
+def issue(action="labeled", labels=("pi",), sender_id=4410987, login="maintainer-mia"):
+    payload = load("github/issues_labeled.json")
+    payload["action"] = action
+    payload["issue"]["labels"] = [{"id": i, "name": name} for i, name in enumerate(labels)]
+    payload["sender"].update(id=sender_id, login=login)
+    return payload
+
+
+def test_applying_the_label_is_the_approval(send, forges, redis_conn):
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+
+    response = send("issues", issue("labeled", login="anyone"), "d-lab")
+
+    assert response.json() == {"status": "queued", "jobs": ["gh-d-lab"]}
+    assert forges.requests == []  # labelling already needs triage or write access: no lookup
+
+
+@pytest.mark.parametrize("action", ["opened", "reopened"])
+def test_opening_an_issue_that_carries_the_label_needs_write_access(send, forges, redis_conn, action):
+    """An author can open an issue from a template that carries the label, or reopen their own labelled
+    issue, as often as they like: that is no approval, so the opener's permission is asked as a closer's."""
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+    forges.github_permission("acme/web", "author-alex", "read")
+    forges.github_permission("acme/web", "maintainer-mia", "maintain")
+
+    refused = send("issues", issue(action, sender_id=5500321, login="author-alex"), f"d-{action}-reader")
+    allowed = send("issues", issue(action), f"d-{action}-writer")
+
+    assert refused.json() == {"status": "ignored", "reason": "author-not-allowed"}
+    assert allowed.json() == {"status": "queued", "jobs": [f"gh-d-{action}-writer"]}
+    assert queued(redis_conn) == [f"gh-d-{action}-writer"]
+    assert forges.paths() == ["/repos/acme/web/collaborators/author-alex/permission",
+                              "/repos/acme/web/collaborators/maintainer-mia/permission"]
+    assert "author-alex" not in json.dumps(job_spec(redis_conn, f"gh-d-{action}-writer"))
+
+
+def test_opening_an_issue_without_the_label_costs_no_lookup(send, forges):
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+
+    response = send("issues", issue("opened", labels=("bug",)), "d-nolabel")
+
+    assert response.json() == {"status": "ignored", "reason": "no-allowlisted-label"}
+    assert forges.requests == []
+
+
+def test_opener_lookup_that_cannot_be_answered_keeps_the_delivery_pending(send, forges, redis_conn):
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+    forges.routes["/repos/acme/web/collaborators/maintainer-mia/permission"] = (502, {"message": "bad gateway"})
+
+    response = send("issues", issue("reopened"), "d-reopen-pend")
+
+    assert response.json() == {"status": "accepted"}
+    delivery = Delivery.objects.get(delivery_id="d-reopen-pend")
+    assert (delivery.status, delivery.reason) == (DeliveryStatus.PENDING, "permission-lookup-failed")
+    assert queued(redis_conn) == []
+
+
 # --- labels on pull requests -----------------------------------------------------------------------------------
 
 def test_pull_request_label_fires_without_an_author_check(send, redis_conn):

@@ -3,9 +3,9 @@
 Pure: rules and our own identity come in, a Decision comes out; nothing is read or written here. Gate
 order (reference 4.1): actor id present (`missing-sender-id`), bot-loop guard (`self`), then the route and
 its rules. GitHub's authority gates read the payload (`author_association`) and run in the route, as the
-ancestor does. GitLab, Forgejo and Azure (every route) and GitHub closes need the forge API: the Decision
-then says which lookup must still pass (`Match.authority`), so a lookup is only ever paid for an event
-that would otherwise start a job.
+ancestor does. GitLab, Forgejo and Azure (every route), GitHub closes and GitHub issues that arrive with the
+label on need the forge API: the Decision then says which lookup must still pass (`Match.authority`), so a
+lookup is only ever paid for an event that would otherwise start a job.
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ from .validation import CLOSE_WORDS, PR_LABEL_ACTIONS, REVIEW_ACTION
 TRUSTED_ASSOCIATIONS = {"OWNER", "MEMBER", "COLLABORATOR"}
 API_GATED_FORGES = {"gitlab", "forgejo", "azure"}
 AUTO_PR_ACTIONS = {"opened", "synchronize", "reopened"}
+# GitHub: applying a label needs triage or write access, so `labeled` is the approval. An issue opened (say,
+# from a template that carries the label) or reopened with the label already on is its author's doing, as
+# often as they like: the opener's write access is asked, as a closer's is.
+LABEL_ARRIVAL_ACTIONS = {"opened", "reopened"}
 
 
 @dataclass(frozen=True)
@@ -30,8 +34,9 @@ class Match:
     flow: str = ""
     command: str = ""
     close: bool = False
-    # Which forge-API lookup must still allow the actor: "" none, "actor" (GitLab, Forgejo, Azure),
-    # "closer" (GitHub close rules); and the drop reason when it does not.
+    # Which forge-API lookup must still allow the actor: "" none, "actor" (GitLab, Forgejo, Azure; GitHub
+    # issues opened or reopened with the label on), "closer" (GitHub close rules); and the drop reason when
+    # it does not.
     authority: str = ""
     refusal: str = ""
 
@@ -93,7 +98,10 @@ def _label_route(event: ForgeEvent, rules, known_flows) -> Decision:
             if _needs_repository(event, rule):
                 return _drop("no-repository")
             matched = {"index": rule.position, "type": "label", "label": rule.matched_label(event.labels)}
-            return Decision(match=Match(trigger=rule, matched=matched, **_work(rule)))
+            match = Match(trigger=rule, matched=matched, **_work(rule))
+            if event.forge == "github" and event.rule_action in LABEL_ARRIVAL_ACTIONS:
+                match = replace(match, authority="actor", refusal="author-not-allowed")
+            return Decision(match=match)
     return _drop("no-allowlisted-label")
 
 

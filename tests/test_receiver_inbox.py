@@ -315,9 +315,9 @@ def test_a_delivery_is_stored_with_its_payload_before_its_authority_lookup(clien
     rows_during_lookup = []
     real_check = intake.authority.check
 
-    def check(event):
+    def check(event, whom):
         rows_during_lookup.extend((row.status, bytes(row.payload)) for row in Delivery.objects.all())
-        return real_check(event)
+        return real_check(event, whom)
 
     monkeypatch.setattr(intake.authority, "check", check)
     assert post(client, "github", body, github_headers(body, "issues", "d-look")).json()["status"] == "queued"

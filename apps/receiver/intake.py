@@ -266,7 +266,7 @@ def process(delivery: Delivery, payload: dict | None = None) -> Answer:
 
     _store(delivery)
     if match.authority:
-        verdict = authority.check(event)
+        verdict = authority.check(event, match.authority)
         if verdict.allowed is None:
             logger.warning("authority_lookup_failed forge=%s delivery=%s lookup=%s reason=%s", forge, delivery_id,
                            match.authority, verdict.reason)

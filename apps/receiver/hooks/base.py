@@ -75,7 +75,7 @@ class ForgeEvent:
     number: int | None = None
     labels: tuple[str, ...] = ()  # the label set predicates see (whole set, or only the added labels)
     label_fallback: bool = False  # GitLab: a close that also added labels may fire a label rule instead
-    pr_association: str = ""  # GitHub: the pull request author's association (auto actions)
+    pr_author: Actor = field(default_factory=lambda: Actor(id=None))  # GitHub: whose write access auto actions need
     # Container-only text, copied into the JobSpec and nowhere else.
     title: str = ""
     body: str = ""

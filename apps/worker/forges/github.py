@@ -40,8 +40,8 @@ class GitHubClient(ForgeClient):
     # --- receiver ---
 
     def _lookup_authority(self, subject: Subject) -> Authority:
-        """Write access of `subject.login` to `subject.repo` (the closer of a close rule's issue, the opener of an
-        issue that arrived with a label rule's label on)."""
+        """Write access of `subject.login` to `subject.repo`: a commenter, a reviewer, a pull request's author, a
+        closer, or whoever opened an issue with a label rule's label on (never `author_association`)."""
         token = self.token
         if self.app is not None:
             if "/" not in subject.repo:

@@ -239,6 +239,9 @@ AZURE_GRAPH_URL = env("AZURE_GRAPH_URL", default="")  # derived from AZURE_ORG_U
 AZURE_TOKEN = env("AZURE_TOKEN", default="")
 AZURE_SELF_ID = env("AZURE_SELF_ID", default="")
 AZURE_SELF_EMAIL = env("AZURE_SELF_EMAIL", default="")
+# Besides Project Administrators (known by its SID), the project groups whose members may start work, by the
+# account name the process template gave them (a localised server's templates name them differently).
+AZURE_WRITER_GROUPS = env.list("AZURE_WRITER_GROUPS", default=["Contributors", "Build Administrators"])
 # Forge API calls (authority lookups; a job's token, default branch and comments): short, and lookups are
 # cached; "could not tell" keeps the delivery, and a worker-side call that gets no answer is retried.
 PI_FORGE_API_TIMEOUT_SECONDS = env.float("PI_FORGE_API_TIMEOUT_SECONDS", default=3.0)

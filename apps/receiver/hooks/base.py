@@ -99,15 +99,23 @@ def require_json_content_type(request) -> None:
         raise HookRefused(415, "unsupported-media-type")
 
 
+def ascii_number(value: str, max_digits: int = 18) -> int | None:
+    """A numeric header's value: ASCII digits only, else None. (`str.isdigit` and `int` also take superscripts,
+    other scripts' digits, signs, underscores and surrounding space; `int` raises on some of them.)"""
+    if value and len(value) <= max_digits and value.isascii() and value.isdigit():
+        return int(value)
+    return None
+
+
 def refuse_declared_oversize(request) -> None:
-    limit = settings.PI_WEBHOOK_MAX_BYTES
     declared = (request.META.get("CONTENT_LENGTH") or "").strip()
-    if declared:
-        try:
-            if int(declared) > limit:
-                raise HookRefused(413, "payload-too-large")
-        except ValueError:
-            raise HookRefused(400, "invalid-content-length") from None
+    if not declared:
+        return
+    length = ascii_number(declared)
+    if length is None:
+        raise HookRefused(400, "invalid-content-length")
+    if length > settings.PI_WEBHOOK_MAX_BYTES:
+        raise HookRefused(413, "payload-too-large")
 
 
 def read_bounded_body(request) -> bytes:

@@ -8,7 +8,8 @@ from django.db import connections
 from apps.receiver import intake
 from apps.receiver.models import Delivery, DeliveryStatus
 from tests.receiver_support import (  # noqa: F401
-    dumps, fake_forge, forges, github_headers, gitlab_token_headers, job_spec, load, post, queued, rule,
+    dumps, fake_forge, forgejo_headers, forges, github_headers, gitlab_token_headers, job_spec, load, post, queued,
+    rule,
 )
 
 pytestmark = pytest.mark.django_db
@@ -44,7 +45,7 @@ def test_a_second_label_event_for_the_same_issue_and_flow_is_swallowed(send, red
     assert "job=gh-d-second surviving=gh-d-first" in caplog.text
     delivery = Delivery.objects.get(delivery_id="d-second")
     assert (delivery.status, delivery.job_ids, delivery.payload) == (DeliveryStatus.DUPLICATE, ["gh-d-first"], None)
-    assert redis_conn.pttl("pidispatch:dedup:acme/web#7:fix-bug") > 590_000  # 10-minute window
+    assert redis_conn.pttl("pidispatch:dedup:github:acme/web#7:fix-bug") > 590_000  # 10-minute window
 
 
 def test_other_targets_and_other_flows_are_not_swallowed(send, redis_conn):
@@ -56,6 +57,24 @@ def test_other_targets_and_other_flows_are_not_swallowed(send, redis_conn):
     send(labelled(7, labels=("docs",)), "d-7-docs")
 
     assert sorted(queued(redis_conn)) == ["gh-d-7", "gh-d-7-docs", "gh-d-8"]
+
+
+def test_the_same_name_on_another_forge_is_another_target(client, send, forges, redis_conn):
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+    rule(position=1, kind="forgejo", on_type="label", label_any=["pi"], flow="fix-bug")
+    forges.forgejo_permission("acme/web", "maintainer-mia", "write")
+    payload = load("forgejo/issues_label_updated.json")
+    payload["repository"]["full_name"] = "acme/web"
+    payload["issue"]["number"] = 7
+    payload["issue"]["labels"] = [{"name": "pi"}]
+    payload["sender"]["login"] = "maintainer-mia"
+    body = dumps(payload)
+
+    github = send(labelled(), "d-gh").json()
+    forgejo = post(client, "forgejo", body, forgejo_headers(body, "issues", "d-fj")).json()
+
+    assert (github, forgejo) == ({"status": "queued", "jobs": ["gh-d-gh"]}, {"status": "queued", "jobs": ["fj-d-fj"]})
+    assert sorted(queued(redis_conn)) == ["fj-d-fj", "gh-d-gh"]
 
 
 def test_the_window_is_configurable(send, redis_conn, settings):
@@ -74,14 +93,17 @@ def test_semantic_keys(forges):
         base = dict(job_id="gh-x", kind="github", repo="octo/repo", target_type="issue", number=42, flow="frontend-fix")
         return semantic_key(JobSpec(**{**base, **fields}))
 
-    assert key() == "octo/repo#42:frontend-fix"
-    assert key(kind="gitlab", repo="group/sub/proj", number=5) == "group/sub/proj#5:frontend-fix"
-    assert key(kind="gitlab", repo="group/sub/proj", number=5, target_type="pull_request") == "group/sub/proj!5:frontend-fix"
-    assert key(kind="github", target_type="pull_request") == "octo/repo#42:frontend-fix"  # shared numbering
-    assert key(kind="azure", repo="Fabrikam/widgets", number=7, flow="fix") == "Fabrikam/widgets#7:fix"
-    assert key(flow="", command="summarise") == "octo/repo#42:cmd:summarise"
-    assert key(trigger_type="issue", context={"matched": {"action": "closed"}}) == "octo/repo#42:closed:frontend-fix"
-    assert key(replica=1, replicas=2) == "octo/repo#42:frontend-fix:r1"
+    assert key() == "github:octo/repo#42:frontend-fix"
+    assert key(kind="gitlab", repo="group/sub/proj", number=5) == "gitlab:group/sub/proj#5:frontend-fix"
+    assert key(kind="gitlab", repo="group/sub/proj", number=5, target_type="pull_request") == \
+        "gitlab:group/sub/proj!5:frontend-fix"
+    assert key(kind="github", target_type="pull_request") == "github:octo/repo#42:frontend-fix"  # shared numbering
+    assert key(kind="forgejo") == "forgejo:octo/repo#42:frontend-fix"  # the same name on another forge
+    assert key(kind="azure", repo="Fabrikam/widgets", number=7, flow="fix") == "azure:Fabrikam/widgets#7:fix"
+    assert key(flow="", command="summarise") == "github:octo/repo#42:cmd:summarise"
+    assert key(trigger_type="issue", context={"matched": {"action": "closed"}}) == \
+        "github:octo/repo#42:closed:frontend-fix"
+    assert key(replica=1, replicas=2) == "github:octo/repo#42:frontend-fix:r1"
 
 
 @pytest.mark.django_db(transaction=True)
@@ -156,7 +178,7 @@ def test_replicas_are_separate_jobs_with_separate_keys(send, redis_conn):
     for i in (1, 2, 3):
         spec = job_spec(redis_conn, f"gh-d-rep-r{i}")
         assert (spec["replica"], spec["replicas"]) == (i, 3)
-        assert redis_conn.get(f"pidispatch:dedup:acme/web#7:fix-bug:r{i}") == f"gh-d-rep-r{i}".encode()
+        assert redis_conn.get(f"pidispatch:dedup:github:acme/web#7:fix-bug:r{i}") == f"gh-d-rep-r{i}".encode()
 
 
 def test_a_replica_that_failed_halfway_converges_on_retry(client, forges, redis_conn, monkeypatch):

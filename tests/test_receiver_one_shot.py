@@ -39,7 +39,7 @@ def test_a_one_shot_fires_once_disarms_after_its_run_and_fires_again_when_rearme
 
     assert triggers.rearm(Trigger.objects.filter(pk=one_shot.pk)) == 1
     assert close_issue(client, "d-close-3")["status"] == "duplicate"  # inside the 10-minute window of the first
-    redis_conn.delete("pidispatch:dedup:acme/web#7:closed:retro")  # ... and after it
+    redis_conn.delete("pidispatch:dedup:github:acme/web#7:closed:retro")  # ... and after it
     answer = close_issue(client, "d-close-4")
     one_shot.refresh_from_db()
     assert answer == {"status": "queued", "jobs": ["gh-d-close-4"]}

@@ -2,7 +2,7 @@
 
 Two dedup layers, as the ancestor has them:
 - exact: the job id is derived from the delivery id and RQ's enqueue is atomic-unique on it;
-- semantic: a second delivery for the same target and flow inside PI_DEDUP_WINDOW_SECONDS is swallowed.
+- semantic: a second delivery for the same forge, target and flow inside PI_DEDUP_WINDOW_SECONDS is swallowed.
   The job claims `pidispatch:dedup:<key>` in the same atomic round trip as its enqueue; the key's value
   names the surviving job. It holds the claimer's own job id, so a retry of the same delivery (after Redis
   went away halfway) passes its own claim and converges on exactly the jobs it should have made.
@@ -92,12 +92,13 @@ def job_specs(event: ForgeEvent, match: Match) -> list[JobSpec]:
 
 
 def semantic_key(spec: JobSpec) -> str:
-    """`<repo>#<n>:<flow>` (`!` for merge/pull requests on GitLab and Azure), `cmd:<command>` for commands,
-    `closed:` before the slot for close jobs, `:r<i>` for replicas."""
+    """`<forge>:<repo>#<n>:<flow>` (`!` for merge/pull requests on GitLab and Azure), `cmd:<command>` for
+    commands, `closed:` before the slot for close jobs, `:r<i>` for replicas. The forge is part of the target:
+    `acme/web` on GitHub and on a Forgejo are two repositories."""
     slot = spec.flow or f"cmd:{spec.command}"
     if spec.context.get("matched", {}).get("action") in ("closed", "close") or spec.trigger_type == "issue":
         slot = f"closed:{slot}"
-    key = f"{spec.target}:{slot}"
+    key = f"{spec.kind}:{spec.target}:{slot}"
     return f"{key}:r{spec.replica}" if spec.replica is not None else key
 
 

@@ -36,27 +36,37 @@ SEPARATE_PR_NUMBERING = {"gitlab", "azure"}
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _MAX_DELIVERY_PART = 80
+# A delivery id kept as it is must not end like a replica suffix (`abc-r1` would be replica 1 of `abc`) nor
+# hold the `--` that marks a mapped id (it could then be another id's mapped form).
+_NOT_KEPT = re.compile(r"--|-r[0-9]+$")
 
 
 class JobSpecError(ValueError):
     """A payload that is not a JobSpec this code understands (wrong version, missing field)."""
 
 
-def delivery_job_id(kind: str, delivery_id: str, replica: int | None = None) -> str:
-    """`gh-<delivery>` and friends; `-r<i>` for a replica.
+def delivery_part(delivery_id: str) -> str:
+    """A (non-empty) delivery id in the job-id charset: what job ids and log lines carry of it.
 
-    A delivery id outside the job-id charset is mapped deterministically: the unsafe characters become
-    `_` and a short hash of the original keeps two different ids from colliding.
+    An ordinary id is kept as it is. Any other one (a character outside the charset, more than 80 of them, a
+    `-r<n>` at its end, a `--` in it) is mapped deterministically: its unsafe characters become `_`, then
+    `--` and 16 hex of its SHA-256. Only mapped ids hold `--` and none ends in `-r<n>`, so no delivery id
+    can produce another's job id, nor a replica's.
     """
+    if JOB_ID_PATTERN.fullmatch(delivery_id) and len(delivery_id) <= _MAX_DELIVERY_PART \
+            and not _NOT_KEPT.search(delivery_id):
+        return delivery_id
+    digest = hashlib.sha256(delivery_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{_UNSAFE.sub('_', delivery_id)[:_MAX_DELIVERY_PART]}--{digest}"
+
+
+def delivery_job_id(kind: str, delivery_id: str, replica: int | None = None) -> str:
+    """`gh-<delivery>` and friends (the delivery id as `delivery_part` maps it); `-r<i>` for a replica."""
     if kind not in DELIVERY_PREFIXES:
         raise ValueError(f"no delivery job ids for kind {kind!r}")
     if not isinstance(delivery_id, str) or not delivery_id:
         raise ValueError("a delivery job id needs a non-empty delivery id")
-    part = delivery_id
-    if not JOB_ID_PATTERN.fullmatch(part) or len(part) > _MAX_DELIVERY_PART:
-        digest = hashlib.sha256(delivery_id.encode()).hexdigest()[:12]
-        part = f"{_UNSAFE.sub('_', delivery_id)[:_MAX_DELIVERY_PART]}-{digest}"
-    job_id = f"{DELIVERY_PREFIXES[kind]}-{part}"
+    job_id = f"{DELIVERY_PREFIXES[kind]}-{delivery_part(delivery_id)}"
     if replica is not None:
         if not isinstance(replica, int) or replica < 1:
             raise ValueError("a replica index is a positive integer")

@@ -251,6 +251,8 @@ PI_AUTHORITY_CACHE_SECONDS = env.int("PI_AUTHORITY_CACHE_SECONDS", default=60)
 PI_CLONE_TIMEOUT_SECONDS = env.int("PI_CLONE_TIMEOUT_SECONDS", default=300)
 # A second trigger for the same target and flow inside this window is swallowed (202 duplicate).
 PI_DEDUP_WINDOW_SECONDS = env.int("PI_DEDUP_WINDOW_SECONDS", default=600)
+# A body that started jobs within this window is a duplicate under any other delivery id (0: off).
+PI_REPLAY_WINDOW_SECONDS = env.int("PI_REPLAY_WINDOW_SECONDS", default=7 * 24 * 3600)
 # The inbox replayer (`manage.py replay_deliveries --follow`): poll interval and the longest retry backoff.
 PI_INBOX_POLL_SECONDS = env.float("PI_INBOX_POLL_SECONDS", default=1.0)
 PI_INBOX_MAX_BACKOFF_SECONDS = env.int("PI_INBOX_MAX_BACKOFF_SECONDS", default=600)

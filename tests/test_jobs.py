@@ -111,18 +111,35 @@ def test_enqueue_writes_the_job_exactly_as_rqs_own_unique_enqueue_does(redis_con
 
 
 def test_enqueue_is_unique_on_the_job_id_and_on_its_claim(redis_conn):
-    claim = Claim("pidispatch:dedup:acme/web#7:fix", 60_000)
+    claim = Claim("pidispatch:dedup:github:acme/web#7:fix", 60_000, "dedup-window")
 
-    first = enqueue(issue_spec("gh-a"), "pi-jobs", claim)
-    again = enqueue(issue_spec("gh-a"), "pi-jobs", claim)  # the same delivery retried passes its own claim
-    other = enqueue(issue_spec("gh-b"), "pi-jobs", claim)
+    first = enqueue(issue_spec("gh-a"), "pi-jobs", (claim,))
+    again = enqueue(issue_spec("gh-a"), "pi-jobs", (claim,))  # the same delivery retried passes its own claim
+    other = enqueue(issue_spec("gh-b"), "pi-jobs", (claim,))
 
     assert (first.status, again.status, other.status, other.surviving) == ("created", "existing", "swallowed", "gh-a")
+    assert other.claim == claim
     assert Queue("pi-jobs", connection=redis_conn).get_job_ids() == ["gh-a"]
     assert 0 < redis_conn.pttl(claim.key) <= 60_000
     redis_conn.delete(claim.key)  # the window is over
-    assert enqueue(issue_spec("gh-b"), "pi-jobs", claim).created
+    assert enqueue(issue_spec("gh-b"), "pi-jobs", (claim,)).created
     assert redis_conn.get(claim.key) == b"gh-b"
+
+
+def test_a_job_swallowed_by_one_claim_takes_none_of_the_others(redis_conn):
+    replay = Claim("pidispatch:replay:github:abc", 60_000, "replayed-body")
+    free = Claim("pidispatch:dedup:github:acme/web#7:fix", 60_000, "dedup-window")
+    assert enqueue(issue_spec("gh-first"), "pi-jobs", (replay,)).created
+
+    swallowed = enqueue(issue_spec("gh-second"), "pi-jobs", (free, replay))
+
+    assert (swallowed.status, swallowed.surviving, swallowed.claim) == ("swallowed", "gh-first", replay)
+    assert not redis_conn.exists(free.key)  # a later delivery for the target is not swallowed by a non-job
+    # A claim's holder may be another job of the same delivery (its replicas share one).
+    shared = Claim("pidispatch:replay:github:def", 60_000, "replayed-body", holder="gh-d-r1")
+    assert enqueue(issue_spec("gh-d-r1"), "pi-jobs", (shared,)).created
+    assert enqueue(issue_spec("gh-d-r2"), "pi-jobs", (shared,)).created
+    assert redis_conn.get(shared.key) == b"gh-d-r1"
 
 
 @pytest.mark.parametrize(

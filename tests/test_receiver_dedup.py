@@ -1,5 +1,6 @@
 """Exact and semantic dedup, replicas, and routing of jobs that bind a host capability."""
 
+import hashlib
 import threading
 
 import pytest
@@ -81,7 +82,7 @@ def test_the_window_is_configurable(send, redis_conn, settings):
     settings.PI_DEDUP_WINDOW_SECONDS = 0  # off
     rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
     send(labelled(), "d-a")
-    send(labelled(), "d-b")
+    send(labelled(labels=("pi", "frontend")), "d-b")
     assert sorted(queued(redis_conn)) == ["gh-d-a", "gh-d-b"]
 
 
@@ -167,6 +168,78 @@ def test_concurrent_different_deliveries_for_one_target_make_one_job(forges, red
     assert all(answer["jobs"] == [survivor] for answer in answers)
 
 
+# --- replayed bodies --------------------------------------------------------------------------------------------
+
+def replay_key(forge: str, body: bytes) -> str:
+    return f"pidispatch:replay:{forge}:{hashlib.sha256(body).hexdigest()}"
+
+
+def test_a_signed_body_sent_again_under_a_fresh_id_is_a_duplicate(client, forges, redis_conn, settings, caplog):
+    """GitHub's signature does not cover the delivery id: a captured delivery resent with fresh ids would
+    start a new paid job after every dedup window."""
+    settings.PI_DEDUP_WINDOW_SECONDS = 0  # as if the window were long over
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+    body = dumps(labelled())
+
+    first = post(client, "github", body, github_headers(body, "issues", "d-orig")).json()
+    with caplog.at_level("INFO"):
+        replayed = post(client, "github", body, github_headers(body, "issues", "d-fresh"))
+
+    assert first == {"status": "queued", "jobs": ["gh-d-orig"]}
+    assert (replayed.status_code, replayed.json()) == (202, {"status": "duplicate", "jobs": ["gh-d-orig"]})
+    assert queued(redis_conn) == ["gh-d-orig"]
+    row = Delivery.objects.get(delivery_id="d-fresh")
+    assert (row.status, row.reason, row.job_ids, row.payload) == (
+        DeliveryStatus.DUPLICATE, "replayed-body", ["gh-d-orig"], None)
+    assert "job=gh-d-fresh surviving=gh-d-orig reason=replayed-body" in caplog.text
+    assert 604_790_000 < redis_conn.pttl(replay_key("github", body)) <= 604_800_000  # 7 days
+
+    # The forge's own redelivery keeps its id and is answered from the inbox, as before.
+    again = post(client, "github", body, github_headers(body, "issues", "d-orig"))
+    assert again.json() == {"status": "duplicate", "jobs": ["gh-d-orig"]}
+    # Any other body is another delivery.
+    other = dumps(labelled(8))
+    assert post(client, "github", other, github_headers(other, "issues", "d-other")).json()["status"] == "queued"
+
+
+def test_a_replayed_body_finds_the_first_deliverys_jobs_whatever_the_rule_says_now(client, forges, redis_conn,
+                                                                                   settings):
+    settings.PI_DEDUP_WINDOW_SECONDS = 0
+    trigger = rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug", replicas=2)
+    body = dumps(labelled())
+
+    assert post(client, "github", body, github_headers(body, "issues", "d-rp")).json()["jobs"] == \
+        ["gh-d-rp-r1", "gh-d-rp-r2"]
+    replayed = post(client, "github", body, github_headers(body, "issues", "d-rp2")).json()
+    trigger.replicas = None
+    trigger.save()
+    unreplicated = post(client, "github", body, github_headers(body, "issues", "d-rp3")).json()
+
+    assert replayed == unreplicated == {"status": "duplicate", "jobs": ["gh-d-rp-r1"]}
+    assert sorted(queued(redis_conn)) == ["gh-d-rp-r1", "gh-d-rp-r2"]
+
+
+def test_the_replay_window_is_configurable(client, forges, redis_conn, settings):
+    settings.PI_DEDUP_WINDOW_SECONDS = 0
+    settings.PI_REPLAY_WINDOW_SECONDS = 0  # off
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+    body = dumps(labelled())
+
+    post(client, "github", body, github_headers(body, "issues", "d-w1"))
+    post(client, "github", body, github_headers(body, "issues", "d-w2"))
+
+    assert sorted(queued(redis_conn)) == ["gh-d-w1", "gh-d-w2"]
+    assert redis_conn.keys("pidispatch:replay:*") == []
+
+
+def test_an_ignored_body_claims_nothing(client, forges, redis_conn):
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+    body = dumps(labelled(labels=("docs",)))
+
+    assert post(client, "github", body, github_headers(body, "issues", "d-ign")).json()["status"] == "ignored"
+    assert redis_conn.keys("*") == []  # no digest claim, not even a round trip's worth of keys
+
+
 # --- replicas ------------------------------------------------------------------------------------------------
 
 def test_replicas_are_separate_jobs_with_separate_keys(send, redis_conn):
@@ -191,11 +264,11 @@ def test_a_replica_that_failed_halfway_converges_on_retry(client, forges, redis_
     forges.gitlab_member("4711", 1201, 40)
     real_enqueue, calls = dispatch.enqueue, []
 
-    def flaky_enqueue(spec, queue, claim=None):
+    def flaky_enqueue(spec, queue, claims=()):
         calls.append(spec.job_id)
         if len(calls) == 2:
             raise RedisConnectionError("connection lost")
-        return real_enqueue(spec, queue, claim)
+        return real_enqueue(spec, queue, claims)
 
     monkeypatch.setattr(dispatch, "enqueue", flaky_enqueue)
     body = dumps(load("gitlab/issue_update_labels.json"))

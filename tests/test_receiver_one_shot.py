@@ -17,6 +17,7 @@ def close_issue(client, delivery, number=7):
     payload["action"] = "closed"
     payload["issue"]["number"] = number
     payload["sender"].update(id=6600123, login="closer-carl")
+    payload["issue"]["closed_at"] = f"2026-11-29T12:00:0{delivery[-1]}Z"  # every close is its own (a new body)
     body = dumps(payload)
     return post(client, "github", body, github_headers(body, "issues", delivery)).json()
 

@@ -277,7 +277,7 @@ def process(delivery: Delivery, payload: dict | None = None) -> Answer:
     specs = job_specs(event, match)
     ran = _jobs_that_ran(specs) if delivery.attempts > 1 else set()
     try:
-        result = dispatch([spec for spec in specs if spec.job_id not in ran])
+        result = dispatch([spec for spec in specs if spec.job_id not in ran], bytes(delivery.payload))
     except RedisError:
         # Keep the payload: the delivery is enqueued when Redis is back. The forge still gets a 2xx,
         # because GitHub, GitLab and Forgejo never redeliver by themselves.
@@ -286,8 +286,9 @@ def process(delivery: Delivery, payload: dict | None = None) -> Answer:
     result.existing += [spec.job_id for spec in specs if spec.job_id in ran]
     job_ids = result.job_ids
     if result.all_swallowed:
-        _settle(delivery, DeliveryStatus.DUPLICATE, "dedup-window", job_ids=job_ids)
-        logger.info("delivery_duplicate forge=%s delivery=%s surviving=%s", forge, delivery_id, ",".join(job_ids))
+        _settle(delivery, DeliveryStatus.DUPLICATE, result.swallowed_reason, job_ids=job_ids)
+        logger.info("delivery_duplicate forge=%s delivery=%s surviving=%s reason=%s", forge, delivery_id,
+                    ",".join(job_ids), result.swallowed_reason)
         return Answer(202, {"status": "duplicate", "jobs": job_ids})
     _settle(delivery, DeliveryStatus.QUEUED, job_ids=job_ids, replay_safe=not result.swallowed)
     logger.info("delivery_queued forge=%s delivery=%s target=%s jobs=%s created=%s", forge, delivery_id,

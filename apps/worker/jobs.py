@@ -192,46 +192,56 @@ def job_time_budget_seconds() -> int:
 @dataclass(frozen=True)
 class Claim:
     """A key held for `window_ms` by the first job that claims it: a later job claiming the same key is
-    swallowed (the receiver's semantic dedup). The key holds the claimer's job id, so the same job
-    claiming again (a retried delivery) passes."""
+    swallowed (the receiver's dedup layers), and `reason` says why. The key holds `holder`, the claimer's job
+    id unless given (a delivery's replicas share one), so the same holder claiming again (a retried
+    delivery) passes."""
 
     key: str
     window_ms: int
+    reason: str
+    holder: str = ""
 
 
 @dataclass(frozen=True)
 class Enqueued:
-    status: str  # "created" | "existing" (the job id was taken) | "swallowed" (the claim is another job's)
-    surviving: str = ""  # swallowed: the job holding the claim
+    status: str  # "created" | "existing" (the job id was taken) | "swallowed" (a claim is another job's)
+    surviving: str = ""  # swallowed: the holder of the claim
+    claim: Claim | None = None  # swallowed: the claim that did it
 
     @property
     def created(self) -> bool:
         return self.status == "created"
 
 
-# The claim, the queue's registration and RQ's unique save-and-push in one atomic round trip (three with
+# The claims, the queue's registration and RQ's unique save-and-push in one atomic round trip (three with
 # `Queue.enqueue_call` plus a separate SET NX). It writes RQ's keys exactly as rq 3.0's unique enqueue
-# does (rq is pinned; tests run jobs enqueued this way through a real rqworker).
+# does (rq is pinned; tests run jobs enqueued this way through a real rqworker). Every claim is read before
+# any is taken, so a job swallowed by one claim takes none of the others.
 _ENQUEUE_SCRIPT = """
--- KEYS: job hash, queue list, RQ's set of queues[, claim]
--- ARGV: job id, job ttl (-1: none), claim window in ms, then the job hash's field/value pairs
-if KEYS[4] and not redis.call("SET", KEYS[4], ARGV[1], "NX", "PX", ARGV[3]) then
-    local holder = redis.call("GET", KEYS[4])
-    if holder and holder ~= ARGV[1] then
-        return {"swallowed", holder}
+-- KEYS: job hash, queue list, RQ's set of queues, then one key per claim
+-- ARGV: job id, job ttl (-1: none), the number of claims, then each claim's window in ms and holder, then
+--       the job hash's field/value pairs
+local claims = tonumber(ARGV[3])
+for i = 1, claims do
+    local holder = redis.call("GET", KEYS[3 + i])
+    if holder and holder ~= ARGV[3 + 2 * i] then
+        return {"swallowed", holder, i}
     end
+end
+for i = 1, claims do
+    redis.call("SET", KEYS[3 + i], ARGV[3 + 2 * i], "NX", "PX", ARGV[2 + 2 * i])
 end
 redis.call("SADD", KEYS[3], KEYS[2])
 if redis.call("EXISTS", KEYS[1]) == 1 then
-    return {"existing", ""}
+    return {"existing", "", 0}
 end
-redis.call("HSET", KEYS[1], unpack(ARGV, 4))
+redis.call("HSET", KEYS[1], unpack(ARGV, 4 + 2 * claims))
 local ttl = tonumber(ARGV[2])
 if ttl > 0 then
     redis.call("EXPIRE", KEYS[1], ttl)
 end
 redis.call("RPUSH", KEYS[2], ARGV[1])
-return {"created", ""}
+return {"created", "", 0}
 """
 
 
@@ -240,8 +250,8 @@ def _enqueue_script(connection):
     return connection.register_script(_ENQUEUE_SCRIPT)
 
 
-def enqueue(spec: JobSpec, queue_name: str, claim: Claim | None = None) -> Enqueued:
-    """Enqueue one job, atomically unique on its id (and on `claim`, when given).
+def enqueue(spec: JobSpec, queue_name: str, claims: tuple[Claim, ...] = ()) -> Enqueued:
+    """Enqueue one job, atomically unique on its id (and on each of `claims`, checked in order).
 
     Redis errors propagate: the caller decides whether the work is kept for later (the inbox) or lost.
     """
@@ -257,9 +267,14 @@ def enqueue(spec: JobSpec, queue_name: str, claim: Claim | None = None) -> Enque
         failure_ttl=settings.PI_FAILED_JOB_TTL_SECONDS,
     )
     queue._prepare_for_queue(job)  # origin, enqueued_at, status: what RQ's enqueue sets before saving
-    keys = [job.key, queue.key, queue.redis_queues_keys] + ([claim.key] if claim else [])
-    args = [job.id, job.ttl if job.ttl is not None else -1, claim.window_ms if claim else 0, *_build_hset_args(job)]
-    status, surviving = (text(part) for part in _enqueue_script(connection)(keys=keys, args=args))
+    keys = [job.key, queue.key, queue.redis_queues_keys, *(claim.key for claim in claims)]
+    args = [job.id, job.ttl if job.ttl is not None else -1, len(claims),
+            *(part for claim in claims for part in (claim.window_ms, claim.holder or job.id)),
+            *_build_hset_args(job)]
+    status, surviving, claimed = _enqueue_script(connection)(keys=keys, args=args)
+    status, surviving = text(status), text(surviving)
+    if status == "swallowed":
+        return Enqueued(status, surviving, claims[int(claimed) - 1])
     if status == "created":
         logger.info("job_enqueued job=%s queue=%s target=%s", spec.job_id, queue_name, spec.target)
     return Enqueued(status, surviving)

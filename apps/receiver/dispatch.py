@@ -24,7 +24,7 @@ from django.conf import settings
 
 from apps.fleet import routing
 from apps.fleet.queues import SHARED_QUEUE
-from apps.worker.jobs import Claim, JobSpec, delivery_job_id, enqueue
+from apps.worker.jobs import Claim, JobSpec, delivery_job_id, delivery_part, enqueue
 
 from .hooks.base import ForgeEvent
 from .matching import Match
@@ -176,8 +176,8 @@ def dispatch(specs: list[JobSpec], body: bytes) -> DispatchResult:
         enqueued = enqueue(spec, queue_for(spec), claims_for(spec, body_digest))
         if enqueued.status == "swallowed":
             result.swallowed.append((spec.job_id, enqueued.surviving, enqueued.claim.reason))
-            logger.info("job_deduplicated delivery=%s job=%s surviving=%s reason=%s", spec.delivery_id,
-                        spec.job_id, enqueued.surviving, enqueued.claim.reason)
+            logger.info("job_deduplicated delivery=%s job=%s surviving=%s reason=%s",
+                        delivery_part(spec.delivery_id), spec.job_id, enqueued.surviving, enqueued.claim.reason)
         elif enqueued.created:
             result.created.append(spec.job_id)
         else:

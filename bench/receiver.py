@@ -66,7 +66,7 @@ class _SkippedInboxWrites:
         pass
 
 
-def _skipped_enqueue(spec, queue_name, claim=None):
+def _skipped_enqueue(spec, queue_name, claims=()):
     from apps.worker.jobs import Enqueued
 
     return Enqueued("created")

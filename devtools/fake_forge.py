@@ -20,6 +20,23 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 AZURE_PROJECT_ID = "068d2409-14eb-4d8a-88bf-c8a9e7f5b4e2"
+# A project's groups as Azure DevOps creates them: the well-known ones by the sub-authorities that end their
+# SID, the process template's with a random SID of their own (`-1-` and four random numbers).
+AZURE_PROJECT_GROUPS = {
+    "Project Administrators": "0-0-0-0-1",
+    "Project Valid Users": "0-0-0-0-3",
+    "Contributors": "1-761421892-2748544845-2977242239-3150325524",
+    "Build Administrators": "1-2394225636-2902941545-2752542587-4098799456",
+    "Readers": "1-3179025561-1155312432-2381640919-2227411202",
+    "Stakeholders (read-only)": "1-1402381766-3063297741-2203470427-1306458315",
+}
+
+
+def azure_project_group_descriptors(project_id: str) -> dict[str, str]:
+    """`vssgp.<base64 of the SID>` of each of the project's groups (the project's domain comes from its id)."""
+    domain = "-".join(str(int(project_id.replace("-", "")[i:i + 8], 16)) for i in range(0, 32, 8))
+    return {name: "vssgp." + base64.b64encode(f"S-1-9-1551374245-{domain}-{tail}".encode()).decode().rstrip("=")
+            for name, tail in AZURE_PROJECT_GROUPS.items()}
 
 
 # --- a stand-in for the forges' APIs ---------------------------------------------------------------------------
@@ -178,21 +195,31 @@ class FakeForge:
         self.routes[f"/api/v1/repos/{repo}/collaborators/{login}/permission"] = (
             status, {"permission": permission, "role_name": permission, "user": {"login": login}})
 
-    def azure_member(self, actor_guid: str, project_id: str = AZURE_PROJECT_ID, member: bool = True):
-        """The Graph answers for: actor descriptor, project descriptor, project groups, actor memberships."""
+    def azure_member(self, actor_guid: str, project_id: str = AZURE_PROJECT_ID, member: bool = True,
+                     group: str | None = None, names: dict | None = None) -> dict[str, str]:
+        """The Graph answers for: actor descriptor, project descriptor, the project's groups, actor memberships.
+
+        The project has the groups a new project gets (AZURE_PROJECT_GROUPS) plus a custom read-only one,
+        with descriptors as Azure DevOps makes them (`vssgp.` + base64 of the SID; well-known groups end in
+        `-0-0-0-0-<n>`, the process template's have a random SID). The actor is in `group` (Contributors, or
+        Readers when not `member`); `names` renames groups, as a localised server names them. Returns each
+        group's descriptor by its English name."""
         actor_descriptor = f"aad.{actor_guid[:8]}"
         project_descriptor = f"scp.{project_id[:8]}"
-        contributors, readers = f"vssgp.contrib{project_id[:4]}", f"vssgp.readers{project_id[:4]}"
+        descriptors = azure_project_group_descriptors(project_id)
+        names = names or {}
         self.routes[f"/_apis/graph/descriptors/{actor_guid}"] = (200, {"value": actor_descriptor})
         self.routes[f"/_apis/graph/descriptors/{project_id}"] = (200, {"value": project_descriptor})
-        self.routes["/_apis/graph/groups"] = (200, {"count": 2, "value": [
-            {"descriptor": contributors, "displayName": "Contributors", "principalName": "[P]\\Contributors"},
-            {"descriptor": readers, "displayName": "Readers", "principalName": "[P]\\Readers"},
-        ]})
+        self.routes["/_apis/graph/groups"] = (200, {"count": len(descriptors), "value": [
+            {"subjectKind": "group", "descriptor": descriptor, "displayName": names.get(name, name),
+             "principalName": f"[Fabrikam]\\{names.get(name, name)}", "origin": "vsts",
+             "domain": f"vstfs:///Classification/TeamProject/{project_id}"}
+            for name, descriptor in descriptors.items()]})
+        container = descriptors[group or ("Contributors" if member else "Readers")]
         self.routes[f"/_apis/graph/memberships/{actor_descriptor}"] = (200, {"count": 1, "value": [
-            {"containerDescriptor": contributors if member else readers, "memberDescriptor": actor_descriptor},
+            {"containerDescriptor": container, "memberDescriptor": actor_descriptor},
         ]})
-
+        return descriptors
 
     # --- a forge job's side: repositories, branches, comments, tokens ---
 

@@ -251,6 +251,9 @@ AZURE_GRAPH_URL = env("AZURE_GRAPH_URL", default="")  # derived from AZURE_ORG_U
 AZURE_TOKEN = env("AZURE_TOKEN", default="")
 AZURE_SELF_ID = env("AZURE_SELF_ID", default="")
 AZURE_SELF_EMAIL = env("AZURE_SELF_EMAIL", default="")
+# Besides Project Administrators (known by its SID), the project groups whose members may start work, by the
+# account name the process template gave them (a localised server's templates name them differently).
+AZURE_WRITER_GROUPS = env.list("AZURE_WRITER_GROUPS", default=["Contributors", "Build Administrators"])
 # Forge API calls (authority lookups; a job's token, default branch and comments): short, and lookups are
 # cached; "could not tell" keeps the delivery, and a worker-side call that gets no answer is retried.
 PI_FORGE_API_TIMEOUT_SECONDS = env.float("PI_FORGE_API_TIMEOUT_SECONDS", default=3.0)
@@ -260,6 +263,8 @@ PI_AUTHORITY_CACHE_SECONDS = env.int("PI_AUTHORITY_CACHE_SECONDS", default=60)
 PI_CLONE_TIMEOUT_SECONDS = env.int("PI_CLONE_TIMEOUT_SECONDS", default=300)
 # A second trigger for the same target and flow inside this window is swallowed (202 duplicate).
 PI_DEDUP_WINDOW_SECONDS = env.int("PI_DEDUP_WINDOW_SECONDS", default=600)
+# A body that started jobs within this window is a duplicate under any other delivery id (0: off).
+PI_REPLAY_WINDOW_SECONDS = env.int("PI_REPLAY_WINDOW_SECONDS", default=7 * 24 * 3600)
 # The inbox replayer (`manage.py replay_deliveries --follow`): poll interval and the longest retry backoff.
 PI_INBOX_POLL_SECONDS = env.float("PI_INBOX_POLL_SECONDS", default=1.0)
 PI_INBOX_MAX_BACKOFF_SECONDS = env.int("PI_INBOX_MAX_BACKOFF_SECONDS", default=600)

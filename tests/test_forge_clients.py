@@ -170,12 +170,58 @@ def test_azure_readers_are_not_members_who_may_start_work(fake_forge):
     assert answer.allowed is False
 
 
+@pytest.mark.parametrize("group, allowed", [
+    ("Contributors", True), ("Project Administrators", True), ("Build Administrators", True),
+    ("Readers", False), ("Project Valid Users", False), ("Stakeholders (read-only)", False),
+])
+def test_azure_only_three_project_groups_may_start_work(fake_forge, group, allowed):
+    """An allow list: a custom read-only group, or Project Valid Users (everyone who may see the project),
+    is no licence to start paid work."""
+    fake_forge.azure_member(ACTOR_GUID, group=group)
+    answer = azure(fake_forge).authority(Subject(project_id=AZURE_PROJECT_ID, actor_id=ACTOR_GUID))
+    assert (answer.allowed, answer.determinate) == (allowed, True)
+
+
+def test_azure_groups_are_told_apart_by_descriptor_not_by_display_name(fake_forge):
+    """A localised server names Readers "Leser" and Project Administrators "Projektadministratoren": the
+    administrators' well-known SID still says who they are, and no other name lets a reader in."""
+    localised = {"Readers": "Leser", "Project Administrators": "Projektadministratoren"}
+    client = azure(fake_forge, cache_seconds=0)
+    subject = Subject(project_id=AZURE_PROJECT_ID, actor_id=ACTOR_GUID)
+
+    fake_forge.azure_member(ACTOR_GUID, group="Readers", names=localised)
+    AzureClient.project_groups_cache.clear()
+    assert client.authority(subject).allowed is False
+
+    fake_forge.azure_member(ACTOR_GUID, group="Project Administrators", names=localised)
+    AzureClient.project_groups_cache.clear()
+    assert client.authority(subject).allowed is True
+
+    # A group that merely calls itself Contributors is not the project's Contributors group.
+    fake_forge.azure_member(ACTOR_GUID, group="Stakeholders (read-only)")
+    for group in fake_forge.routes["/_apis/graph/groups"][1]["value"]:
+        if group["displayName"] == "Stakeholders (read-only)":
+            group["displayName"] = "Contributors"
+    AzureClient.project_groups_cache.clear()
+    assert client.authority(subject).allowed is False
+
+
+def test_azure_writer_groups_can_be_named_for_a_localised_server(fake_forge):
+    # Contributors has no well-known SID: a server whose process template says "Mitwirkende" names it.
+    fake_forge.azure_member(ACTOR_GUID, group="Contributors", names={"Contributors": "Mitwirkende"})
+    subject = Subject(project_id=AZURE_PROJECT_ID, actor_id=ACTOR_GUID)
+
+    assert azure(fake_forge, cache_seconds=0).authority(subject).allowed is False
+    localised = azure(fake_forge, writer_groups=("Mitwirkende", "Build-Administratoren"))
+    assert localised.authority(subject).allowed is True
+
+
 def test_azure_membership_through_a_nested_group(fake_forge):
-    fake_forge.azure_member(ACTOR_GUID)
+    groups = fake_forge.azure_member(ACTOR_GUID)
     actor = f"aad.{ACTOR_GUID[:8]}"
     fake_forge.routes[f"/_apis/graph/memberships/{actor}"] = (200, {"value": [{"containerDescriptor": "aadgp.team"}]})
     fake_forge.routes["/_apis/graph/memberships/aadgp.team"] = (
-        200, {"value": [{"containerDescriptor": f"vssgp.contrib{AZURE_PROJECT_ID[:4]}"}]})
+        200, {"value": [{"containerDescriptor": groups["Contributors"]}]})
 
     assert azure(fake_forge).authority(Subject(project_id=AZURE_PROJECT_ID, actor_id=ACTOR_GUID)).allowed is True
 

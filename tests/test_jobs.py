@@ -1,6 +1,9 @@
 """The job contract: job ids, the JobSpec payload, and what a worker does with one it cannot read."""
 
+import re
+
 import pytest
+from hypothesis import given, settings as hypothesis_settings, strategies as st
 from rq import Queue
 
 from apps.worker.jobs import (
@@ -27,6 +30,39 @@ def test_unsafe_delivery_ids_map_deterministically_and_do_not_collide(raw):
 def test_similar_unsafe_ids_stay_distinct():
     assert delivery_job_id("gitlab", "a.b") != delivery_job_id("gitlab", "a_b")
     assert delivery_job_id("gitlab", "a.b") != delivery_job_id("gitlab", "a:b")
+
+
+def test_ordinary_delivery_ids_are_kept_as_they_are():
+    for delivery in ("72d3162e-cc78-11e3-81ab-4c9367dc0958", "poll-e123", "poll-pr12-6dcb09b", "d-r", "r1", "a-rb1"):
+        assert delivery_job_id("github", delivery) == f"gh-{delivery}"
+
+
+def test_a_delivery_id_cannot_fake_a_replica_suffix():
+    assert delivery_job_id("github", "abc", replica=1) != delivery_job_id("github", "abc-r1")
+    assert delivery_job_id("github", "abc-r1", replica=2) != delivery_job_id("github", "abc-r1-r2")
+    assert JOB_ID_PATTERN.fullmatch(delivery_job_id("github", "abc-r1"))
+    assert not re.search(r"-r\d+$", delivery_job_id("github", "abc-r1"))
+
+
+def test_a_delivery_id_cannot_be_another_ids_mapped_form():
+    mapped = delivery_job_id("gitlab", "a.b")
+    assert delivery_job_id("gitlab", mapped.removeprefix("gl-")) != mapped
+
+
+delivery_ids = st.text(alphabet="ab1-r_.:", min_size=1, max_size=10) | st.text(min_size=1, max_size=100)
+replicas = st.none() | st.integers(1, 12)
+
+
+@hypothesis_settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(delivery=delivery_ids, replica=replicas, other=delivery_ids, other_replica=replicas)
+def test_no_delivery_id_produces_another_deliverys_job_id(delivery, replica, other, other_replica):
+    job_id = delivery_job_id("github", delivery, replica)
+    assert JOB_ID_PATTERN.fullmatch(job_id)
+    # Another delivery whose id is this job id's tail, or anything else, with or without replicas.
+    for candidate, candidate_replica in ((job_id.removeprefix("gh-"), None), (job_id.removeprefix("gh-"), 1),
+                                         (other, other_replica)):
+        if (candidate, candidate_replica) != (delivery, replica):
+            assert delivery_job_id("github", candidate, candidate_replica) != job_id
 
 
 @pytest.mark.parametrize("kind, delivery, replica", [("svn", "x", None), ("github", "", None), ("github", "x", 0)])
@@ -75,18 +111,35 @@ def test_enqueue_writes_the_job_exactly_as_rqs_own_unique_enqueue_does(redis_con
 
 
 def test_enqueue_is_unique_on_the_job_id_and_on_its_claim(redis_conn):
-    claim = Claim("pidispatch:dedup:acme/web#7:fix", 60_000)
+    claim = Claim("pidispatch:dedup:github:acme/web#7:fix", 60_000, "dedup-window")
 
-    first = enqueue(issue_spec("gh-a"), "pi-jobs", claim)
-    again = enqueue(issue_spec("gh-a"), "pi-jobs", claim)  # the same delivery retried passes its own claim
-    other = enqueue(issue_spec("gh-b"), "pi-jobs", claim)
+    first = enqueue(issue_spec("gh-a"), "pi-jobs", (claim,))
+    again = enqueue(issue_spec("gh-a"), "pi-jobs", (claim,))  # the same delivery retried passes its own claim
+    other = enqueue(issue_spec("gh-b"), "pi-jobs", (claim,))
 
     assert (first.status, again.status, other.status, other.surviving) == ("created", "existing", "swallowed", "gh-a")
+    assert other.claim == claim
     assert Queue("pi-jobs", connection=redis_conn).get_job_ids() == ["gh-a"]
     assert 0 < redis_conn.pttl(claim.key) <= 60_000
     redis_conn.delete(claim.key)  # the window is over
-    assert enqueue(issue_spec("gh-b"), "pi-jobs", claim).created
+    assert enqueue(issue_spec("gh-b"), "pi-jobs", (claim,)).created
     assert redis_conn.get(claim.key) == b"gh-b"
+
+
+def test_a_job_swallowed_by_one_claim_takes_none_of_the_others(redis_conn):
+    replay = Claim("pidispatch:replay:github:abc", 60_000, "replayed-body")
+    free = Claim("pidispatch:dedup:github:acme/web#7:fix", 60_000, "dedup-window")
+    assert enqueue(issue_spec("gh-first"), "pi-jobs", (replay,)).created
+
+    swallowed = enqueue(issue_spec("gh-second"), "pi-jobs", (free, replay))
+
+    assert (swallowed.status, swallowed.surviving, swallowed.claim) == ("swallowed", "gh-first", replay)
+    assert not redis_conn.exists(free.key)  # a later delivery for the target is not swallowed by a non-job
+    # A claim's holder may be another job of the same delivery (its replicas share one).
+    shared = Claim("pidispatch:replay:github:def", 60_000, "replayed-body", holder="gh-d-r1")
+    assert enqueue(issue_spec("gh-d-r1"), "pi-jobs", (shared,)).created
+    assert enqueue(issue_spec("gh-d-r2"), "pi-jobs", (shared,)).created
+    assert redis_conn.get(shared.key) == b"gh-d-r1"
 
 
 @pytest.mark.parametrize(

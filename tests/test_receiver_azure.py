@@ -104,9 +104,10 @@ def test_pull_request_comment_takes_the_repository_from_the_payload(send, member
     assert (spec["head"], spec["base"]) == ({"ref": "sticky-bar"}, {"ref": "main"})
 
 
-def test_non_member_is_refused(send, forges):
+@pytest.mark.parametrize("group", ["Readers", "Project Valid Users", "Stakeholders (read-only)"])
+def test_members_of_other_groups_are_refused(send, forges, group):
     rule(position=0, kind="azure", on_type="comment", phrase="@pi", repository="storefront", flow="review")
-    forges.azure_member(JAMAL, member=False)
+    forges.azure_member(JAMAL, group=group)
     assert send(load("azure/pullrequest_comment.json")).json()["reason"] == "author-not-allowed"
 
 

@@ -1,5 +1,6 @@
 """Exact and semantic dedup, replicas, and routing of jobs that bind a host capability."""
 
+import hashlib
 import threading
 
 import pytest
@@ -8,7 +9,8 @@ from django.db import connections
 from apps.receiver import intake
 from apps.receiver.models import Delivery, DeliveryStatus
 from tests.receiver_support import (  # noqa: F401
-    dumps, fake_forge, forges, github_headers, gitlab_token_headers, job_spec, load, post, queued, rule,
+    dumps, fake_forge, forgejo_headers, forges, github_headers, gitlab_token_headers, job_spec, load, post, queued,
+    rule,
 )
 
 pytestmark = pytest.mark.django_db
@@ -44,7 +46,7 @@ def test_a_second_label_event_for_the_same_issue_and_flow_is_swallowed(send, red
     assert "job=gh-d-second surviving=gh-d-first" in caplog.text
     delivery = Delivery.objects.get(delivery_id="d-second")
     assert (delivery.status, delivery.job_ids, delivery.payload) == (DeliveryStatus.DUPLICATE, ["gh-d-first"], None)
-    assert redis_conn.pttl("pidispatch:dedup:acme/web#7:fix-bug") > 590_000  # 10-minute window
+    assert redis_conn.pttl("pidispatch:dedup:github:acme/web#7:fix-bug") > 590_000  # 10-minute window
 
 
 def test_other_targets_and_other_flows_are_not_swallowed(send, redis_conn):
@@ -58,11 +60,29 @@ def test_other_targets_and_other_flows_are_not_swallowed(send, redis_conn):
     assert sorted(queued(redis_conn)) == ["gh-d-7", "gh-d-7-docs", "gh-d-8"]
 
 
+def test_the_same_name_on_another_forge_is_another_target(client, send, forges, redis_conn):
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+    rule(position=1, kind="forgejo", on_type="label", label_any=["pi"], flow="fix-bug")
+    forges.forgejo_permission("acme/web", "maintainer-mia", "write")
+    payload = load("forgejo/issues_label_updated.json")
+    payload["repository"]["full_name"] = "acme/web"
+    payload["issue"]["number"] = 7
+    payload["issue"]["labels"] = [{"name": "pi"}]
+    payload["sender"]["login"] = "maintainer-mia"
+    body = dumps(payload)
+
+    github = send(labelled(), "d-gh").json()
+    forgejo = post(client, "forgejo", body, forgejo_headers(body, "issues", "d-fj")).json()
+
+    assert (github, forgejo) == ({"status": "queued", "jobs": ["gh-d-gh"]}, {"status": "queued", "jobs": ["fj-d-fj"]})
+    assert sorted(queued(redis_conn)) == ["fj-d-fj", "gh-d-gh"]
+
+
 def test_the_window_is_configurable(send, redis_conn, settings):
     settings.PI_DEDUP_WINDOW_SECONDS = 0  # off
     rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
     send(labelled(), "d-a")
-    send(labelled(), "d-b")
+    send(labelled(labels=("pi", "frontend")), "d-b")
     assert sorted(queued(redis_conn)) == ["gh-d-a", "gh-d-b"]
 
 
@@ -74,14 +94,17 @@ def test_semantic_keys(forges):
         base = dict(job_id="gh-x", kind="github", repo="octo/repo", target_type="issue", number=42, flow="frontend-fix")
         return semantic_key(JobSpec(**{**base, **fields}))
 
-    assert key() == "octo/repo#42:frontend-fix"
-    assert key(kind="gitlab", repo="group/sub/proj", number=5) == "group/sub/proj#5:frontend-fix"
-    assert key(kind="gitlab", repo="group/sub/proj", number=5, target_type="pull_request") == "group/sub/proj!5:frontend-fix"
-    assert key(kind="github", target_type="pull_request") == "octo/repo#42:frontend-fix"  # shared numbering
-    assert key(kind="azure", repo="Fabrikam/widgets", number=7, flow="fix") == "Fabrikam/widgets#7:fix"
-    assert key(flow="", command="summarise") == "octo/repo#42:cmd:summarise"
-    assert key(trigger_type="issue", context={"matched": {"action": "closed"}}) == "octo/repo#42:closed:frontend-fix"
-    assert key(replica=1, replicas=2) == "octo/repo#42:frontend-fix:r1"
+    assert key() == "github:octo/repo#42:frontend-fix"
+    assert key(kind="gitlab", repo="group/sub/proj", number=5) == "gitlab:group/sub/proj#5:frontend-fix"
+    assert key(kind="gitlab", repo="group/sub/proj", number=5, target_type="pull_request") == \
+        "gitlab:group/sub/proj!5:frontend-fix"
+    assert key(kind="github", target_type="pull_request") == "github:octo/repo#42:frontend-fix"  # shared numbering
+    assert key(kind="forgejo") == "forgejo:octo/repo#42:frontend-fix"  # the same name on another forge
+    assert key(kind="azure", repo="Fabrikam/widgets", number=7, flow="fix") == "azure:Fabrikam/widgets#7:fix"
+    assert key(flow="", command="summarise") == "github:octo/repo#42:cmd:summarise"
+    assert key(trigger_type="issue", context={"matched": {"action": "closed"}}) == \
+        "github:octo/repo#42:closed:frontend-fix"
+    assert key(replica=1, replicas=2) == "github:octo/repo#42:frontend-fix:r1"
 
 
 @pytest.mark.django_db(transaction=True)
@@ -145,6 +168,78 @@ def test_concurrent_different_deliveries_for_one_target_make_one_job(forges, red
     assert all(answer["jobs"] == [survivor] for answer in answers)
 
 
+# --- replayed bodies --------------------------------------------------------------------------------------------
+
+def replay_key(forge: str, body: bytes) -> str:
+    return f"pidispatch:replay:{forge}:{hashlib.sha256(body).hexdigest()}"
+
+
+def test_a_signed_body_sent_again_under_a_fresh_id_is_a_duplicate(client, forges, redis_conn, settings, caplog):
+    """GitHub's signature does not cover the delivery id: a captured delivery resent with fresh ids would
+    start a new paid job after every dedup window."""
+    settings.PI_DEDUP_WINDOW_SECONDS = 0  # as if the window were long over
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+    body = dumps(labelled())
+
+    first = post(client, "github", body, github_headers(body, "issues", "d-orig")).json()
+    with caplog.at_level("INFO"):
+        replayed = post(client, "github", body, github_headers(body, "issues", "d-fresh"))
+
+    assert first == {"status": "queued", "jobs": ["gh-d-orig"]}
+    assert (replayed.status_code, replayed.json()) == (202, {"status": "duplicate", "jobs": ["gh-d-orig"]})
+    assert queued(redis_conn) == ["gh-d-orig"]
+    row = Delivery.objects.get(delivery_id="d-fresh")
+    assert (row.status, row.reason, row.job_ids, row.payload) == (
+        DeliveryStatus.DUPLICATE, "replayed-body", ["gh-d-orig"], None)
+    assert "job=gh-d-fresh surviving=gh-d-orig reason=replayed-body" in caplog.text
+    assert 604_790_000 < redis_conn.pttl(replay_key("github", body)) <= 604_800_000  # 7 days
+
+    # The forge's own redelivery keeps its id and is answered from the inbox, as before.
+    again = post(client, "github", body, github_headers(body, "issues", "d-orig"))
+    assert again.json() == {"status": "duplicate", "jobs": ["gh-d-orig"]}
+    # Any other body is another delivery.
+    other = dumps(labelled(8))
+    assert post(client, "github", other, github_headers(other, "issues", "d-other")).json()["status"] == "queued"
+
+
+def test_a_replayed_body_finds_the_first_deliverys_jobs_whatever_the_rule_says_now(client, forges, redis_conn,
+                                                                                   settings):
+    settings.PI_DEDUP_WINDOW_SECONDS = 0
+    trigger = rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug", replicas=2)
+    body = dumps(labelled())
+
+    assert post(client, "github", body, github_headers(body, "issues", "d-rp")).json()["jobs"] == \
+        ["gh-d-rp-r1", "gh-d-rp-r2"]
+    replayed = post(client, "github", body, github_headers(body, "issues", "d-rp2")).json()
+    trigger.replicas = None
+    trigger.save()
+    unreplicated = post(client, "github", body, github_headers(body, "issues", "d-rp3")).json()
+
+    assert replayed == unreplicated == {"status": "duplicate", "jobs": ["gh-d-rp-r1"]}
+    assert sorted(queued(redis_conn)) == ["gh-d-rp-r1", "gh-d-rp-r2"]
+
+
+def test_the_replay_window_is_configurable(client, forges, redis_conn, settings):
+    settings.PI_DEDUP_WINDOW_SECONDS = 0
+    settings.PI_REPLAY_WINDOW_SECONDS = 0  # off
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+    body = dumps(labelled())
+
+    post(client, "github", body, github_headers(body, "issues", "d-w1"))
+    post(client, "github", body, github_headers(body, "issues", "d-w2"))
+
+    assert sorted(queued(redis_conn)) == ["gh-d-w1", "gh-d-w2"]
+    assert redis_conn.keys("pidispatch:replay:*") == []
+
+
+def test_an_ignored_body_claims_nothing(client, forges, redis_conn):
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+    body = dumps(labelled(labels=("docs",)))
+
+    assert post(client, "github", body, github_headers(body, "issues", "d-ign")).json()["status"] == "ignored"
+    assert redis_conn.keys("*") == []  # no digest claim, not even a round trip's worth of keys
+
+
 # --- replicas ------------------------------------------------------------------------------------------------
 
 def test_replicas_are_separate_jobs_with_separate_keys(send, redis_conn):
@@ -156,7 +251,7 @@ def test_replicas_are_separate_jobs_with_separate_keys(send, redis_conn):
     for i in (1, 2, 3):
         spec = job_spec(redis_conn, f"gh-d-rep-r{i}")
         assert (spec["replica"], spec["replicas"]) == (i, 3)
-        assert redis_conn.get(f"pidispatch:dedup:acme/web#7:fix-bug:r{i}") == f"gh-d-rep-r{i}".encode()
+        assert redis_conn.get(f"pidispatch:dedup:github:acme/web#7:fix-bug:r{i}") == f"gh-d-rep-r{i}".encode()
 
 
 def test_a_replica_that_failed_halfway_converges_on_retry(client, forges, redis_conn, monkeypatch):
@@ -169,11 +264,11 @@ def test_a_replica_that_failed_halfway_converges_on_retry(client, forges, redis_
     forges.gitlab_member("4711", 1201, 40)
     real_enqueue, calls = dispatch.enqueue, []
 
-    def flaky_enqueue(spec, queue, claim=None):
+    def flaky_enqueue(spec, queue, claims=()):
         calls.append(spec.job_id)
         if len(calls) == 2:
             raise RedisConnectionError("connection lost")
-        return real_enqueue(spec, queue, claim)
+        return real_enqueue(spec, queue, claims)
 
     monkeypatch.setattr(dispatch, "enqueue", flaky_enqueue)
     body = dumps(load("gitlab/issue_update_labels.json"))

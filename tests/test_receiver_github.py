@@ -14,6 +14,14 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
+def writers(forges):
+    """The payloads' commenter, pull request author and reviewer may write to acme/web."""
+    for login in ("maintainer-mia", "reviewer-rita"):
+        forges.github_permission("acme/web", login, "write")
+    return forges
+
+
+@pytest.fixture
 def send(client, forges):
     def send(event, payload, delivery):
         body = dumps(payload)
@@ -55,6 +63,65 @@ def issue_closed(number=7, sender_id=6600123, login="closer-carl"):
     return payload
 
 
+# --- labels on issues ------------------------------------------------------------------------------------------
+
+def issue(action="labeled", labels=("pi",), sender_id=4410987, login="maintainer-mia"):
+    payload = load("github/issues_labeled.json")
+    payload["action"] = action
+    payload["issue"]["labels"] = [{"id": i, "name": name} for i, name in enumerate(labels)]
+    payload["sender"].update(id=sender_id, login=login)
+    return payload
+
+
+def test_applying_the_label_is_the_approval(send, forges, redis_conn):
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+
+    response = send("issues", issue("labeled", login="anyone"), "d-lab")
+
+    assert response.json() == {"status": "queued", "jobs": ["gh-d-lab"]}
+    assert forges.requests == []  # labelling already needs triage or write access: no lookup
+
+
+@pytest.mark.parametrize("action", ["opened", "reopened"])
+def test_opening_an_issue_that_carries_the_label_needs_write_access(send, forges, redis_conn, action):
+    """An author can open an issue from a template that carries the label, or reopen their own labelled
+    issue, as often as they like: that is no approval, so the opener's permission is asked as a closer's."""
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+    forges.github_permission("acme/web", "author-alex", "read")
+    forges.github_permission("acme/web", "maintainer-mia", "maintain")
+
+    refused = send("issues", issue(action, sender_id=5500321, login="author-alex"), f"d-{action}-reader")
+    allowed = send("issues", issue(action), f"d-{action}-writer")
+
+    assert refused.json() == {"status": "ignored", "reason": "author-not-allowed"}
+    assert allowed.json() == {"status": "queued", "jobs": [f"gh-d-{action}-writer"]}
+    assert queued(redis_conn) == [f"gh-d-{action}-writer"]
+    assert forges.paths() == ["/repos/acme/web/collaborators/author-alex/permission",
+                              "/repos/acme/web/collaborators/maintainer-mia/permission"]
+    assert "author-alex" not in json.dumps(job_spec(redis_conn, f"gh-d-{action}-writer"))
+
+
+def test_opening_an_issue_without_the_label_costs_no_lookup(send, forges):
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+
+    response = send("issues", issue("opened", labels=("bug",)), "d-nolabel")
+
+    assert response.json() == {"status": "ignored", "reason": "no-allowlisted-label"}
+    assert forges.requests == []
+
+
+def test_opener_lookup_that_cannot_be_answered_keeps_the_delivery_pending(send, forges, redis_conn):
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+    forges.routes["/repos/acme/web/collaborators/maintainer-mia/permission"] = (502, {"message": "bad gateway"})
+
+    response = send("issues", issue("reopened"), "d-reopen-pend")
+
+    assert response.json() == {"status": "accepted"}
+    delivery = Delivery.objects.get(delivery_id="d-reopen-pend")
+    assert (delivery.status, delivery.reason) == (DeliveryStatus.PENDING, "permission-lookup-failed")
+    assert queued(redis_conn) == []
+
+
 # --- labels on pull requests -----------------------------------------------------------------------------------
 
 def test_pull_request_label_fires_without_an_author_check(send, redis_conn):
@@ -82,14 +149,15 @@ def test_pull_request_label_outside_the_predicate_does_not_fire(send):
 # --- automatic pull request actions ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("action", ["opened", "synchronize", "reopened"])
-@pytest.mark.parametrize("association", ["OWNER", "MEMBER", "COLLABORATOR"])
-def test_automatic_pr_actions_of_trusted_authors_fire(send, redis_conn, action, association):
+@pytest.mark.parametrize("permission", ["admin", "maintain", "write"])
+def test_automatic_pr_actions_of_authors_who_may_write_fire(send, forges, redis_conn, action, permission):
     rule(position=0, kind="github", on_type="pull_request", actions=["opened", "synchronize", "reopened"], flow="review")
+    forges.github_permission("acme/web", "maintainer-mia", permission)
 
-    response = send("pull_request", pull_request(action, association), f"d-{action}-{association}")
+    response = send("pull_request", pull_request(action), f"d-{action}-{permission}")
 
     assert response.status_code == 202
-    assert job_spec(redis_conn, f"gh-d-{action}-{association}")["context"]["matched"]["action"] == action
+    assert job_spec(redis_conn, f"gh-d-{action}-{permission}")["context"]["matched"]["action"] == action
 
 
 @pytest.mark.parametrize("association", ["NONE", "CONTRIBUTOR", "FIRST_TIME_CONTRIBUTOR", "FIRST_TIMER", ""])
@@ -119,7 +187,7 @@ def test_unlisted_pull_request_actions_are_unhandled(send):
 
 # --- comments ----------------------------------------------------------------------------------------------
 
-def test_comment_with_the_phrase_runs_the_default_flow(send, redis_conn):
+def test_comment_with_the_phrase_runs_the_default_flow(send, writers, redis_conn):
     rule(position=0, kind="github", on_type="comment", phrase="@pi", flow="triage")
 
     response = send("issue_comment", comment("@pi please take this one"), "d-c1")
@@ -131,7 +199,7 @@ def test_comment_with_the_phrase_runs_the_default_flow(send, redis_conn):
     assert spec["context"]["comment"] == {"body": "@pi please take this one", "author_association": "MEMBER"}
 
 
-def test_comment_picks_another_known_flow(send, redis_conn):
+def test_comment_picks_another_known_flow(send, writers, redis_conn):
     rule(position=0, kind="github", on_type="comment", phrase="@pi", flow="triage")
     rule(position=1, kind="gitlab", on_type="label", label_any=["pi"], flow="frontend-fix")
 
@@ -142,7 +210,7 @@ def test_comment_picks_another_known_flow(send, redis_conn):
     assert job_spec(redis_conn, unknown["jobs"][0])["flow"] == "triage"
 
 
-def test_comment_command_ignores_trailing_words(send, redis_conn):
+def test_comment_command_ignores_trailing_words(send, writers, redis_conn):
     rule(position=0, kind="github", on_type="comment", phrase="/pi", command="summarise")
 
     response = send("issue_comment", comment("/pi triage now"), "d-cmd")
@@ -165,7 +233,7 @@ def test_comment_without_the_phrase(send):
     assert send("issue_comment", comment("just a note"), "d-np").json()["reason"] == "no-trigger-phrase"
 
 
-def test_comment_on_a_pull_request_targets_the_pull_request(send, redis_conn):
+def test_comment_on_a_pull_request_targets_the_pull_request(send, writers, redis_conn):
     rule(position=0, kind="github", on_type="comment", phrase="@pi", flow="triage")
 
     response = send("issue_comment", comment(on_pull_request=True), "d-cpr")
@@ -183,7 +251,7 @@ def test_edited_comments_never_fire(send):
 
 # --- reviews --------------------------------------------------------------------------------------------------
 
-def test_review_is_gated_on_the_reviewer_not_the_author(send, redis_conn):
+def test_review_is_gated_on_the_reviewer_not_the_author(send, writers, redis_conn):
     rule(position=0, kind="github", on_type="pull_request", actions=["review_submitted"], flow="address-review")
 
     response = send("pull_request_review", review(association="COLLABORATOR"), "d-rv")
@@ -201,7 +269,7 @@ def test_review_by_an_outsider_is_refused(send):
     assert response.json() == {"status": "ignored", "reason": "review-author-not-allowed"}
 
 
-def test_review_states(send, redis_conn):
+def test_review_states(send, writers, redis_conn):
     rule(position=0, kind="github", on_type="pull_request", actions=["review_submitted"],
          review_states=["changes_requested"], flow="address-review")
 
@@ -211,7 +279,7 @@ def test_review_states(send, redis_conn):
 
 
 @pytest.mark.parametrize("state", ["approved", "changes_requested", "commented"])
-def test_every_review_verdict_fires_without_a_state_filter(send, state):
+def test_every_review_verdict_fires_without_a_state_filter(send, writers, state):
     rule(position=0, kind="github", on_type="pull_request", actions=["review_submitted"], flow="address-review")
     assert send("pull_request_review", review(state), f"d-{state}").status_code == 202
 
@@ -288,6 +356,88 @@ def test_disarmed_one_shot_matches_nothing(send, forges, close_rule):
     close_rule.save()
 
     assert send("issues", issue_closed(), "d-spent").json()["reason"] == "no-matching-close-trigger"
+    assert forges.requests == []
+
+
+# --- write access, not author_association ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("association", ["MEMBER", "COLLABORATOR", "OWNER"])
+def test_a_trusted_association_without_write_access_is_refused(send, forges, redis_conn, association):
+    """MEMBER is any member of the organisation, COLLABORATOR includes the read role: only the repository
+    permission says who may write."""
+    rule(position=0, kind="github", on_type="comment", phrase="@pi", flow="triage")
+    rule(position=1, kind="github", on_type="pull_request", actions=["opened", "review_submitted"], flow="review")
+    forges.github_permission("acme/web", "maintainer-mia", "read")
+    forges.github_permission("acme/web", "reviewer-rita", "triage")
+
+    answers = [
+        send("issue_comment", comment(association=association), "d-w-comment").json(),
+        send("pull_request", pull_request("opened", association), "d-w-pr").json(),
+        send("pull_request_review", review(association=association), "d-w-review").json(),
+    ]
+
+    assert answers == [{"status": "ignored", "reason": "author-not-allowed"},
+                       {"status": "ignored", "reason": "pr-author-not-allowed"},
+                       {"status": "ignored", "reason": "review-author-not-allowed"}]
+    assert queued(redis_conn) == []
+
+
+def test_write_access_is_what_counts_whatever_the_association_says(send, forges, redis_conn):
+    # A private member of the organisation shows up as CONTRIBUTOR or NONE in webhooks.
+    rule(position=0, kind="github", on_type="comment", phrase="@pi", flow="triage")
+    rule(position=1, kind="github", on_type="pull_request", actions=["opened"], flow="review")
+    rule(position=2, kind="github", on_type="pull_request", actions=["review_submitted"], flow="address-review")
+    forges.github_permission("acme/web", "maintainer-mia", "write")
+    forges.github_permission("acme/web", "reviewer-rita", "maintain")
+
+    assert send("issue_comment", comment(association="NONE"), "d-x-comment").status_code == 202
+    assert send("pull_request", pull_request("opened", "CONTRIBUTOR"), "d-x-pr").status_code == 202
+    assert send("pull_request_review", review(association="NONE"), "d-x-review").status_code == 202
+    assert sorted(queued(redis_conn)) == ["gh-d-x-comment", "gh-d-x-pr", "gh-d-x-review"]
+
+
+def test_the_pull_request_author_is_asked_not_the_sender(send, forges, redis_conn):
+    """An automatic action runs on the author's branch and text: a writer pushing to an outsider's pull
+    request does not make it theirs."""
+    rule(position=0, kind="github", on_type="pull_request", actions=["synchronize"], flow="review")
+    forges.github_permission("acme/web", "maintainer-mia", "admin")
+    payload = pull_request("synchronize")
+    payload["pull_request"]["user"] = {"login": "outside-olga", "id": 8123456, "type": "User"}
+
+    assert send("pull_request", payload, "d-sync").json() == {"status": "ignored", "reason": "pr-author-not-allowed"}
+    assert forges.paths() == ["/repos/acme/web/collaborators/outside-olga/permission"]
+
+
+def test_permission_answers_are_cached_and_never_logged(send, forges, redis_conn, caplog):
+    rule(position=0, kind="github", on_type="comment", phrase="@pi", flow="triage")
+    forges.github_permission("acme/web", "maintainer-mia", "write")
+
+    with caplog.at_level("INFO"):
+        send("issue_comment", comment(), "d-cache-1")
+        send("issue_comment", comment(), "d-cache-2")
+
+    assert forges.paths() == ["/repos/acme/web/collaborators/maintainer-mia/permission"]
+    assert "maintainer-mia" not in caplog.text
+    assert "maintainer-mia" not in json.dumps(job_spec(redis_conn, "gh-d-cache-1"))
+
+
+def test_a_commenter_lookup_that_cannot_be_answered_keeps_the_delivery_pending(send, forges, redis_conn):
+    rule(position=0, kind="github", on_type="comment", phrase="@pi", flow="triage")
+    forges.routes["/repos/acme/web/collaborators/maintainer-mia/permission"] = (500, {})
+
+    assert send("issue_comment", comment(), "d-c-pend").json() == {"status": "accepted"}
+    assert Delivery.objects.get(delivery_id="d-c-pend").reason == "permission-lookup-failed"
+    assert queued(redis_conn) == []
+
+
+def test_outsiders_text_without_the_phrase_costs_no_lookup(send, forges):
+    rule(position=0, kind="github", on_type="comment", phrase="@pi", flow="triage")
+    rule(position=1, kind="github", on_type="pull_request", actions=["opened"], label_none=["wip"], flow="review")
+
+    assert send("issue_comment", comment("just a note", association="NONE"), "d-free-1").json()["reason"] == \
+        "no-trigger-phrase"
+    assert send("pull_request", pull_request("opened", "NONE", labels=("wip",)), "d-free-2").json()["reason"] == \
+        "no-matching-pr-trigger"
     assert forges.requests == []
 
 

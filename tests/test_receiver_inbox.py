@@ -315,9 +315,9 @@ def test_a_delivery_is_stored_with_its_payload_before_its_authority_lookup(clien
     rows_during_lookup = []
     real_check = intake.authority.check
 
-    def check(event):
+    def check(event, whom):
         rows_during_lookup.extend((row.status, bytes(row.payload)) for row in Delivery.objects.all())
-        return real_check(event)
+        return real_check(event, whom)
 
     monkeypatch.setattr(intake.authority, "check", check)
     assert post(client, "github", body, github_headers(body, "issues", "d-look")).json()["status"] == "queued"
@@ -542,3 +542,42 @@ def test_process_leaves_no_text_in_the_inbox(client, forges, label_rule):
     assert row["payload"] is None
     assert "Checkout" not in str(row) and "maintainer-mia" not in str(row)
 
+
+
+# --- what log lines carry of a delivery id ------------------------------------------------------------------------
+
+FORGING_ID = "d-1 forge=gitlab reason=self jobs=gh-other"  # a delivery id may hold spaces and `=`
+
+
+def fields_of(line: str) -> list[str]:
+    return [field.partition("=")[0] for field in line.split(" ")[1:]]
+
+
+def test_delivery_ids_reach_log_lines_only_in_their_mapped_form(client, forges, label_rule, redis_down, caplog,
+                                                                capsys, settings):
+    """Spaces and `=` in an id could forge `key=value` fields: ids are logged as job ids carry them."""
+    from django.core.management import call_command
+
+    from apps.worker.jobs import delivery_part
+
+    ignored = dumps({**labelled(7), "issue": {**labelled(7)["issue"], "labels": [{"name": "docs"}]}})
+    unrouted = dumps({"action": "created", "issue": {"number": 3}, "sender": {"id": 1}})  # no repository: 400
+    with caplog.at_level("INFO"):
+        deliver(client, 7, FORGING_ID)  # Redis is down: pending
+        deliver(client, 7, FORGING_ID)  # the forge sends it again
+        post(client, "github", ignored, github_headers(ignored, "issues", FORGING_ID + " ignored=1"))
+        post(client, "github", unrouted, github_headers(unrouted, "issue_comment", FORGING_ID + " rejected=1"))
+        settings.REDIS_URL = os.environ["REDIS_URL"]
+        fleet_connection._client.cache_clear()
+        call_command("replay_deliveries", "--now")
+        deliver(client, 7, "d-2 status=forged")  # swallowed by the dedup window
+
+    lines = [record.getMessage() for record in caplog.records if record.name.startswith("pidispatch")]
+    assert len(lines) >= 8
+    for line in lines:
+        assert len(fields_of(line)) == len(set(fields_of(line))), line
+    assert f"delivery={delivery_part(FORGING_ID)} " in caplog.text
+    for forged in ("forge=gitlab", "reason=self", "jobs=gh-other", "ignored=1", "rejected=1", "status=forged"):
+        assert forged not in caplog.text
+    replayed = capsys.readouterr().out
+    assert f"github:{delivery_part(FORGING_ID)} queued" in replayed and FORGING_ID not in replayed

@@ -17,6 +17,7 @@ def close_issue(client, delivery, number=7):
     payload["action"] = "closed"
     payload["issue"]["number"] = number
     payload["sender"].update(id=6600123, login="closer-carl")
+    payload["issue"]["closed_at"] = f"2026-11-29T12:00:0{delivery[-1]}Z"  # every close is its own (a new body)
     body = dumps(payload)
     return post(client, "github", body, github_headers(body, "issues", delivery)).json()
 
@@ -39,7 +40,7 @@ def test_a_one_shot_fires_once_disarms_after_its_run_and_fires_again_when_rearme
 
     assert triggers.rearm(Trigger.objects.filter(pk=one_shot.pk)) == 1
     assert close_issue(client, "d-close-3")["status"] == "duplicate"  # inside the 10-minute window of the first
-    redis_conn.delete("pidispatch:dedup:acme/web#7:closed:retro")  # ... and after it
+    redis_conn.delete("pidispatch:dedup:github:acme/web#7:closed:retro")  # ... and after it
     answer = close_issue(client, "d-close-4")
     one_shot.refresh_from_db()
     assert answer == {"status": "queued", "jobs": ["gh-d-close-4"]}

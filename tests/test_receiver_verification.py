@@ -1,6 +1,8 @@
 """Every forge's credential check and every status code before a delivery is stored (DESIGN section 3)."""
 
 import base64
+import hashlib
+import hmac
 import json
 import time
 
@@ -227,6 +229,38 @@ def test_gitlab_signature_refusals(client, signature_mode):
     ]
     for headers, error in cases:
         assert_refused(post(client, "gitlab", body, headers), 401, error)
+
+
+def to_arabic_indic(number: int) -> str:
+    return "".join(chr(0x0660 + int(digit)) for digit in str(number))
+
+
+@pytest.mark.parametrize("timestamp", [
+    "\u00b9\u00b2\u00b3",  # superscript digits: str.isdigit() says yes, int() raises
+    "\u00b9" + str(int(time.time()))[1:],
+    to_arabic_indic(int(time.time())),  # int() reads these, as the right time
+    "+" + str(int(time.time())), "1_" + str(int(time.time()))[1:], str(int(time.time())) + ".0", "-1", "",
+])
+def test_gitlab_timestamps_are_ascii_digits_only(client, signature_mode, timestamp):
+    body = BODIES["gitlab"]
+    headers = gitlab_signature_headers(body, "Issue Hook", "wh-ts")
+    # Signed over the very timestamp sent, so only the timestamp's own shape can refuse it.
+    signed = f"wh-ts.{timestamp}.".encode() + body
+    key = base64.b64decode(GITLAB_SIGNING_SECRET.removeprefix("whsec_"))
+    headers["webhook-signature"] = "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+    headers["webhook-timestamp"] = timestamp
+
+    expected = "missing-signature" if not timestamp else "invalid-timestamp"
+    assert_refused(post(client, "gitlab", body, headers), 401, expected)
+
+
+@pytest.mark.parametrize("forge", FORGES)
+@pytest.mark.parametrize("declared", ["1_0", "+10", "\u00b2", "\u0661\u0660", "0x10", "-1", "9" * 5000])
+def test_a_content_length_is_ascii_digits_only(client, forges, forge, declared):
+    body = BODIES[forge]
+    response = client.post(f"/hooks/{forge}", data=body, content_type="application/json",
+                           headers=good_headers(forge, body), CONTENT_LENGTH=declared)
+    assert_refused(response, 400, "invalid-content-length")
 
 
 def test_gitlab_signature_rotation_and_other_versions(client, signature_mode):

@@ -19,11 +19,12 @@ PENDING_REASONS = {
 }
 
 
-def subject_of(event: ForgeEvent) -> Subject:
-    actor = event.actor
+def subject_of(event: ForgeEvent, whom: str = "actor") -> Subject:
+    """`whom`: a Match's `authority` ("pr-author" is the pull request's author, anything else the actor)."""
+    actor = event.pr_author if whom == "pr-author" else event.actor
     return Subject(repo=event.repo, project_id=event.project_id, actor_id=actor.id or "", login=actor.login,
                    email=actor.email)
 
 
-def check(event: ForgeEvent) -> Authority:
-    return forge_client(event.forge).authority(subject_of(event))
+def check(event: ForgeEvent, whom: str = "actor") -> Authority:
+    return forge_client(event.forge).authority(subject_of(event, whom))

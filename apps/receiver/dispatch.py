@@ -1,15 +1,22 @@
-"""From a match to queued jobs: JobSpecs (one per replica), the semantic dedup window, routing, enqueue.
+"""From a match to queued jobs: JobSpecs (one per replica), the dedup layers, routing, enqueue.
 
-Two dedup layers, as the ancestor has them:
-- exact: the job id is derived from the delivery id and RQ's enqueue is atomic-unique on it;
-- semantic: a second delivery for the same target and flow inside PI_DEDUP_WINDOW_SECONDS is swallowed.
-  The job claims `pidispatch:dedup:<key>` in the same atomic round trip as its enqueue; the key's value
-  names the surviving job. It holds the claimer's own job id, so a retry of the same delivery (after Redis
-  went away halfway) passes its own claim and converges on exactly the jobs it should have made.
+Three dedup layers, the ancestor's two and a replay guard:
+- exact: the job id is derived from the delivery id and RQ's enqueue is atomic-unique on it (a forge's own
+  redelivery keeps its id; the inbox answers it before it gets here);
+- replayed body: a delivery whose raw body started jobs within PI_REPLAY_WINDOW_SECONDS is swallowed
+  whatever its id (GitHub's and Forgejo's signatures do not cover the delivery id, so a captured delivery
+  could be resent under fresh ids). The claim `pidispatch:replay:<forge>:<sha256 of the body>` holds the
+  delivery's first job id, which all its replicas share;
+- semantic: a second delivery for the same forge, target and flow inside PI_DEDUP_WINDOW_SECONDS is swallowed
+  (`pidispatch:dedup:<key>`, holding the claiming job's own id).
+Each job takes its claims in the same atomic round trip as its enqueue, and a claim's value names the
+surviving job. A retry of the same delivery (after Redis went away halfway) passes its own claims and
+converges on exactly the jobs it should have made.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field
 
@@ -17,7 +24,7 @@ from django.conf import settings
 
 from apps.fleet import routing
 from apps.fleet.queues import SHARED_QUEUE
-from apps.worker.jobs import Claim, JobSpec, delivery_job_id, enqueue
+from apps.worker.jobs import Claim, JobSpec, delivery_job_id, delivery_part, enqueue
 
 from .hooks.base import ForgeEvent
 from .matching import Match
@@ -25,6 +32,9 @@ from .matching import Match
 logger = logging.getLogger("pidispatch.receiver")
 
 DEDUP_KEY_PREFIX = "pidispatch:dedup:"
+REPLAY_KEY_PREFIX = "pidispatch:replay:"
+REPLAYED_BODY = "replayed-body"
+DEDUP_WINDOW = "dedup-window"
 
 
 def execution_fields(rule) -> dict:
@@ -92,12 +102,13 @@ def job_specs(event: ForgeEvent, match: Match) -> list[JobSpec]:
 
 
 def semantic_key(spec: JobSpec) -> str:
-    """`<repo>#<n>:<flow>` (`!` for merge/pull requests on GitLab and Azure), `cmd:<command>` for commands,
-    `closed:` before the slot for close jobs, `:r<i>` for replicas."""
+    """`<forge>:<repo>#<n>:<flow>` (`!` for merge/pull requests on GitLab and Azure), `cmd:<command>` for
+    commands, `closed:` before the slot for close jobs, `:r<i>` for replicas. The forge is part of the target:
+    `acme/web` on GitHub and on a Forgejo are two repositories."""
     slot = spec.flow or f"cmd:{spec.command}"
     if spec.context.get("matched", {}).get("action") in ("closed", "close") or spec.trigger_type == "issue":
         slot = f"closed:{slot}"
-    key = f"{spec.target}:{slot}"
+    key = f"{spec.kind}:{spec.target}:{slot}"
     return f"{key}:r{spec.replica}" if spec.replica is not None else key
 
 
@@ -124,29 +135,49 @@ def queue_for(spec: JobSpec) -> str:
 class DispatchResult:
     created: list[str] = field(default_factory=list)  # new jobs
     existing: list[str] = field(default_factory=list)  # this delivery's jobs that already existed
-    swallowed: list[tuple[str, str]] = field(default_factory=list)  # (job id, surviving job id)
+    swallowed: list[tuple[str, str, str]] = field(default_factory=list)  # (job id, surviving job id, reason)
 
     @property
     def job_ids(self) -> list[str]:
-        return self.created + self.existing + [surviving for _, surviving in self.swallowed]
+        # Replicas swallowed by a replayed body all name the first delivery's first job: once is enough.
+        return list(dict.fromkeys(self.created + self.existing + [surviving for _, surviving, _ in self.swallowed]))
 
     @property
     def all_swallowed(self) -> bool:
         return bool(self.swallowed) and not self.created and not self.existing
 
+    @property
+    def swallowed_reason(self) -> str:
+        reasons = {reason for _, _, reason in self.swallowed}
+        return REPLAYED_BODY if REPLAYED_BODY in reasons else DEDUP_WINDOW
 
-def dispatch(specs: list[JobSpec]) -> DispatchResult:
-    """Enqueue each spec with its semantic claim, routed. Redis errors propagate (the caller keeps the
-    delivery pending); what was done before the error is convergent on retry."""
-    window_ms = settings.PI_DEDUP_WINDOW_SECONDS * 1000
+
+def claims_for(spec: JobSpec, body_digest: str) -> tuple[Claim, ...]:
+    """The replayed-body claim, then the semantic one (each only while its window is on)."""
+    claims = []
+    if settings.PI_REPLAY_WINDOW_SECONDS > 0:
+        # Every job of a delivery holds the claim under one name, its first job's (`-r1` for replicas), so
+        # the delivery's replicas and its retries pass it.
+        first_job = delivery_job_id(spec.kind, spec.delivery_id, replica=1 if spec.replica is not None else None)
+        claims.append(Claim(f"{REPLAY_KEY_PREFIX}{spec.kind}:{body_digest}", settings.PI_REPLAY_WINDOW_SECONDS * 1000,
+                            REPLAYED_BODY, holder=first_job))
+    if settings.PI_DEDUP_WINDOW_SECONDS > 0:
+        claims.append(Claim(DEDUP_KEY_PREFIX + semantic_key(spec), settings.PI_DEDUP_WINDOW_SECONDS * 1000,
+                            DEDUP_WINDOW))
+    return tuple(claims)
+
+
+def dispatch(specs: list[JobSpec], body: bytes) -> DispatchResult:
+    """Enqueue each spec (of the delivery whose raw `body` is given) with its claims, routed. Redis errors
+    propagate (the caller keeps the delivery pending); what was done before the error is convergent on retry."""
+    body_digest = hashlib.sha256(body).hexdigest()  # only a delivery that starts work pays for it
     result = DispatchResult()
     for spec in specs:
-        claim = Claim(DEDUP_KEY_PREFIX + semantic_key(spec), window_ms) if window_ms > 0 else None
-        enqueued = enqueue(spec, queue_for(spec), claim)
+        enqueued = enqueue(spec, queue_for(spec), claims_for(spec, body_digest))
         if enqueued.status == "swallowed":
-            result.swallowed.append((spec.job_id, enqueued.surviving))
-            logger.info("job_deduplicated delivery=%s job=%s surviving=%s", spec.delivery_id, spec.job_id,
-                        enqueued.surviving)
+            result.swallowed.append((spec.job_id, enqueued.surviving, enqueued.claim.reason))
+            logger.info("job_deduplicated delivery=%s job=%s surviving=%s reason=%s",
+                        delivery_part(spec.delivery_id), spec.job_id, enqueued.surviving, enqueued.claim.reason)
         elif enqueued.created:
             result.created.append(spec.job_id)
         else:

@@ -40,6 +40,7 @@ from django.utils.dateparse import parse_datetime
 from redis.exceptions import RedisError
 
 from apps.fleet.connection import get_redis
+from apps.worker.jobs import delivery_part
 from apps.worker.models import Run
 from pidispatch_site import rowwrites
 
@@ -137,14 +138,14 @@ def _process_safely(delivery: Delivery, payload: dict | None = None, raw_body: b
     except DatabaseError:
         if delivery.pk is not None:  # stored, not settled: the replayer picks up stale "received" rows
             logger.error("delivery_processing_interrupted forge=%s delivery=%s reason=database", delivery.forge,
-                         delivery.delivery_id)
+                         delivery_part(delivery.delivery_id))
         return _kept_unsettled(delivery, raw_body)
     except Exception as error:  # a bug of ours must not lose the delivery (nor print its text)
         # Where, not what: frame names only (a message or a source line could quote payload text).
         frames = ",".join(f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}:{frame.name}"
                           for frame in traceback.extract_tb(error.__traceback__)[-4:])
         logger.error("delivery_processing_error forge=%s delivery=%s error=%s at=%s", delivery.forge,
-                     delivery.delivery_id, type(error).__name__, frames)
+                     delivery_part(delivery.delivery_id), type(error).__name__, frames)
         if delivery.pk is None:  # a settle that failed before its insert changed it: pend it as it arrived
             delivery = _arrived(delivery.forge, delivery.event, delivery.delivery_id, raw_body, delivery.attempted_at)
         try:
@@ -173,7 +174,7 @@ def _answer_redelivery(forge: str, event: str, delivery_id: str, raw_body: bytes
         existing = Delivery.objects.filter(forge=forge, delivery_id=delivery_id).first()
     except DatabaseError:
         return _spool(forge, event, delivery_id, raw_body, now, reason="database-error")
-    logger.info("delivery_redelivered forge=%s delivery=%s status=%s", forge, delivery_id,
+    logger.info("delivery_redelivered forge=%s delivery=%s status=%s", forge, delivery_part(delivery_id),
                 existing.status if existing else "-")
     if existing is None or existing.status == DeliveryStatus.RECEIVED:
         return _spool(forge, event, delivery_id, raw_body, now, reason="in-flight")
@@ -197,9 +198,10 @@ def _spool(forge: str, event: str, delivery_id: str, raw_body: bytes, now: datet
     try:
         get_redis().rpush(SPOOL_KEY, json.dumps(entry))
     except RedisError:
-        logger.error("delivery_store_failed forge=%s delivery=%s reason=database-and-redis-down", forge, delivery_id)
+        logger.error("delivery_store_failed forge=%s delivery=%s reason=database-and-redis-down", forge,
+                     delivery_part(delivery_id))
         return Answer(503, {"error": "store-failed"})
-    logger.warning("delivery_spooled forge=%s delivery=%s reason=%s", forge, delivery_id, reason)
+    logger.warning("delivery_spooled forge=%s delivery=%s reason=%s", forge, delivery_part(delivery_id), reason)
     return ACCEPTED
 
 
@@ -238,19 +240,20 @@ def _pend(delivery: Delivery, reason: str) -> Answer:
     delivery.next_attempt_at = timezone.now() + _backoff(delivery, reason)
     _write(delivery, ("status", "reason", "next_attempt_at"), wait_for_disk=True)  # before the forge's answer
     logger.warning("delivery_pending forge=%s delivery=%s reason=%s attempts=%s", delivery.forge,
-                   delivery.delivery_id, reason, delivery.attempts)
+                   delivery_part(delivery.delivery_id), reason, delivery.attempts)
     return ACCEPTED
 
 
 def process(delivery: Delivery, payload: dict | None = None) -> Answer:
     forge, delivery_id = delivery.forge, delivery.delivery_id
+    logged_id = delivery_part(delivery_id)  # charset-safe: an id's spaces and `=` cannot forge log fields
     try:
         if payload is None:
             payload = parse_json_object(bytes(delivery.payload))
         event = NORMALISERS[forge](delivery.event, delivery_id, payload)
     except HookRefused as refused:
         _settle(delivery, DeliveryStatus.REJECTED, refused.error)
-        logger.info("delivery_rejected forge=%s delivery=%s reason=%s", forge, delivery_id, refused.error)
+        logger.info("delivery_rejected forge=%s delivery=%s reason=%s", forge, logged_id, refused.error)
         return Answer(refused.status, {"error": refused.error})
 
     if not identity_at_hand(forge):
@@ -266,9 +269,9 @@ def process(delivery: Delivery, payload: dict | None = None) -> Answer:
 
     _store(delivery)
     if match.authority:
-        verdict = authority.check(event)
+        verdict = authority.check(event, match.authority)
         if verdict.allowed is None:
-            logger.warning("authority_lookup_failed forge=%s delivery=%s lookup=%s reason=%s", forge, delivery_id,
+            logger.warning("authority_lookup_failed forge=%s delivery=%s lookup=%s reason=%s", forge, logged_id,
                            match.authority, verdict.reason)
             return _pend(delivery, authority.PENDING_REASONS[forge])
         if not verdict.allowed:
@@ -277,7 +280,7 @@ def process(delivery: Delivery, payload: dict | None = None) -> Answer:
     specs = job_specs(event, match)
     ran = _jobs_that_ran(specs) if delivery.attempts > 1 else set()
     try:
-        result = dispatch([spec for spec in specs if spec.job_id not in ran])
+        result = dispatch([spec for spec in specs if spec.job_id not in ran], bytes(delivery.payload))
     except RedisError:
         # Keep the payload: the delivery is enqueued when Redis is back. The forge still gets a 2xx,
         # because GitHub, GitLab and Forgejo never redeliver by themselves.
@@ -286,11 +289,12 @@ def process(delivery: Delivery, payload: dict | None = None) -> Answer:
     result.existing += [spec.job_id for spec in specs if spec.job_id in ran]
     job_ids = result.job_ids
     if result.all_swallowed:
-        _settle(delivery, DeliveryStatus.DUPLICATE, "dedup-window", job_ids=job_ids)
-        logger.info("delivery_duplicate forge=%s delivery=%s surviving=%s", forge, delivery_id, ",".join(job_ids))
+        _settle(delivery, DeliveryStatus.DUPLICATE, result.swallowed_reason, job_ids=job_ids)
+        logger.info("delivery_duplicate forge=%s delivery=%s surviving=%s reason=%s", forge, logged_id,
+                    ",".join(job_ids), result.swallowed_reason)
         return Answer(202, {"status": "duplicate", "jobs": job_ids})
     _settle(delivery, DeliveryStatus.QUEUED, job_ids=job_ids, replay_safe=not result.swallowed)
-    logger.info("delivery_queued forge=%s delivery=%s target=%s jobs=%s created=%s", forge, delivery_id,
+    logger.info("delivery_queued forge=%s delivery=%s target=%s jobs=%s created=%s", forge, logged_id,
                 f"{event.repo or event.project}:{event.number}", ",".join(job_ids), len(result.created))
     return Answer(202, {"status": "queued", "jobs": job_ids})
 
@@ -304,7 +308,8 @@ def _jobs_that_ran(specs) -> set[str]:
 
 def _ignore(delivery: Delivery, reason: str) -> Answer:
     _settle(delivery, DeliveryStatus.IGNORED, reason)
-    logger.info("delivery_ignored forge=%s delivery=%s reason=%s", delivery.forge, delivery.delivery_id, reason)
+    logger.info("delivery_ignored forge=%s delivery=%s reason=%s", delivery.forge,
+                delivery_part(delivery.delivery_id), reason)
     return Answer(200, {"status": "ignored", "reason": reason})
 
 
@@ -336,7 +341,7 @@ def discard(delivery: Delivery) -> bool:
     ).update(status=DeliveryStatus.DISCARDED, reason="operator-discard", payload=None, processed_at=timezone.now(),
              next_attempt_at=None)
     if changed:
-        logger.info("delivery_discarded forge=%s delivery=%s", delivery.forge, delivery.delivery_id)
+        logger.info("delivery_discarded forge=%s delivery=%s", delivery.forge, delivery_part(delivery.delivery_id))
     return bool(changed)
 
 

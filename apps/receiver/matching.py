@@ -2,10 +2,11 @@
 
 Pure: rules and our own identity come in, a Decision comes out; nothing is read or written here. Gate
 order (reference 4.1): actor id present (`missing-sender-id`), bot-loop guard (`self`), then the route and
-its rules. GitHub's authority gates read the payload (`author_association`) and run in the route, as the
-ancestor does. GitLab, Forgejo and Azure (every route) and GitHub closes need the forge API: the Decision
-then says which lookup must still pass (`Match.authority`), so a lookup is only ever paid for an event
-that would otherwise start a job.
+its rules. Every actor gate but one needs the forge API: the Decision says which lookup must still pass
+(`Match.authority`), so a lookup is only ever paid for an event that would otherwise start a job. The one
+exception is a GitHub `labeled` event, whose label is the approval. GitHub's `author_association` is never
+trusted: MEMBER is any member of the organisation and COLLABORATOR includes the read role, so GitHub asks
+the repository permission (write, maintain or admin) as GitLab, Forgejo and Azure ask theirs.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from apps.worker.forges import Identity
 from .hooks.base import ForgeEvent
 from .validation import CLOSE_WORDS, PR_LABEL_ACTIONS, REVIEW_ACTION
 
-TRUSTED_ASSOCIATIONS = {"OWNER", "MEMBER", "COLLABORATOR"}
 API_GATED_FORGES = {"gitlab", "forgejo", "azure"}
 AUTO_PR_ACTIONS = {"opened", "synchronize", "reopened"}
+# GitHub: applying a label needs triage or write access, so `labeled` is the approval. An issue opened (say,
+# from a template that carries the label) or reopened with the label already on is its author's doing, as
+# often as they like: the opener's write access is asked, as a closer's is.
+LABEL_ARRIVAL_ACTIONS = {"opened", "reopened"}
 
 
 @dataclass(frozen=True)
@@ -30,8 +34,9 @@ class Match:
     flow: str = ""
     command: str = ""
     close: bool = False
-    # Which forge-API lookup must still allow the actor: "" none, "actor" (GitLab, Forgejo, Azure),
-    # "closer" (GitHub close rules); and the drop reason when it does not.
+    # Which forge-API lookup must still allow whom: "" none; "actor" (GitLab, Forgejo, Azure; GitHub comments,
+    # reviews and issues opened or reopened with the label on), "closer" (GitHub close rules), "pr-author"
+    # (GitHub's automatic pull request actions); and the drop reason when it does not.
     authority: str = ""
     refusal: str = ""
 
@@ -44,6 +49,13 @@ class Decision:
 
 def _drop(reason: str) -> Decision:
     return Decision(reason=reason)
+
+
+def _needs(decision: Decision, authority: str, refusal: str) -> Decision:
+    """The decision, its match (if any) waiting for the `authority` lookup, refused as `refusal`."""
+    if decision.match is None:
+        return decision
+    return Decision(match=replace(decision.match, authority=authority, refusal=refusal))
 
 
 def is_self(event: ForgeEvent, identity: Identity) -> bool:
@@ -68,7 +80,7 @@ def decide(event: ForgeEvent, identity: Identity, rules) -> Decision:
              "close": _close_route}[event.route]
     decision = route(event, own, known_flows)
     if decision.match is not None and event.forge in API_GATED_FORGES and not decision.match.authority:
-        decision = Decision(match=replace(decision.match, authority="actor", refusal="author-not-allowed"))
+        decision = _needs(decision, "actor", "author-not-allowed")
     return decision
 
 
@@ -93,15 +105,21 @@ def _label_route(event: ForgeEvent, rules, known_flows) -> Decision:
             if _needs_repository(event, rule):
                 return _drop("no-repository")
             matched = {"index": rule.position, "type": "label", "label": rule.matched_label(event.labels)}
-            return Decision(match=Match(trigger=rule, matched=matched, **_work(rule)))
+            decision = Decision(match=Match(trigger=rule, matched=matched, **_work(rule)))
+            if event.forge == "github" and event.rule_action in LABEL_ARRIVAL_ACTIONS:
+                return _needs(decision, "actor", "author-not-allowed")
+            return decision
     return _drop("no-allowlisted-label")
 
 
 # --- comment -------------------------------------------------------------------------------------------------
 
 def _comment_route(event: ForgeEvent, rules, known_flows) -> Decision:
-    if event.forge == "github" and event.actor.association not in TRUSTED_ASSOCIATIONS:
-        return _drop("author-not-allowed")
+    decision = _comment_match(event, rules, known_flows)
+    return _needs(decision, "actor", "author-not-allowed") if event.forge == "github" else decision
+
+
+def _comment_match(event: ForgeEvent, rules, known_flows) -> Decision:
     rule = next(iter(_of_type(rules, "comment")), None)
     if rule is None or not rule.phrase or rule.phrase not in event.comment:
         return _drop("no-trigger-phrase")
@@ -161,26 +179,25 @@ def _pull_request_route(event: ForgeEvent, rules, known_flows) -> Decision:
 
 
 def _github_pull_request(event: ForgeEvent, candidates) -> Decision:
-    author_trusted = event.pr_association in TRUSTED_ASSOCIATIONS
-    blocked_by_author = False
     for rule in candidates:
         if event.rule_action == PR_LABEL_ACTIONS["github"]:
             # Applying a label already needs write access: the label is the approval.
             if rule.labels_match(event.labels):
                 return _pr_match(event, rule)
             continue
-        if not author_trusted:
-            blocked_by_author = True
-            continue
         if not _has_predicate(rule) or rule.labels_match(event.labels):
-            return _pr_match(event, rule)
-    return _drop("pr-author-not-allowed" if blocked_by_author else "no-matching-pr-trigger")
+            # The job works on the author's branch and text, whoever pushed or reopened: the author must write.
+            return _needs(_pr_match(event, rule), "pr-author", "pr-author-not-allowed")
+    return _drop("no-matching-pr-trigger")
 
 
 def _github_review(event: ForgeEvent, candidates) -> Decision:
+    # The reviewer's access, never the PR author's.
+    return _needs(_github_review_match(event, candidates), "actor", "review-author-not-allowed")
+
+
+def _github_review_match(event: ForgeEvent, candidates) -> Decision:
     review = event.review or {}
-    if event.actor.association not in TRUSTED_ASSOCIATIONS:  # the reviewer's, never the PR author's
-        return _drop("review-author-not-allowed")
     state = review.get("state", "")
     if state == "commented" and not str(review.get("body") or "").strip():
         return _drop("no-review-body")

@@ -36,27 +36,37 @@ SEPARATE_PR_NUMBERING = {"gitlab", "azure"}
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _MAX_DELIVERY_PART = 80
+# A delivery id kept as it is must not end like a replica suffix (`abc-r1` would be replica 1 of `abc`) nor
+# hold the `--` that marks a mapped id (it could then be another id's mapped form).
+_NOT_KEPT = re.compile(r"--|-r[0-9]+$")
 
 
 class JobSpecError(ValueError):
     """A payload that is not a JobSpec this code understands (wrong version, missing field)."""
 
 
-def delivery_job_id(kind: str, delivery_id: str, replica: int | None = None) -> str:
-    """`gh-<delivery>` and friends; `-r<i>` for a replica.
+def delivery_part(delivery_id: str) -> str:
+    """A (non-empty) delivery id in the job-id charset: what job ids and log lines carry of it.
 
-    A delivery id outside the job-id charset is mapped deterministically: the unsafe characters become
-    `_` and a short hash of the original keeps two different ids from colliding.
+    An ordinary id is kept as it is. Any other one (a character outside the charset, more than 80 of them, a
+    `-r<n>` at its end, a `--` in it) is mapped deterministically: its unsafe characters become `_`, then
+    `--` and 16 hex of its SHA-256. Only mapped ids hold `--` and none ends in `-r<n>`, so no delivery id
+    can produce another's job id, nor a replica's.
     """
+    if JOB_ID_PATTERN.fullmatch(delivery_id) and len(delivery_id) <= _MAX_DELIVERY_PART \
+            and not _NOT_KEPT.search(delivery_id):
+        return delivery_id
+    digest = hashlib.sha256(delivery_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{_UNSAFE.sub('_', delivery_id)[:_MAX_DELIVERY_PART]}--{digest}"
+
+
+def delivery_job_id(kind: str, delivery_id: str, replica: int | None = None) -> str:
+    """`gh-<delivery>` and friends (the delivery id as `delivery_part` maps it); `-r<i>` for a replica."""
     if kind not in DELIVERY_PREFIXES:
         raise ValueError(f"no delivery job ids for kind {kind!r}")
     if not isinstance(delivery_id, str) or not delivery_id:
         raise ValueError("a delivery job id needs a non-empty delivery id")
-    part = delivery_id
-    if not JOB_ID_PATTERN.fullmatch(part) or len(part) > _MAX_DELIVERY_PART:
-        digest = hashlib.sha256(delivery_id.encode()).hexdigest()[:12]
-        part = f"{_UNSAFE.sub('_', delivery_id)[:_MAX_DELIVERY_PART]}-{digest}"
-    job_id = f"{DELIVERY_PREFIXES[kind]}-{part}"
+    job_id = f"{DELIVERY_PREFIXES[kind]}-{delivery_part(delivery_id)}"
     if replica is not None:
         if not isinstance(replica, int) or replica < 1:
             raise ValueError("a replica index is a positive integer")
@@ -182,46 +192,56 @@ def job_time_budget_seconds() -> int:
 @dataclass(frozen=True)
 class Claim:
     """A key held for `window_ms` by the first job that claims it: a later job claiming the same key is
-    swallowed (the receiver's semantic dedup). The key holds the claimer's job id, so the same job
-    claiming again (a retried delivery) passes."""
+    swallowed (the receiver's dedup layers), and `reason` says why. The key holds `holder`, the claimer's job
+    id unless given (a delivery's replicas share one), so the same holder claiming again (a retried
+    delivery) passes."""
 
     key: str
     window_ms: int
+    reason: str
+    holder: str = ""
 
 
 @dataclass(frozen=True)
 class Enqueued:
-    status: str  # "created" | "existing" (the job id was taken) | "swallowed" (the claim is another job's)
-    surviving: str = ""  # swallowed: the job holding the claim
+    status: str  # "created" | "existing" (the job id was taken) | "swallowed" (a claim is another job's)
+    surviving: str = ""  # swallowed: the holder of the claim
+    claim: Claim | None = None  # swallowed: the claim that did it
 
     @property
     def created(self) -> bool:
         return self.status == "created"
 
 
-# The claim, the queue's registration and RQ's unique save-and-push in one atomic round trip (three with
+# The claims, the queue's registration and RQ's unique save-and-push in one atomic round trip (three with
 # `Queue.enqueue_call` plus a separate SET NX). It writes RQ's keys exactly as rq 3.0's unique enqueue
-# does (rq is pinned; tests run jobs enqueued this way through a real rqworker).
+# does (rq is pinned; tests run jobs enqueued this way through a real rqworker). Every claim is read before
+# any is taken, so a job swallowed by one claim takes none of the others.
 _ENQUEUE_SCRIPT = """
--- KEYS: job hash, queue list, RQ's set of queues[, claim]
--- ARGV: job id, job ttl (-1: none), claim window in ms, then the job hash's field/value pairs
-if KEYS[4] and not redis.call("SET", KEYS[4], ARGV[1], "NX", "PX", ARGV[3]) then
-    local holder = redis.call("GET", KEYS[4])
-    if holder and holder ~= ARGV[1] then
-        return {"swallowed", holder}
+-- KEYS: job hash, queue list, RQ's set of queues, then one key per claim
+-- ARGV: job id, job ttl (-1: none), the number of claims, then each claim's window in ms and holder, then
+--       the job hash's field/value pairs
+local claims = tonumber(ARGV[3])
+for i = 1, claims do
+    local holder = redis.call("GET", KEYS[3 + i])
+    if holder and holder ~= ARGV[3 + 2 * i] then
+        return {"swallowed", holder, i}
     end
+end
+for i = 1, claims do
+    redis.call("SET", KEYS[3 + i], ARGV[3 + 2 * i], "NX", "PX", ARGV[2 + 2 * i])
 end
 redis.call("SADD", KEYS[3], KEYS[2])
 if redis.call("EXISTS", KEYS[1]) == 1 then
-    return {"existing", ""}
+    return {"existing", "", 0}
 end
-redis.call("HSET", KEYS[1], unpack(ARGV, 4))
+redis.call("HSET", KEYS[1], unpack(ARGV, 4 + 2 * claims))
 local ttl = tonumber(ARGV[2])
 if ttl > 0 then
     redis.call("EXPIRE", KEYS[1], ttl)
 end
 redis.call("RPUSH", KEYS[2], ARGV[1])
-return {"created", ""}
+return {"created", "", 0}
 """
 
 
@@ -230,8 +250,8 @@ def _enqueue_script(connection):
     return connection.register_script(_ENQUEUE_SCRIPT)
 
 
-def enqueue(spec: JobSpec, queue_name: str, claim: Claim | None = None) -> Enqueued:
-    """Enqueue one job, atomically unique on its id (and on `claim`, when given).
+def enqueue(spec: JobSpec, queue_name: str, claims: tuple[Claim, ...] = ()) -> Enqueued:
+    """Enqueue one job, atomically unique on its id (and on each of `claims`, checked in order).
 
     Redis errors propagate: the caller decides whether the work is kept for later (the inbox) or lost.
     """
@@ -247,9 +267,14 @@ def enqueue(spec: JobSpec, queue_name: str, claim: Claim | None = None) -> Enque
         failure_ttl=settings.PI_FAILED_JOB_TTL_SECONDS,
     )
     queue._prepare_for_queue(job)  # origin, enqueued_at, status: what RQ's enqueue sets before saving
-    keys = [job.key, queue.key, queue.redis_queues_keys] + ([claim.key] if claim else [])
-    args = [job.id, job.ttl if job.ttl is not None else -1, claim.window_ms if claim else 0, *_build_hset_args(job)]
-    status, surviving = (text(part) for part in _enqueue_script(connection)(keys=keys, args=args))
+    keys = [job.key, queue.key, queue.redis_queues_keys, *(claim.key for claim in claims)]
+    args = [job.id, job.ttl if job.ttl is not None else -1, len(claims),
+            *(part for claim in claims for part in (claim.window_ms, claim.holder or job.id)),
+            *_build_hset_args(job)]
+    status, surviving, claimed = _enqueue_script(connection)(keys=keys, args=args)
+    status, surviving = text(status), text(surviving)
+    if status == "swallowed":
+        return Enqueued(status, surviving, claims[int(claimed) - 1])
     if status == "created":
         logger.info("job_enqueued job=%s queue=%s target=%s", spec.job_id, queue_name, spec.target)
     return Enqueued(status, surviving)

@@ -75,7 +75,7 @@ class ForgeEvent:
     number: int | None = None
     labels: tuple[str, ...] = ()  # the label set predicates see (whole set, or only the added labels)
     label_fallback: bool = False  # GitLab: a close that also added labels may fire a label rule instead
-    pr_association: str = ""  # GitHub: the pull request author's association (auto actions)
+    pr_author: Actor = field(default_factory=lambda: Actor(id=None))  # GitHub: whose write access auto actions need
     # Container-only text, copied into the JobSpec and nowhere else.
     title: str = ""
     body: str = ""
@@ -99,15 +99,23 @@ def require_json_content_type(request) -> None:
         raise HookRefused(415, "unsupported-media-type")
 
 
+def ascii_number(value: str, max_digits: int = 18) -> int | None:
+    """A numeric header's value: ASCII digits only, else None. (`str.isdigit` and `int` also take superscripts,
+    other scripts' digits, signs, underscores and surrounding space; `int` raises on some of them.)"""
+    if value and len(value) <= max_digits and value.isascii() and value.isdigit():
+        return int(value)
+    return None
+
+
 def refuse_declared_oversize(request) -> None:
-    limit = settings.PI_WEBHOOK_MAX_BYTES
     declared = (request.META.get("CONTENT_LENGTH") or "").strip()
-    if declared:
-        try:
-            if int(declared) > limit:
-                raise HookRefused(413, "payload-too-large")
-        except ValueError:
-            raise HookRefused(400, "invalid-content-length") from None
+    if not declared:
+        return
+    length = ascii_number(declared)
+    if length is None:
+        raise HookRefused(400, "invalid-content-length")
+    if length > settings.PI_WEBHOOK_MAX_BYTES:
+        raise HookRefused(413, "payload-too-large")
 
 
 def read_bounded_body(request) -> bytes:

@@ -52,10 +52,15 @@ def _refs(pull: dict) -> tuple[dict, dict]:
             {"ref": text(base.get("ref"))} if text(base.get("ref")) else {})
 
 
+def _account(value) -> Actor:
+    """A user object (`sender`, `pull_request.user`) as an Actor."""
+    user = obj(value)
+    return Actor(id=numeric_id(user.get("id")), login=text(user.get("login")))
+
+
 def normalise(event: str, delivery_id: str, payload: dict) -> ForgeEvent:
     action = text(payload.get("action"))
-    sender = obj(payload.get("sender"))
-    actor = Actor(id=numeric_id(sender.get("id")), login=text(sender.get("login")))
+    actor = _account(payload.get("sender"))
     common = {"forge": FORGE, "delivery_id": delivery_id, "event": event, "action": action}
 
     if event == "issues" and action in LABEL_ROUTE_ACTIONS | {"closed"}:
@@ -87,7 +92,7 @@ def normalise(event: str, delivery_id: str, payload: dict) -> ForgeEvent:
         return ForgeEvent(
             route="pull_request" if action != "closed" else "close", rule_action=action, actor=actor, repo=repo,
             target_type="pull_request", number=number, labels=names(pull.get("labels"), "name"),
-            pr_association=text(pull.get("author_association")), title=text(pull.get("title")),
+            pr_author=_account(pull.get("user")), title=text(pull.get("title")),
             body=text(pull.get("body")), head=head, base=base, **common,
         )
 

@@ -10,8 +10,8 @@ import hmac
 import time
 
 from .base import (
-    Actor, ForgeEvent, HookRefused, Verified, checked_delivery_id, digests_equal, header, names, numeric_id, obj,
-    parse_json_object, positive_int, read_bounded_body, text, MAX_EVENT,
+    Actor, ForgeEvent, HookRefused, Verified, ascii_number, checked_delivery_id, digests_equal, header, names,
+    numeric_id, obj, parse_json_object, positive_int, read_bounded_body, text, MAX_EVENT,
 )
 
 FORGE = "gitlab"
@@ -42,9 +42,10 @@ def verify_signature(request, body: bytes, key: bytes, now: float | None = None)
     signatures = header(request, "webhook-signature")
     if not (webhook_id and timestamp and signatures):
         raise HookRefused(401, "missing-signature")
-    if not timestamp.isdigit() or len(timestamp) > 12:
+    seconds = ascii_number(timestamp, max_digits=12)
+    if seconds is None:
         raise HookRefused(401, "invalid-timestamp")
-    if abs((time.time() if now is None else now) - int(timestamp)) > SIGNATURE_TOLERANCE_SECONDS:
+    if abs((time.time() if now is None else now) - seconds) > SIGNATURE_TOLERANCE_SECONDS:
         raise HookRefused(401, "stale-timestamp")
     signed = f"{webhook_id}.{timestamp}.".encode("utf-8", "surrogateescape") + body
     expected = hmac.new(key, signed, hashlib.sha256).digest()

@@ -72,5 +72,5 @@ def forge_client(forge: str) -> ForgeClient:
         return ForgejoClient(base_url=settings.FORGEJO_URL, token=settings.FORGEJO_TOKEN, **common)
     if forge == "azure":
         return AzureClient(base_url=settings.AZURE_ORG_URL, token=settings.AZURE_TOKEN,
-                           graph_url=settings.AZURE_GRAPH_URL, **common)
+                           graph_url=settings.AZURE_GRAPH_URL, writer_groups=settings.AZURE_WRITER_GROUPS, **common)
     raise ValueError(f"no API client for forge {forge!r}")

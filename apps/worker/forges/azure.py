@@ -3,14 +3,16 @@ and its branch policies, and status comments (work item comments, pull request t
 AZURE_TOKEN (a PAT).
 
 Membership is answered by the Graph API on `vssps`: the actor's subject descriptor, the groups it belongs
-to (walked upwards a few levels, so membership through an Entra/AAD group counts), and the project's own
-groups (Contributors, Project Administrators, ...; Readers do not count: reading a project is not a
+to (walked upwards a few levels, so membership through an Entra/AAD group counts), and which of the
+project's groups may start paid work: Project Administrators, Contributors and Build Administrators, an
+allow list (Readers, Project Valid Users and any custom group do not count: reading a project is not a
 licence to start paid work).
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import re
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -24,7 +26,33 @@ GUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}
 MAX_PAGES = 20  # an email actor is looked up by listing users; a larger directory is "could not tell"
 MAX_MEMBERSHIP_REQUESTS = 8  # bounds the upward walk through nested groups (a deeper member is refused)
 PROJECT_GROUPS_SECONDS = 600
-NON_MEMBER_GROUPS = {"readers"}
+# Groups are told apart by descriptor (`vssgp.` + base64 of the group's SID), which neither a rename nor the
+# server's language changes. Project Administrators is the project's namespace-administrators group: its SID
+# is the project's domain followed by the well-known `0-0-0-0-1` in every project (Azure DevOps finds the
+# group that way itself). Contributors and Build Administrators have no well-known SID: the process template
+# creates them with a random one per project, so their descriptors are learned from the project's group list
+# by the account name the template gave them (`[<project>]\Contributors`); a server whose templates are
+# localised names its own (AZURE_WRITER_GROUPS). Nothing else counts, whatever it is called.
+PROJECT_ADMINISTRATORS_SID = re.compile(r"^S-1-9-1551374245(?:-\d+){4}-0-0-0-0-1$")
+WRITER_GROUPS = ("Contributors", "Build Administrators")
+
+
+def group_sid(descriptor: str) -> str:
+    """The SID inside a `vssgp.` group descriptor ("" for any other descriptor)."""
+    kind, _, encoded = descriptor.partition(".")
+    if kind != "vssgp" or not encoded:
+        return ""
+    try:
+        decoded = base64.b64decode(encoded.replace("-", "+").replace("_", "/") + "=" * (-len(encoded) % 4),
+                                   validate=True)
+    except (binascii.Error, ValueError):
+        return ""
+    return decoded.decode("ascii", "replace")
+
+
+def account_name(group: dict) -> str:
+    """`Contributors` of a principal name `[<project>]\\Contributors`."""
+    return str(group.get("principalName") or "").rpartition("\\")[2]
 
 
 def graph_url_for(org_url: str) -> str:
@@ -51,9 +79,10 @@ class AzureClient(ForgeClient):
     url_variable = "SYSTEM_COLLECTIONURI"  # the organisation URL, as Azure Pipelines names it
     git_user = ""  # a PAT goes with an empty user name
 
-    def __init__(self, *, base_url: str, token: str, graph_url: str = "", **kwargs):
+    def __init__(self, *, base_url: str, token: str, graph_url: str = "", writer_groups=WRITER_GROUPS, **kwargs):
         super().__init__(base_url=base_url, token=token, **kwargs)
         self.graph_url = (graph_url or graph_url_for(base_url)).rstrip("/")
+        self.writer_groups = frozenset(name.casefold() for name in writer_groups)
 
     def _auth_headers(self, token: str) -> dict[str, str]:
         credential = base64.b64encode(f":{token}".encode()).decode()
@@ -95,16 +124,23 @@ class AzureClient(ForgeClient):
                 return user["descriptor"]
         return None  # the whole directory was listed: a determinate "not found"
 
+    def _may_start_work(self, group: dict) -> bool:
+        descriptor = group.get("descriptor")
+        if not isinstance(descriptor, str):
+            return False
+        if PROJECT_ADMINISTRATORS_SID.fullmatch(group_sid(descriptor)):
+            return True
+        return account_name(group).casefold() in self.writer_groups
+
     def _project_groups(self, project_descriptor: str) -> set[str]:
-        cached = self.project_groups_cache.get((self.graph_url, project_descriptor))
+        """The descriptors of the project's groups whose members may start work."""
+        key = (self.graph_url, project_descriptor, self.writer_groups)
+        cached = self.project_groups_cache.get(key)
         if cached is not None:
             return cached
-        groups = {
-            group["descriptor"] for group in self._pages("groups", scopeDescriptor=project_descriptor)
-            if isinstance(group.get("descriptor"), str)
-            and str(group.get("displayName") or "").casefold() not in NON_MEMBER_GROUPS
-        }
-        self.project_groups_cache.put((self.graph_url, project_descriptor), groups, PROJECT_GROUPS_SECONDS)
+        groups = {group["descriptor"] for group in self._pages("groups", scopeDescriptor=project_descriptor)
+                  if self._may_start_work(group)}
+        self.project_groups_cache.put(key, groups, PROJECT_GROUPS_SECONDS)
         return groups
 
     def _containers(self, descriptor: str) -> list[str]:

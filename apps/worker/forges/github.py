@@ -1,4 +1,4 @@
-"""GitHub REST API: the closer's repository permission, who our own account is, a job's token, the default
+"""GitHub REST API: an actor's repository permission (write access), who our own account is, a job's token, the default
 branch and its protection, and status comments.
 
 Credentials: a GitHub App (GITHUB_APP_ID + GITHUB_APP_INSTALLATION_ID + private key), which mints a token
@@ -40,7 +40,8 @@ class GitHubClient(ForgeClient):
     # --- receiver ---
 
     def _lookup_authority(self, subject: Subject) -> Authority:
-        """Write access of `subject.login` to `subject.repo` (close rules are gated on the closer)."""
+        """Write access of `subject.login` to `subject.repo`: a commenter, a reviewer, a pull request's author, a
+        closer, or whoever opened an issue with a label rule's label on (never `author_association`)."""
         token = self.token
         if self.app is not None:
             if "/" not in subject.repo:

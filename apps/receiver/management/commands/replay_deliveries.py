@@ -13,6 +13,7 @@ from django.core.management.base import BaseCommand
 
 from apps.receiver import intake
 from apps.receiver.models import Delivery, DeliveryStatus
+from apps.worker.jobs import delivery_part
 from pidispatch_site import sqlite_wal
 
 
@@ -64,7 +65,7 @@ class Command(BaseCommand):
         state = "still pending" if pending else answer.outcome
         detail = (delivery.reason if pending else ",".join(answer.body.get("jobs", []))
                   or answer.body.get("reason") or answer.body.get("error") or "")
-        self.stdout.write(f"{delivery.forge}:{delivery.delivery_id} {state} {detail}".rstrip())
+        self.stdout.write(f"{delivery.forge}:{delivery_part(delivery.delivery_id)} {state} {detail}".rstrip())
 
     def _warn_if_redis_loses_jobs(self):
         warning = intake.queue_durability_warning()

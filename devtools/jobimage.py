@@ -118,7 +118,25 @@ def ensure_image(docker_host: str | None, tag: str = DEFAULT_TAG, method: str = 
             f"({existing.attrs.get('Size', 0) / 1e6:.0f} MB)")
     for name in {content_tag, tag}:
         existing.tag(*name.rsplit(":", 1))
+    _prune(client, repository, digest)
     return content_tag
+
+
+def _prune(client, repository: str, digest: str) -> None:
+    """Earlier builds of this repository (and their cached trees) go: each is ~450 MB. One a container still
+    uses stays until next time."""
+    import docker
+
+    for old in CACHE_DIR.glob("rootfs-*.tar"):
+        if old.name != f"rootfs-{digest}.tar":
+            old.unlink(missing_ok=True)
+    for image in client.images.list(name=repository, filters={"label": contract.INPUTS_LABEL}):
+        if image.labels.get(contract.INPUTS_LABEL) != digest:
+            for name in image.tags:
+                try:
+                    client.images.remove(name)
+                except docker.errors.APIError:
+                    pass
 
 
 # --- the Dockerfile way ------------------------------------------------------------------------------

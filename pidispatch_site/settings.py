@@ -34,6 +34,13 @@ SECRET_KEY = env("DJANGO_SECRET_KEY", default=None) or _persistent_secret_key()
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+# Served behind a proxy that terminates TLS: cookies travel over HTTPS only, browsers are told to use nothing
+# else (HSTS), and the proxy's X-Forwarded-Proto says a request came over HTTPS. The proxy must set that
+# header itself and drop one a client sent, or a plain-HTTP client could claim HTTPS.
+if env.bool("DJANGO_SECURE", default=False):
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env.int("DJANGO_HSTS_SECONDS", default=365 * 24 * 3600)
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # The public edge serves only /hooks/ and /healthz; the admin and API run on a private instance.
 PI_PUBLIC_EDGE = env.bool("PI_PUBLIC_EDGE", default=False)

@@ -4,13 +4,13 @@ Precedence for the knobs the worker reads: job > DB settings row > environment >
 An optional `.env` beside manage.py is read first; real environment variables win over it.
 """
 
-import secrets
 from pathlib import Path
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
 from apps.fleet.queues import QueueConfigMap
+from pidispatch_site.private_files import persistent_secret_key, private_file, private_folder
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -18,22 +18,19 @@ env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 VAR_DIR = Path(env("PI_VAR_DIR", default=str(BASE_DIR / "var"))).resolve()
-VAR_DIR.mkdir(parents=True, exist_ok=True)
+private_folder(VAR_DIR)  # the key, the database, job folders, Redis's and Docker's data: this user's only
 
-
-def _persistent_secret_key() -> str:
-    """A key generated once per installation, so a fresh clone needs no manual step."""
-    path = VAR_DIR / "secret_key"
-    if not path.exists():
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
-    return path.read_text().strip()
-
-
-SECRET_KEY = env("DJANGO_SECRET_KEY", default=None) or _persistent_secret_key()
+SECRET_KEY = env("DJANGO_SECRET_KEY", default=None) or persistent_secret_key(VAR_DIR / "secret_key")
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+# Served behind a proxy that terminates TLS: cookies travel over HTTPS only, browsers are told to use nothing
+# else (HSTS), and the proxy's X-Forwarded-Proto says a request came over HTTPS. The proxy must set that
+# header itself and drop one a client sent, or a plain-HTTP client could claim HTTPS.
+if env.bool("DJANGO_SECURE", default=False):
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env.int("DJANGO_HSTS_SECONDS", default=365 * 24 * 3600)
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # The public edge serves only /hooks/ and /healthz; the admin and API run on a private instance.
 PI_PUBLIC_EDGE = env.bool("PI_PUBLIC_EDGE", default=False)
@@ -104,6 +101,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # more than a delivery's two writes.
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=60))
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-pidispatch.sqlite3")}
+    # 0600 before SQLite creates it (its log files take its mode). A missing folder is left to SQLite's error.
+    _database_file = str(DATABASES["default"]["NAME"])
+    if _database_file != ":memory:" and not _database_file.startswith("file:") and Path(_database_file).parent.is_dir():
+        private_file(Path(_database_file))
 else:
     # Keep server connections between requests (a webhook burst would otherwise open one per delivery).
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=60))

@@ -81,14 +81,17 @@ def test_trigger_list_summarises_the_predicate(admin_client, label_trigger):
 
 def test_settings_page_shows_the_values_in_effect_and_refuses_bad_input(admin_client, settings):
     settings.PI_DAILY_CAP = 25
-    page = admin_client.get("/admin/worker/dispatchsettings/", follow=True).content.decode()
-    assert "daily cap: 25" in page
+    first = admin_client.get("/admin/worker/dispatchsettings/", follow=True)
+    assert first.redirect_chain[-1][0] == "/admin/worker/dispatchsettings/add/"  # no row yet: the form saves one
+    assert "daily cap: 25" in first.content.decode()
 
-    bad = admin_client.post("/admin/worker/dispatchsettings/1/change/", {"soft_hold_pct": 150, "job_memory": "lots"})
+    bad = admin_client.post("/admin/worker/dispatchsettings/add/", {"soft_hold_pct": 150, "job_memory": "lots"})
     assert "must be between 1 and 99" in bad.content.decode() and "like 512m or 4g" in bad.content.decode()
 
-    admin_client.post("/admin/worker/dispatchsettings/1/change/", {"daily_cap": 3, "job_memory": ""})
-    assert "daily cap: 3" in admin_client.get("/admin/worker/dispatchsettings/1/change/").content.decode()
+    admin_client.post("/admin/worker/dispatchsettings/add/", {"daily_cap": 3, "job_memory": ""})
+    assert "daily cap: 3" in admin_client.get("/admin/worker/dispatchsettings/", follow=True).content.decode()
+    admin_client.post("/admin/worker/dispatchsettings/1/change/", {"daily_cap": 4, "job_memory": ""})
+    assert "daily cap: 4" in admin_client.get("/admin/worker/dispatchsettings/1/change/").content.decode()
 
 
 def test_pause_windows_and_limits_are_editable_with_field_errors(admin_client):

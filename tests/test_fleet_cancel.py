@@ -13,7 +13,7 @@ from apps.fleet import cancel, status, waiting
 from apps.fleet.models import FleetAction
 from apps.worker.models import Outcome, Run
 from tests.conftest import wait_for
-from tests.jobspecs import enqueue_spec, forge_spec
+from tests.jobspecs import enqueue_spec, forge_spec, keys_holding, marked_spec
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -115,13 +115,16 @@ def test_a_running_job_on_another_host_is_stopped_by_its_worker(start_worker, re
 @pytest.mark.docker
 def test_a_cancelled_running_job_is_recorded_operator_cancel(start_worker, redis_conn, fast_fleet, job_containers):
     start_worker("pi-jobs")
-    enqueue_spec(forge_spec("gh-cancel-record", body="fake-agent:sleep=60"), "pi-jobs")
+    enqueue_spec(marked_spec("gh-cancel-record", body="fake-agent:sleep=60"), "pi-jobs")
     wait_for(lambda: job_containers().get("gh-cancel-record"), timeout=90, what="the container")
 
     assert cancel.cancel_job(redis_conn, "gh-cancel-record", by="test").outcome == "stopping"
 
     run = wait_for(lambda: Run.objects.filter(job_id="gh-cancel-record").first(), timeout=60, what="the record")
     assert (run.outcome, run.reason) == (Outcome.POLICY, "operator-cancel")
+    wait_for(lambda: Job.fetch("gh-cancel-record", connection=redis_conn).get_status() in ("finished", "failed"),
+             timeout=30, what="RQ to end the job")
+    assert keys_holding(redis_conn) == []  # what RQ keeps of the cancelled job holds none of its texts
 
 
 @pytest.mark.docker

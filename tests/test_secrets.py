@@ -11,7 +11,7 @@ import pytest
 from django.forms.models import model_to_dict
 from rq import Queue
 
-from apps.worker import comments, secrets
+from apps.worker import comments, hostscripts, secrets
 from apps.worker.models import Outcome, Run
 from tests.conftest import wait_for
 from tests.jobspecs import enqueue_spec, forge_spec
@@ -96,7 +96,7 @@ def test_the_resolver_gets_a_closed_environment(resolver, tmp_path, monkeypatch)
 
     names = set((tmp_path / "env-names").read_text().split())
     assert "PATH" in names
-    assert names <= set(secrets.RESOLVER_ENVIRONMENT) | {"PWD", "SHLVL", "_"}  # the shell's own additions
+    assert names <= set(hostscripts.CLOSED_ENVIRONMENT) | {"PWD", "SHLVL", "_"}  # the shell's own additions
     assert not names & {"ANTHROPIC_API_KEY", "GITHUB_TOKEN", "REDIS_URL", "DATABASE_URL"}
 
 

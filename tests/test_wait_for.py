@@ -12,7 +12,7 @@ import pytest
 from rq import Queue
 from rq.registry import ScheduledJobRegistry
 
-from apps.worker import waitfor
+from apps.worker import hostscripts, waitfor
 from apps.worker.models import Outcome, Run
 from tests.conftest import ROOT
 from tests.jobspecs import enqueue_spec, forge_spec
@@ -64,6 +64,21 @@ def test_go_lets_the_job_on_and_passes_only_the_target(redis_conn, check):
     assert outcome.go
     assert check.calls == ["1:acme/web#7"]
     assert waitfor.held_jobs(redis_conn, datetime.now(UTC)) == []
+
+
+def test_a_check_gets_the_closed_environment_of_every_host_script(redis_conn, check, monkeypatch):
+    """As a secret resolver does: never the worker's keys, tokens or database."""
+    names_file = check.path.parent / "env-names"
+    check.path.write_text(f'#!/bin/sh\nenv | sed "s/=.*//" > {names_file}\nexit 0\n')
+    for name, value in (("ANTHROPIC_API_KEY", "sk-worker-key"), ("GITHUB_TOKEN", "ghp-worker-token"),
+                        ("DATABASE_URL", "postgres://worker@db/pidispatch")):
+        monkeypatch.setenv(name, value)
+
+    assert gate(redis_conn, waiting("gh-w-env", {"profile": "ci-green"})).go
+
+    names = set(names_file.read_text().split())
+    assert "PATH" in names and not names & {"ANTHROPIC_API_KEY", "GITHUB_TOKEN", "DATABASE_URL"}
+    assert names <= set(hostscripts.CLOSED_ENVIRONMENT) | {"PWD", "SHLVL", "_"}  # the shell's own additions
 
 
 def test_not_yet_holds_with_backoff_and_is_listed(redis_conn, check):

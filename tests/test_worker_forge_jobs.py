@@ -4,7 +4,10 @@ commit the forge named, with the job's own token in its environment and nothing 
 each way the forge side refuses or retries, with the one comment it leaves on the (local, fake) forge."""
 
 import json
+import os
+import shutil
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 
@@ -230,3 +233,26 @@ def test_a_worker_with_an_incomplete_github_app_refuses_to_start(post_github, la
     assert "GITHUB_APP_INSTALLATION_ID" in result.stderr
     assert Queue("pi-jobs", connection=redis_conn).fetch_job(job_id).get_status() == "queued"  # nothing lost
     assert not Run.objects.filter(job_id=job_id).exists()
+
+
+def test_no_other_local_user_can_read_the_prompt_or_the_clone(github, post_github, label_trigger, run_worker):
+    """PI_JOB_ROOT in a folder anyone may pass through (as /srv/pi-jobs would be): each job's own folder is
+    the worker's, 0700, while the container's user still reads its prompt and writes the clone."""
+    jobs = Path(tempfile.mkdtemp(prefix="pidispatch-jobs-"))
+    jobs.chmod(0o755)
+    try:
+        job_id = deliver(post_github, "fj-private", "fake-agent:report")
+
+        run_worker("pi-jobs", env_overrides={**github.env, "PI_JOB_ROOT": str(jobs)})
+
+        assert Run.objects.get(job_id=job_id).outcome == Outcome.COMPLETED
+        root = jobs / job_id
+        assert (root.stat().st_mode & 0o777, root.stat().st_uid) == (0o700, os.geteuid())
+        assert (root / "workspace" / "sandbox-report.json").exists()  # the runner read its prompt's directive
+        someone_else = {"user": 4321, "group": 4321, "extra_groups": []}
+        for path in (root / "job" / "prompt.md", root / "job" / "event.json", root / "workspace" / "README.md"):
+            assert path.exists()
+            read = subprocess.run(["cat", str(path)], capture_output=True, **someone_else)
+            assert read.returncode != 0 and b"Permission denied" in read.stderr, path
+    finally:
+        shutil.rmtree(jobs, ignore_errors=True)

@@ -5,6 +5,8 @@ from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
+from pidispatch_site.admin_mixins import ManagedChangesAdmin
+
 from . import intake, triggers
 from .models import Delivery, DeliveryStatus, Trigger
 
@@ -41,8 +43,9 @@ class OneShotStateFilter(admin.SimpleListFilter):
 
 
 @admin.register(Trigger)
-class TriggerAdmin(admin.ModelAdmin):
+class TriggerAdmin(ManagedChangesAdmin, admin.ModelAdmin):
     form = TriggerForm
+    manage_permission = "receiver.manage_triggers"
     list_display = ("position", "kind", "on_type", "predicate", "work", "one_shot_state", "run_count", "enabled",
                     "note")
     list_display_links = ("position", "predicate")
@@ -101,17 +104,17 @@ class TriggerAdmin(admin.ModelAdmin):
     def run_count(self, trigger: Trigger) -> int:
         return trigger.run_total
 
-    @admin.action(description="Enable selected triggers")
+    @admin.action(description="Enable selected triggers", permissions=["change"])
     def enable_selected(self, request: HttpRequest, queryset: QuerySet):
         count = triggers.set_enabled(queryset, True)
         self.message_user(request, f"{count} trigger(s) enabled.", messages.SUCCESS)
 
-    @admin.action(description="Disable selected triggers")
+    @admin.action(description="Disable selected triggers", permissions=["change"])
     def disable_selected(self, request: HttpRequest, queryset: QuerySet):
         count = triggers.set_enabled(queryset, False)
         self.message_user(request, f"{count} trigger(s) disabled.", messages.SUCCESS)
 
-    @admin.action(description="Re-arm selected spent one-shot rules")
+    @admin.action(description="Re-arm selected spent one-shot rules", permissions=["change"])
     def rearm_selected(self, request: HttpRequest, queryset: QuerySet):
         count = triggers.rearm(queryset)
         if count:

@@ -119,6 +119,10 @@ class Trigger(models.Model):
     class Meta:
         ordering = ["position", "id"]
         indexes = [models.Index(fields=["kind", "on_type", "enabled", "position"], name="trigger_match_idx")]
+        # A trigger picks what a worker host runs: changing one is a permission of its own (admin_mixins.py).
+        default_permissions = ("view",)
+        permissions = [("manage_triggers", "Can add, change and delete triggers (a trigger chooses the folder, "
+                                           "image and secret references a job uses on a worker host)")]
 
     def __str__(self):
         return f"#{self.position} {self.kind} {self.on_type} -> {self.flow or '/' + self.command}"

@@ -1,6 +1,7 @@
 from datetime import timedelta
 
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connection
 from django.utils import timezone
@@ -10,7 +11,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from pidispatch_site.admin_mixins import ReadOnlyAdminMixin
+from pidispatch_site.admin_mixins import ManagedChangesAdmin, ReadOnlyAdminMixin
 
 from . import runtime_settings
 from .jobs import KINDS
@@ -138,15 +139,17 @@ class PauseWindowAdmin(admin.ModelAdmin):
 
 
 @admin.register(ScopedLimit)
-class ScopedLimitAdmin(admin.ModelAdmin):
+class ScopedLimitAdmin(ManagedChangesAdmin, admin.ModelAdmin):
+    manage_permission = "worker.manage_limits"
     list_display = ("scope", "day", "week", "month", "concurrent", "note")
     search_fields = ("scope", "note")
 
 
 @admin.register(DispatchSettings)
-class DispatchSettingsAdmin(admin.ModelAdmin):
+class DispatchSettingsAdmin(ManagedChangesAdmin, admin.ModelAdmin):
     """The one settings row. Blank fields fall back to the environment; the page shows what applies now."""
 
+    manage_permission = "worker.manage_settings"
     readonly_fields = ("effective_values",)
     fieldsets = (
         ("In effect now", {"fields": ("effective_values",)}),
@@ -169,12 +172,19 @@ class DispatchSettingsAdmin(admin.ModelAdmin):
         )
 
     def has_add_permission(self, request):
-        return not DispatchSettings.objects.exists()
+        return super().has_add_permission(request) and not DispatchSettings.objects.exists()
 
     def has_delete_permission(self, request, obj=None):
         return False
 
     def changelist_view(self, request, extra_context=None):
-        # One row: the list would only be a detour to it.
-        row, _ = DispatchSettings.objects.get_or_create(pk=1)
-        return redirect(reverse("admin:worker_dispatchsettings_change", args=[row.pk]))
+        # One row: the list would only be a detour to it. A GET creates nothing: before the row is first
+        # saved (from the add form) jobs run under the environment's values, and a viewer sees an empty list.
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        row = DispatchSettings.objects.filter(pk=1).first()
+        if row is not None:
+            return redirect(reverse("admin:worker_dispatchsettings_change", args=[row.pk]))
+        if self.has_add_permission(request):
+            return redirect(reverse("admin:worker_dispatchsettings_add"))
+        return super().changelist_view(request, extra_context)

@@ -1,11 +1,13 @@
 """Running an operator's host script: a wait-for check (apps/worker/waitfor.py) or a secret resolver
 (apps/worker/secrets.py). Both speak with an exit code; a resolver also answers on stdout.
 
-The script gets an argv (never a shell), stdin from /dev/null, stderr discarded, its own session (so a
-timeout stops everything it started), and a time bound: past it the session gets SIGTERM, then SIGKILL
-2 s later. The answer is decided when the script exits, not when its stdout closes, so a background
-grandchild holding the pipe cannot turn a prompt answer into a timeout. Captured stdout is bounded: a
-script that prints more than it may is stopped, its answer marked `overflow`.
+The script gets an argv (never a shell), stdin from /dev/null, stderr discarded, a closed environment
+(PATH, HOME, USER, LOGNAME, LANG, LC_ALL, TMPDIR: never the worker's keys and tokens; a script that needs
+more sets it itself), its own session (so a timeout stops everything it started), and a time bound: past
+it the session gets SIGTERM, then SIGKILL 2 s later. The answer is decided when the script exits, not
+when its stdout closes, so a background grandchild holding the pipe cannot turn a prompt answer into a
+timeout. Captured stdout is bounded: a script that prints more than it may is stopped, its answer marked
+`overflow`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+CLOSED_ENVIRONMENT = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TMPDIR")
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 KILL_GRACE_SECONDS = 2.0
 _READ_SLICE_SECONDS = 0.05
 _CHUNK = 64 * 1024
@@ -44,13 +48,20 @@ class ScriptAnswer:
         return f"signal-{-self.code}" if self.code is not None and self.code < 0 else f"exit-{self.code}"
 
 
-def run_script(argv: list[str], *, timeout_seconds: float, environment: dict[str, str] | None = None,
-               capture_bytes: int = 0) -> ScriptAnswer:
-    """Run `argv` to its exit. `environment` None inherits the worker's; `capture_bytes` 0 discards stdout."""
+def closed_environment() -> dict[str, str]:
+    """What a host script sees of the worker's environment: the closed list, and a PATH."""
+    environment = {name: os.environ[name] for name in CLOSED_ENVIRONMENT if os.environ.get(name)}
+    environment.setdefault("PATH", DEFAULT_PATH)
+    return environment
+
+
+def run_script(argv: list[str], *, timeout_seconds: float, capture_bytes: int = 0) -> ScriptAnswer:
+    """Run `argv` to its exit. `capture_bytes` 0 discards stdout."""
     try:
         process = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if capture_bytes else subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, env=environment, shell=False, close_fds=True, start_new_session=True,
+            stderr=subprocess.DEVNULL, env=closed_environment(), shell=False, close_fds=True,
+            start_new_session=True,
         )
     except OSError:  # missing, not executable, a bad interpreter line
         return ScriptAnswer(code=None, spawn_failed=True)

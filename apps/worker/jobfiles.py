@@ -76,13 +76,18 @@ def prepare(spec: JobSpec, root: Path, owner: tuple[int, int], workspace: Path |
         shutil.rmtree(job_root)
     dirs = JobDirs(root=job_root, job=job_root / "job", workspace=workspace or job_root / "workspace")
     try:
-        dirs.job.mkdir(parents=True, mode=0o755)
+        # The job's root is the worker's own and 0700 from the start: no other local user can reach the prompt
+        # or the clone. The container needs no way through it: /job and /workspace are bind mounts of the
+        # folders inside, which keep the modes its user reads (and writes) them by.
+        root.mkdir(parents=True, exist_ok=True)
+        job_root.mkdir(mode=0o700)
+        dirs.job.mkdir(mode=0o755)
         if workspace is None:
             dirs.workspace.mkdir(mode=0o755)
         # Forge text may hold lone surrogates (valid JSON, not encodable UTF-8): they become U+FFFD.
         (dirs.job / "prompt.md").write_text(render_prompt(spec), encoding="utf-8", errors="replace")
         (dirs.job / "event.json").write_text(json.dumps(event_document(spec), indent=2), encoding="utf-8")
-        for path in (job_root, dirs.job, dirs.job / "prompt.md", dirs.job / "event.json"):
+        for path in (dirs.job, dirs.job / "prompt.md", dirs.job / "event.json"):
             path.chmod(0o755 if path.is_dir() else 0o644)
         if workspace is None and os.geteuid() == 0:
             os.chown(dirs.workspace, *owner)

@@ -18,6 +18,7 @@ from typing import Any
 
 from django.conf import settings
 from rq import Queue
+from rq.exceptions import DeserializationError
 from rq.scripts import _build_hset_args
 
 from apps.fleet.connection import get_redis, text
@@ -181,6 +182,23 @@ class JobSpec:
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(JobSpec))
+# What only the container reads: the texts, and the event context (it copies comment and review text).
+CONTAINER_ONLY_FIELDS = ("title", "body", "comment", "instructions", "task", "context")
+
+
+def forget_container_texts(job) -> None:
+    """Blanks the container-only fields of an ended RQ job's payload, in memory. Called just before RQ
+    writes the job's final state (finished, failed, stopped), which then stores the payload without them:
+    RQ keeps a finished job for PI_FINISHED_JOB_TTL_SECONDS and a failed one for PI_FAILED_JOB_TTL_SECONDS.
+    The payload stays readable (ids, target) for the fleet panel and the run record's fallbacks."""
+    try:
+        args = job.args
+    except DeserializationError:
+        return  # nothing of it can be read, nor rewritten: RQ keeps the bytes it has
+    if not args or not isinstance(args[0], dict):
+        return
+    blank = {name: {} if name == "context" else "" for name in CONTAINER_ONLY_FIELDS if name in args[0]}
+    job.args = ({**args[0], **blank}, *args[1:])
 
 
 def job_time_budget_seconds() -> int:

@@ -120,6 +120,9 @@ class ScopedLimit(models.Model):
 
     class Meta:
         ordering = ["scope"]
+        default_permissions = ("view",)  # changes are a permission of their own (admin_mixins.py)
+        permissions = [("manage_limits", "Can add, change and delete scoped limits (the caps and concurrency "
+                                         "of a repository or folder)")]
 
     def __str__(self):
         return self.scope
@@ -155,6 +158,9 @@ class DispatchSettings(models.Model):
 
     class Meta:
         verbose_name = verbose_name_plural = "dispatch settings"
+        default_permissions = ("view",)  # changes are a permission of their own (admin_mixins.py)
+        permissions = [("manage_settings", "Can change the dispatch settings (deployment caps, per-run budgets, "
+                                           "container memory and CPUs)")]
 
     def __str__(self):
         return "Dispatch settings"

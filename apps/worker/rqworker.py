@@ -14,7 +14,11 @@ What it adds to RQ's forking worker:
 - while a job runs, its main process watches for a cancel request and stops the container itself
   (apps/worker/worker_cancel.py); a cancelled job is never retried;
 - a job whose work horse or whole worker died is recorded `worker-lost` and never re-run;
-- it never logs a job's description (RQ's default would print the payload, which holds issue text).
+- it never logs a job's description or arguments (RQ's defaults would print the payload or attach it to
+  the log record of a job that raised: it holds issue text);
+- once a job has ended, whatever its end (finished, refused, failed, stopped, lost), the copy RQ keeps of
+  it holds none of its texts (apps/worker/jobs.py, forget_container_texts); a deferred or retried job
+  keeps them until its last attempt ends.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from rq import Worker
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.exceptions import DequeueTimeout
 from rq.job import JobStatus
+from rq.job_lifecycle import call_exception_handlers, format_exc_info
 from rq.scheduler import RQScheduler
 from rq.worker.base import WorkerStatus
 
@@ -47,6 +52,7 @@ from apps.fleet.union import register_queues
 from . import ladder
 from . import tasks  # noqa: F401  preloaded: every forked work horse starts with the job code imported
 from . import worker_lost
+from .jobs import forget_container_texts
 from .verdicts import Deferred
 from .worker_cancel import CancelWatch
 from .worker_presence import Presence, job_target
@@ -258,7 +264,25 @@ class DispatchWorker(Worker):
         if is_cancel_requested(job.id, self.connection):
             job.number_of_retries = max(retry.max, 1)  # RQ's "retries exhausted" path: failed, not re-run
             logger.info("job_not_retried job=%s why=operator-cancel", job.id)
+        if job.number_of_retries and job.number_of_retries >= retry.max:  # RQ's test: this attempt was the last
+            forget_container_texts(job)
         return super().handle_job_retry(job, queue, retry, started_job_registry, execution)
+
+    def handle_job_success(self, job, queue, started_job_registry, execution):
+        forget_container_texts(job)  # RQ's success write stores the job as it is in memory
+        return super().handle_job_success(job, queue, started_job_registry, execution)
+
+    def handle_job_failure(self, job, queue, started_job_registry=None, exc_string="", execution=None):
+        """A job that raised, timed out, lost its horse or was stopped: RQ's failure write stores it."""
+        if not job.should_retry or self._stopped_job_id == job.id:
+            forget_container_texts(job)
+        return super().handle_job_failure(job, queue, started_job_registry, exc_string, execution)
+
+    def handle_exception(self, job, *exc_info):
+        """RQ's, without the job's function, arguments and kwargs on the log record: ids only."""
+        self.log.error("Worker %s: job %s: exception raised while executing\n%s", self.name, job.id,
+                       format_exc_info(exc_info), extra={"queue": job.origin, "job_id": job.id})
+        call_exception_handlers(self._exc_handlers, job, *exc_info)
 
     def clean_registries(self):
         worker_lost.sweep(self)  # before RQ's cleanup, which would retry a lost job that has retries left

@@ -2,9 +2,9 @@
 
 A job carries `{ENV_NAME: reference}` and maybe `secrets_profile`; never a value. The worker picks the
 profile from PI_SECRET_PROFILES (`name:/abs/path,...`): the one the job names, or the only one declared.
-The profile's resolver runs once per reference, as `<resolver> <reference>` (no shell, stdin closed, a
-closed environment: PATH, HOME, USER, LOGNAME, LANG, LC_ALL, TMPDIR only), within
-PI_SECRET_RESOLVE_TIMEOUT_MS. Its answer:
+The profile's resolver runs once per reference, as `<resolver> <reference>` (no shell, stdin closed, the
+closed environment of every host script: apps/worker/hostscripts.py), within PI_SECRET_RESOLVE_TIMEOUT_MS.
+Its answer:
 
     exit 0, stdout = the value (one trailing newline dropped; not empty, no NUL, UTF-8, <= 64 KiB)
     exit 2                       the reference is wrong: refused `secret-unresolved` (so are an empty
@@ -24,7 +24,6 @@ profile name and a reason token; never a value, a reference or a resolver path.
 from __future__ import annotations
 
 import logging
-import os
 import re
 
 from django.conf import settings
@@ -41,8 +40,6 @@ logger = logging.getLogger("pidispatch.secrets")
 MAX_VALUE_BYTES = 64 * 1024
 RESOLVED, UNRESOLVED = 0, 2
 NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-RESOLVER_ENVIRONMENT = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TMPDIR")
-DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 # Names the container's runtime or the runner own, and variables that steer where pi, node or git talk to.
 RUNTIME_NAMES = frozenset({
@@ -102,19 +99,11 @@ def choose_profile(wanted: str, declared: dict[str, str]) -> str:
     return next(iter(declared))
 
 
-def resolver_environment() -> dict[str, str]:
-    """What a resolver sees: a closed list, so the worker's keys and tokens never reach it."""
-    environment = {name: os.environ[name] for name in RESOLVER_ENVIRONMENT if os.environ.get(name)}
-    environment.setdefault("PATH", DEFAULT_PATH)
-    return environment
-
-
 def resolve_one(resolver: str, reference: str, timeout_seconds: float) -> str:
     """One reference's value, or SecretsRefused(`secret-unresolved`) / ResolverUnreachable."""
     if not isinstance(reference, str) or not reference or reference.startswith("-"):
         raise SecretsRefused("secret-unresolved")  # never handed to a resolver as if it were an option
-    answer = run_script([resolver, reference], timeout_seconds=timeout_seconds,
-                        environment=resolver_environment(), capture_bytes=MAX_VALUE_BYTES + 1)
+    answer = run_script([resolver, reference], timeout_seconds=timeout_seconds, capture_bytes=MAX_VALUE_BYTES + 1)
     if answer.overflow:
         raise SecretsRefused("secret-unresolved")
     if answer.code == UNRESOLVED:

@@ -37,7 +37,7 @@ from apps.fleet.connection import text
 from apps.fleet.union import existing_queues
 
 from . import container
-from .jobs import JobSpec
+from .jobs import JobSpec, forget_container_texts
 from .models import Outcome, Run
 from .records import record_run
 from .verdicts import Verdict
@@ -83,6 +83,7 @@ def settle(job: Job, *, host: str, settled_by: str, reason: str = WORKER_LOST, b
     if reason == WORKER_LOST and is_cancel_requested(job.id, redis):
         reason = OPERATOR_CANCEL
     _record(job, attempt, host=host, reason=reason, budget_reserved=budget_reserved)
+    forget_container_texts(job)  # the failure write below, or RQ's own after this, stores the job without them
     if fail_in_rq:
         with redis.pipeline() as pipe:
             StartedJobRegistry(job.origin, connection=redis, job_class=type(job)).remove_executions(job, pipeline=pipe)

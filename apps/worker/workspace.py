@@ -2,9 +2,13 @@
 commit (so every change the agent makes can be seen and undone), and a dirty tree is refused unless
 the run was forced. The container runs as the folder's owner, so what it writes stays the operator's.
 
-The folder is writable by the agent, so its `.git/config` is untrusted: the checks here run git as the
-folder's owner with a closed environment and `core.fsmonitor` off, and refuse a repository whose own
-config would make git run a program (filters, fsmonitor, includes) before any git command reads it.
+The folder is writable by the agent, so its git configuration is untrusted, and `git status` runs on the
+host as the folder's owner. Before status runs, the configuration git will really use is read (`git config
+--list` follows includes, the worktree config and a common directory, and runs nothing), and a repository
+is refused whose git would run a program or read its configuration from elsewhere: filters, fsmonitor,
+includes, another worktree or git directory, submodules (status runs git inside each, under that
+submodule's own config), a promisor remote (status would fetch missing objects). Every git call here has a
+closed environment, no discovery above the folder, fsmonitor and hooks off.
 """
 
 from __future__ import annotations
@@ -18,8 +22,14 @@ from pathlib import Path
 from .gitrun import run_git
 
 GIT_TIMEOUT_SECONDS = 30
-# Keys of a repository's own config that name a program git may run, or pull in another config file.
-UNSAFE_CONFIG = re.compile(r"^(core\.fsmonitor|filter\..+\.(clean|smudge|process)|include\.path|includeif\..+\.path)$")
+# Keys (lowercased) of a repository's configuration that make `git status` run a program, read configuration
+# from another file, work on another tree, or reach the network.
+UNSAFE_CONFIG = re.compile(r"filter\..+|include\..+|includeif\..+|core\.worktree|extensions\.partialclone"
+                           r"|core\.fsmonitor|extensions\.worktreeconfig|remote\..+\.promisor")
+# Of those, the switches that are harmless when off (git's false: "false", "no", "off", "0" or empty).
+SWITCHES = re.compile(r"core\.fsmonitor|extensions\.worktreeconfig|remote\..+\.promisor")
+OFF = {"false", "no", "off", "0", ""}
+GITLINK_MODE = b"160000 "
 
 
 class WorkspaceRefused(Exception):
@@ -35,21 +45,60 @@ class LocalWorkspace:
     owner: tuple[int, int]
 
 
-def _unsafe_config_keys(path: Path, owner: tuple[int, int]) -> list[str]:
-    """Reads `.git/config` as a file (`--file` runs nothing and follows no include)."""
-    config = path / ".git" / "config"
-    if not config.is_file():
-        return []
-    listing = run_git(path, "config", "--file", str(config), "--name-only", "--list",
-                      timeout=GIT_TIMEOUT_SECONDS, as_user=owner)
-    names = listing.stdout.decode(errors="replace").lower().split()
-    values = {}
-    if "core.fsmonitor" in names:  # `false` is harmless
-        value = run_git(path, "config", "--file", str(config), "--get", "core.fsmonitor",
-                        timeout=GIT_TIMEOUT_SECONDS, as_user=owner).stdout.decode(errors="replace").strip().lower()
-        values["core.fsmonitor"] = value
-    return sorted({name for name in names if UNSAFE_CONFIG.fullmatch(name)
-                   and values.get(name) not in ("false", "0", "no", "off")})
+def _git(path: Path, owner: tuple[int, int], *args: str) -> subprocess.CompletedProcess:
+    """git on this folder's own `.git` only: naming both directories stops git from looking above the folder."""
+    return run_git(path, f"--git-dir={path / '.git'}", f"--work-tree={path}", *args,
+                   timeout=GIT_TIMEOUT_SECONDS, as_user=owner)
+
+
+def _refuse_unsafe(why: str) -> WorkspaceRefused:
+    return WorkspaceRefused("workspace-config-unsafe",
+                            f"{why}; a local job needs a plain repository (the agent can write the folder, "
+                            "and git runs on this host)")
+
+
+def _config_entries(path: Path, owner: tuple[int, int]) -> list[tuple[str, str, str | None]]:
+    """(origin, key, value) of every setting git reads for this folder, our own `-c` ones left out. A key
+    written without `=` has no value (a switch that is then on)."""
+    listing = _git(path, owner, "config", "--list", "--show-scope", "--show-origin", "-z")
+    if listing.returncode != 0:
+        raise WorkspaceRefused("workspace-not-a-repo", "git could not read the repository's configuration")
+    fields = listing.stdout.decode(errors="replace").split("\0")
+    entries = []
+    for scope, origin, entry in zip(fields[0::3], fields[1::3], fields[2::3]):
+        key, has_value, value = entry.partition("\n")
+        if scope != "command":
+            entries.append((origin, key.lower(), value if has_value else None))
+    return entries
+
+
+def _unsafe_settings(entries: list[tuple[str, str, str | None]]) -> list[str]:
+    """`key (file)` of each unsafe setting, so the operator knows what to remove from where."""
+    return sorted({
+        f"{key} ({origin.removeprefix('file:')})" for origin, key, value in entries
+        if UNSAFE_CONFIG.fullmatch(key)
+        and not (SWITCHES.fullmatch(key) and value is not None and value.strip().lower() in OFF)
+    })
+
+
+def _check_repository_safe(path: Path, owner: tuple[int, int]) -> None:
+    """Refuses, before any git command but `git config` reads the repository, what would run a program."""
+    git_dir = path / ".git"
+    if git_dir.is_symlink() or not git_dir.is_dir():
+        raise _refuse_unsafe("the folder's .git is not a directory but a file or link to another git directory")
+    if os.path.lexists(git_dir / "commondir"):
+        raise _refuse_unsafe("the folder's .git/commondir points git at another git directory")
+    unsafe = _unsafe_settings(_config_entries(path, owner))
+    if unsafe:
+        raise _refuse_unsafe(f"the repository's git configuration sets {', '.join(unsafe)}, "
+                             "which would make git run a program or read another repository")
+    if os.path.lexists(path / ".gitmodules"):
+        raise _refuse_unsafe("the repository has submodules (.gitmodules), and git status runs git inside each")
+    index = _git(path, owner, "ls-files", "--stage", "-z")
+    if index.returncode != 0:
+        raise WorkspaceRefused("workspace-not-a-repo", "git could not read the repository's index")
+    if any(entry.startswith(GITLINK_MODE) for entry in index.stdout.split(b"\0")):
+        raise _refuse_unsafe("the repository's index holds a submodule, and git status runs git inside it")
 
 
 def check_local_folder(folder: str, *, force: bool) -> LocalWorkspace:
@@ -62,18 +111,13 @@ def check_local_folder(folder: str, *, force: bool) -> LocalWorkspace:
         raise WorkspaceRefused(
             "job-user-unmappable", "the folder belongs to root and jobs never run as root; chown it to its user"
         )
-    if not (path / ".git").exists():
+    if not os.path.lexists(path / ".git"):
         raise WorkspaceRefused("workspace-not-a-repo", "the folder is not the root of a git repository")
     try:
-        unsafe = _unsafe_config_keys(path, owner)
-        if unsafe:
-            raise WorkspaceRefused(
-                "workspace-config-unsafe",
-                f"the repository's own .git/config sets {', '.join(unsafe)}, which would make git run a program; "
-                "remove it (the agent can write that file)",
-            )
+        _check_repository_safe(path, owner)
         # One call answers both questions: `# branch.oid (initial)` means no commit, other lines are changes.
-        status = run_git(path, "status", "--porcelain=v2", "--branch", timeout=GIT_TIMEOUT_SECONDS, as_user=owner)
+        # Submodules were refused above; ignoring them is the second lock on status running git inside one.
+        status = _git(path, owner, "status", "--porcelain=v2", "--branch", "--ignore-submodules=all")
     except (subprocess.TimeoutExpired, OSError):
         raise WorkspaceRefused("workspace-not-a-repo", "git did not answer about the folder in time") from None
     if status.returncode != 0:

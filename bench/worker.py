@@ -157,6 +157,7 @@ def gateway_latency(model, calls: int) -> tuple[list, list]:
     gateway's provider socket (over a kept-alive connection, as pi's client keeps one)."""
     import http.client
     import json as json_module
+    import socket
     from urllib.parse import urlsplit
 
     from apps.fleet.connection import get_redis
@@ -172,8 +173,15 @@ def gateway_latency(model, calls: int) -> tuple[list, list]:
                                    limits=gateway.Limits(), redis=get_redis(), owner=(os.geteuid(), os.getegid()),
                                    on_stop=lambda reason: None)
     egress.start()
+    class NoDelayConnection(http.client.HTTPConnection):
+        """As pi's client (and the gateway's) sends: no Nagle wait between headers and body."""
+
+        def connect(self):
+            super().connect()
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     address = urlsplit(model.url)
-    direct_connection = http.client.HTTPConnection(address.hostname, address.port)
+    direct_connection = NoDelayConnection(address.hostname, address.port)
     gated_connection = UnixHTTPConnection(str(egress.provider_socket))
     direct, gated = [], []
 

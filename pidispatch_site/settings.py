@@ -175,6 +175,17 @@ PI_EGRESS_ALLOW = env("PI_EGRESS_ALLOW", default="")
 PI_EGRESS_SOCKET_DIR = env("PI_EGRESS_SOCKET_DIR", default="")
 # The operator's dollar prices per model (JSON), over pi's list prices.
 PI_MODEL_PRICES = env("PI_MODEL_PRICES", default="")
+
+# Publishing a completed forge run (apps/worker/publishing/): the worker pushes and opens the pull request.
+PI_PR_DRAFT = env.bool("PI_PR_DRAFT", default=True)
+PI_PUBLIC_URL = env("PI_PUBLIC_URL", default="")  # this deployment's admin, linked from what it publishes
+PI_GIT_AUTHOR_NAME = env("PI_GIT_AUTHOR_NAME", default="pidispatch")
+PI_GIT_AUTHOR_EMAIL = env("PI_GIT_AUTHOR_EMAIL", default="pidispatch@users.noreply.localhost")
+PI_MAX_CHANGED_FILES = env.int("PI_MAX_CHANGED_FILES", default=300)
+PI_MAX_PUSH_BYTES = env.int("PI_MAX_PUSH_BYTES", default=50 * 1024 * 1024)
+PI_KEEP_WORK_HOURS = env.int("PI_KEEP_WORK_HOURS", default=24)
+PI_PUBLISH_ATTEMPTS = env.int("PI_PUBLISH_ATTEMPTS", default=3)
+PI_PUBLISH_RETRY_SECONDS = env.float("PI_PUBLISH_RETRY_SECONDS", default=5.0)
 # Spend caps (job counts per UTC day / Monday week / month; 0 or unset = no cap).
 PI_DAILY_CAP = env.int("PI_DAILY_CAP", default=25) or None
 PI_WEEKLY_CAP = env.int("PI_WEEKLY_CAP", default=0) or None

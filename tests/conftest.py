@@ -21,13 +21,15 @@ PAYLOADS = Path(__file__).resolve().parent / "payloads"
 WEBHOOK_SECRET = "test-webhook-secret"
 SELF_ID = "424242"
 PROVIDER_KEY = "sk-test-provider-key"
-# Every name a job container may see: the worker's closed list, a GitHub job's token names, the way out through
-# its egress gateway (and the models.json that points pi at it), and what Docker and the shell add. Never a
-# provider key: the gateway adds it outside.
+# Every name a job container may see: the worker's closed list, the way out through its egress gateway (and the
+# models.json that points pi at it), the bot identity its commits carry, and what Docker and the shell add.
+# Never a credential: the gateway adds the provider key outside, and the worker publishes with the forge token.
 CONTAINER_ENV = {"HOME", "PATH", "HOSTNAME", "PI_JOB_ID", "PI_FLOW", "PI_MAX_TURNS", "PI_PROVIDER",
-                 "GITHUB_TOKEN", "GH_TOKEN", "GITHUB_API_URL",
                  "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "NO_PROXY", "no_proxy",
-                 "PI_CODING_AGENT_DIR"}
+                 "PI_CODING_AGENT_DIR",
+                 "GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL"}
+FORGE_TOKEN_NAMES = {"GITHUB_TOKEN", "GH_TOKEN", "GITHUB_API_URL", "GITLAB_TOKEN", "GITLAB_HOST", "FORGEJO_TOKEN",
+                     "FORGEJO_URL", "AZURE_DEVOPS_EXT_PAT", "SYSTEM_COLLECTIONURI"}
 SHELL_OWN_ENV = {"PWD", "SHLVL", "OLDPWD", "_"}
 
 

@@ -60,8 +60,7 @@ def test_github_clone_is_the_default_branch_at_the_resolved_commit(tmp_path, for
 
     assert head_of(dirs.workspace) == sha == workspace.head.sha
     assert (dirs.workspace / "src" / "app.py").read_text() == "print('hi')\n"
-    assert workspace.environment() == {"GITHUB_TOKEN": "ghp-test", "GH_TOKEN": "ghp-test",
-                                       "GITHUB_API_URL": forges.url}
+    assert workspace.start_sha == sha and workspace.credential.token == "ghp-test"  # the worker's, not the agent's
     # The token was sent as a header only: the clone's config has the plain URL and nothing else of it.
     config = (dirs.workspace / ".git" / "config").read_text()
     assert f"url = {forges.url}/git/acme/web.git" in config and "ghp-test" not in config
@@ -252,7 +251,7 @@ def test_gitlab_job_clones_with_its_token(tmp_path, forges):
     dirs, workspace = prepare(tmp_path, spec)
 
     assert head_of(dirs.workspace) == sha
-    assert workspace.environment() == {"GITLAB_TOKEN": "glpat-test", "GITLAB_HOST": forges.url}
+    assert workspace.credential.token == "glpat-test"
     api = [r for r in forges.requests if r["path"].startswith("/api/")]
     assert [r["path"] for r in api] == ["/api/v4/projects/42", "/api/v4/projects/42/repository/branches/main"]
     assert all(r["headers"]["private-token"] == "glpat-test" for r in api)
@@ -274,7 +273,7 @@ def test_forgejo_job_clones_with_its_token(tmp_path, forges):
     dirs, workspace = prepare(tmp_path, forge_spec("fj-clone", kind="forgejo", repo="kostekIV/test"))
 
     assert head_of(dirs.workspace) == sha
-    assert workspace.environment() == {"FORGEJO_TOKEN": "forgejo-test-token", "FORGEJO_URL": forges.url}
+    assert workspace.credential.token == "forgejo-test-token"
     api = [r for r in forges.requests if r["path"].startswith("/api/")]
     assert [r["path"] for r in api] == ["/api/v1/repos/kostekIV/test", "/api/v1/repos/kostekIV/test/branches/main"]
     assert all(r["headers"]["authorization"] == "token forgejo-test-token" for r in api)
@@ -291,7 +290,7 @@ def test_azure_job_clones_with_its_pat_and_reads_branch_policies(tmp_path, forge
     dirs, workspace = prepare(tmp_path, spec)
 
     assert head_of(dirs.workspace) == sha  # refs/heads/main, not its prefix-matched neighbour main-old
-    assert workspace.environment() == {"AZURE_DEVOPS_EXT_PAT": "azure-pat", "SYSTEM_COLLECTIONURI": forges.url}
+    assert workspace.credential.token == "azure-pat"
     refs = next(r for r in forges.requests if r["path"].endswith("/refs"))
     assert refs["query"] == {"filter": ["heads/main"], "api-version": ["7.1"]}
     policies = next(r for r in forges.requests if r["path"].endswith("/policy/configurations"))

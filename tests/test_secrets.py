@@ -225,8 +225,7 @@ def test_every_name_the_container_is_given_is_reserved():
 
     spec = forge_spec("gh-env", model="m", exclude_tools=("bash",))
     runtime = replace(runtime_settings.current(), max_tokens=5)
-    given = ladder.container_environment(spec, runtime, "anthropic", EgressGateway.container_environment(),
-                                         {"GITHUB_TOKEN": "t", "GH_TOKEN": "t", "GITHUB_API_URL": "u"})
+    given = ladder.container_environment(spec, runtime, "anthropic", EgressGateway.container_environment())
     assert all(secrets.is_reserved(name) for name in given)
 
 

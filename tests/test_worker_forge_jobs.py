@@ -19,7 +19,7 @@ from rq import Queue
 
 from apps.worker import comments
 from apps.worker.models import Outcome, Run
-from tests.conftest import CONTAINER_ENV, SHELL_OWN_ENV, wait_for
+from tests.conftest import CONTAINER_ENV, FORGE_TOKEN_NAMES, SHELL_OWN_ENV, wait_for
 from tests.receiver_support import basic, commit_files, fake_forge, make_repository, prune_unreachable  # noqa: F401
 from tests.test_job_execution import deliver
 
@@ -93,7 +93,7 @@ def test_a_labelled_issue_runs_on_a_clone_of_the_default_branch_with_its_token(
     # The job's token, under GitHub's usual names, and nothing else of the worker's environment.
     report = json.loads((workspace / "sandbox-report.json").read_text())
     names = set(report["env_names"].split()) - SHELL_OWN_ENV
-    assert {"GITHUB_TOKEN", "GH_TOKEN"} <= names and names <= CONTAINER_ENV, names - CONTAINER_ENV
+    assert not names & FORGE_TOKEN_NAMES and names <= CONTAINER_ENV, names - CONTAINER_ENV  # the worker publishes
     assert seen["GITHUB_TOKEN"] == seen["GH_TOKEN"] == PAT and seen["GITHUB_API_URL"] == github.url
     assert "LEAK_CANARY" not in seen and "GITHUB_WEBHOOK_SECRET" not in seen and "DATABASE_URL" not in seen
     assert github.posted(COMMENTS) == []  # a completed run leaves the talking to the agent

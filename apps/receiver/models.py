@@ -107,6 +107,10 @@ class Trigger(models.Model):
     provider = models.CharField("run.provider", max_length=64, blank=True)
     model = models.CharField("run.model", max_length=64, blank=True)
     max_turns = models.PositiveIntegerField("run.maxTurns", null=True, blank=True)
+    allow_ci_changes = models.BooleanField(
+        "run.allowCiChanges", default=False,
+        help_text="Let the agent's work change CI definitions (.github/workflows/, .gitlab-ci.yml, ...). Off: such a "
+                  "change is not pushed (ci-change-refused) and the work is kept for the operator.")
     resume = models.BooleanField("run.resume", default=False,
                                  help_text="Kept for the ancestor's triggers.json: this version stores no agent "
                                            "sessions, so every run starts fresh.")

@@ -62,7 +62,7 @@ MAX_IMAGE = 300
 ON_KEYS = ("type", "id", "pattern", "any", "all", "none", "phrase", "action", "reviewState", "number", "once",
            "disarmed")
 RUN_KEYS = ("kind", "flow", "command", "task", "folder", "image", "instructions", "replicas", "waitFor",
-            "secrets", "secretsProfile", "repository", "excludeTools", "provider", "model", "maxTurns", "resume")
+            "secrets", "secretsProfile", "repository", "excludeTools", "provider", "model", "maxTurns", "resume", "allowCiChanges")
 ON_KEYS_BY_TYPE = {
     "cron": {"type", "id", "pattern"},
     "label": {"type", "any", "all", "none"},
@@ -71,7 +71,7 @@ ON_KEYS_BY_TYPE = {
     "issue": {"type", "action", "number", "once", "disarmed"},
 }
 CRON_ONLY_RUN_KEYS = {"task", "folder"}
-FORGE_ONLY_RUN_KEYS = {"instructions", "replicas", "waitFor", "repository"}
+FORGE_ONLY_RUN_KEYS = {"instructions", "replicas", "waitFor", "repository", "allowCiChanges"}
 # Part of the ancestor's language, not implemented here: refused rather than silently ignored.
 UNSUPPORTED_RUN_KEYS = ("packages", "skillsDir", "backend", "models", "maxCostUsd", "github", "portfolio")
 NEAR_MISS_SUGGESTIONS = {
@@ -94,6 +94,7 @@ FIELD_PATHS = {
     "run.waitFor": "wait_for", "run.secrets": "secrets", "run.secretsProfile": "secrets_profile",
     "run.repository": "repository", "run.excludeTools": "exclude_tools", "run.provider": "provider",
     "run.model": "model", "run.maxTurns": "max_turns", "run.resume": "resume",
+    "run.allowCiChanges": "allow_ci_changes",
 }
 
 
@@ -395,6 +396,8 @@ def _check_run(on_type, kind, on, run, problems: _Problems) -> None:
         elif "command" in run:
             problems.add("run.instructions", "run.instructions cannot be combined with run.command (a command takes "
                                              "no prompt).")
+    if "allowCiChanges" in run and not isinstance(run["allowCiChanges"], bool):
+        problems.add("run.allowCiChanges", "run.allowCiChanges must be true or false.")
     resume = run.get("resume")
     if "resume" in run and not isinstance(resume, bool):
         problems.add("run.resume", "run.resume must be true or false.")
@@ -576,6 +579,8 @@ def entry_from_trigger(trigger) -> dict:
         run["maxTurns"] = trigger.max_turns
     if trigger.resume:
         run["resume"] = True
+    if trigger.allow_ci_changes:
+        run["allowCiChanges"] = True
     return {"on": on, "run": run}
 
 
@@ -624,6 +629,7 @@ def fields_from_entry(entry: dict) -> dict:
         "model": run.get("model") or "",
         "max_turns": run.get("maxTurns"),
         "resume": run.get("resume") is True,
+        "allow_ci_changes": run.get("allowCiChanges") is True,
     }
 
 

@@ -1,6 +1,6 @@
 from datetime import timedelta
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connection
@@ -14,6 +14,7 @@ from django.utils.safestring import mark_safe
 from pidispatch_site.admin_mixins import ManagedChangesAdmin, ReadOnlyAdminMixin
 
 from . import runtime_settings
+from .publishing import kept
 from .jobs import KINDS
 from .models import DispatchSettings, PauseWindow, Run, ScopedLimit
 
@@ -75,9 +76,10 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """Run history: read-only, because a run record is append-only evidence."""
 
     list_display = (
-        "job_id", "target", "flow_or_command", "outcome", "reason", "host",
+        "job_id", "target", "flow_or_command", "outcome", "reason", "published", "host",
         "duration_display", "tokens_total", "cost", "started_at",
     )
+    actions = ["publish_again"]
     list_filter = (
         "outcome", recent_values_filter("reason", "reason"), KindFilter, recent_values_filter("host", "host"),
         recent_values_filter("trigger_type", "trigger type"), "started_at",
@@ -95,7 +97,35 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         ("Why", {"fields": ("trigger", "trigger_type", "delivery_id")}),
         ("Spend", {"fields": ("turns", "tokens_in", "tokens_out", "tokens_total", "cost", "usage",
                               "budget_reserved")}),
+        ("Published", {"fields": ("publish_outcome", "pull_request", "pushed_commits", "publish_link")}),
     )
+
+    @admin.display(description="published", ordering="publish_outcome")
+    def published(self, run: Run) -> str:
+        if run.publish_url:
+            return format_html('<a href="{}">{} #{}</a>', run.publish_url, run.publish_outcome, run.pull_request)
+        return run.publish_outcome
+
+    @admin.display(description="link")
+    def publish_link(self, run: Run) -> str:
+        return format_html('<a href="{0}">{0}</a>', run.publish_url) if run.publish_url else "-"
+
+    @admin.action(description="Publish again (work kept on this host after a failed publish)",
+                  permissions=["publish_again"])
+    def publish_again(self, request, queryset):
+        for run in queryset:
+            try:
+                publication = kept.publish_again(run)
+            except kept.NothingKept:
+                self.message_user(request, f"{run.job_id}: no kept work on this host (published since, expired, "
+                                           f"or kept on {run.host}: run `python manage.py publish_again "
+                                           f"{run.job_id}` there).", messages.WARNING)
+                continue
+            level = messages.SUCCESS if publication.outcome in ("published", "commented") else messages.ERROR
+            self.message_user(request, f"{run.job_id}: {publication.outcome}", level)
+
+    def has_publish_again_permission(self, request):
+        return request.user.has_perm("worker.publish_run")
 
     @admin.display(description="flow / command", ordering="flow")
     def flow_or_command(self, run: Run) -> str:
@@ -107,7 +137,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
     def get_readonly_fields(self, request, obj=None):
-        return [field.name for field in self.model._meta.fields] + ["duration_display"]
+        return [field.name for field in self.model._meta.fields] + ["duration_display", "publish_link"]
 
 
 @admin.register(PauseWindow)

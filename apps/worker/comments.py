@@ -7,7 +7,8 @@ settles a lost job), passes through there once per attempt, after the record is 
 - a policy outcome (a pre-spend refusal "Refused: ... Not run.", or a stop after spend "Stopped: ...")
   posts its sentence;
 - a failed attempt that will be retried posts nothing; the final failed attempt posts once;
-- a completed run posts nothing (the agent reports its own work).
+- a completed run posts nothing here: its publish step (apps/worker/publishing/) opened a pull request or
+  commented with the agent's own summary; a publish refusal is a policy outcome and posts its sentence.
 
 The sentences are fixed text: never a host path, an amount, a secret reference or a login (they also
 land in logs). A local job has no forge: its sentence is logged instead. Posting never fails the job; a
@@ -27,13 +28,18 @@ from .models import Outcome, Run
 
 logger = logging.getLogger("pidispatch.comments")
 
-NOT_RETRIED_FAILURES = {"worker-lost", "worker-error"}  # failed outcomes that are final at any attempt
+NOT_RETRIED_FAILURES = {"worker-lost", "worker-error", "publish-unavailable"}  # failed outcomes that are final at any attempt
 
 REFUSED = {
     "operator-cancel": "Stopped: the operator cancelled this run before it started. Nothing was spent. Not retried.",
     "settings-overlay-invalid": "Refused: this deployment's settings are invalid, so no job can start. Not run.",
     "once-already-spent": "Refused: this one-time trigger has already run once. Not run.",
     "job-image-missing": "Refused: the job image is not installed on the worker. Not run.",
+    "job-image-unlabelled": "Refused: the job image was not built for this worker (it carries no runner labels). "
+                            "Not run.",
+    "job-image-protocol-mismatch": "Refused: the job image speaks another runner protocol than this worker. "
+                                   "Not run.",
+    "pull-request-closed": "Refused: the pull request is closed. Not run.",
     "provider-unconfigured": "Refused: the worker has no credential for the model provider. Not run.",
     "forge-unconfigured": "Refused: this deployment has no usable credential for this forge. Not run.",
     "forge-auth-refused": "Refused: the forge refused this deployment's credential for this repository. Not run.",
@@ -92,6 +98,23 @@ STOPPED = {
     "turn-budget": "Stopped: the run used its whole turn budget. Partial work may exist. Not retried.",
     "token-budget": "Stopped: the run used its whole token budget. Partial work may exist. Not retried.",
     "command-unregistered": "Stopped: the job image does not know the requested command. Not retried.",
+    "daily-token-cap": "Stopped: the deployment's daily token budget ran out during the run. Partial work may "
+                       "exist. Not retried.",
+    "egress-denied": "Stopped: the run failed after the job's network gateway refused a connection it is not "
+                     "allowed to make. Not retried.",
+    # The publish step's refusals: the agent finished, the worker did not push.
+    "ci-change-refused": "Not published: the change touches CI definitions, which this trigger may not change."" The work is kept on the worker for the operator.",
+    "push-too-many-files": "Not published: the change touches more files than this deployment pushes."" The work is kept on the worker for the operator.",
+    "push-too-large": "Not published: the change is larger than this deployment pushes."" The work is kept on the worker for the operator.",
+    "file-too-large": "Not published: a file is larger than the forge accepts."" The work is kept on the worker for the operator.",
+    "symlink-escapes": "Not published: the change adds a link that points outside the repository."" The work is kept on the worker for the operator.",
+    "submodule-change-refused": "Not published: the change adds, changes or removes a submodule."" The work is kept on the worker for the operator.",
+    "workspace-repo-unsafe": "Not published: the agent left its repository in a state the worker does not read.",
+    "work-unreadable": "Not published: the worker could not read the agent's work.",
+    "push-refused": "Not published: the forge refused the push (a protected branch, or a hook)."" The work is kept on the worker for the operator.",
+    "forge-auth-refused": "Not published: the forge refused this deployment's credential."" The work is kept on the worker for the operator.",
+    "forge-repo-not-found": "Not published: this deployment's credential cannot see this repository."" The work is kept on the worker for the operator.",
+    "forge-request-refused": "Not published: the forge refused a request to open the pull request."" The work is kept on the worker for the operator.",
     "runner-config": "Stopped: the job image refused its configuration. Not retried.",
 }
 
@@ -99,6 +122,8 @@ FAILED = {
     "worker-lost": "Failed: the worker running this job stopped unexpectedly. Partial work may exist. Not retried.",
     "secret-resolver-unreachable": "Failed: the worker's resolver did not answer, on every attempt. Nothing was "
                                    "spent. Ask the operator to check the resolver on the worker host.",
+    "publish-unavailable": "Failed to publish: the forge did not answer, on every try. The agent's work is kept on "
+                           "the worker; the operator can publish it again. Not re-run.",
 }
 FAILED_DEFAULT = ("Failed: an error stopped this job and it will not be retried further. "
                   "Ask the operator to check the worker log.")

@@ -26,8 +26,8 @@ JOB_LABEL = "pidispatch.job"
 HOST_LABEL = "pidispatch.host"
 CONTAINER_PREFIX = "pi-job-"
 STOP_GRACE_SECONDS = 5
-# The exit line is read from the end of stdout; anything before this many bytes is ignored.
-OUTPUT_TAIL_BYTES = 8 * 1024
+# The summary and exit lines are read from the end of stdout; anything before this many bytes is ignored.
+OUTPUT_TAIL_BYTES = 64 * 1024
 WAIT_SLICE_SECONDS = 2.0
 
 

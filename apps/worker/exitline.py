@@ -12,7 +12,10 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 MARKER = b'{"event":"exit"'
+SUMMARY_MARKER = b'{"event":"summary"'
 MAX_LINE_BYTES = 8 * 1024
+SUMMARY_CHARS = 8000  # the runner's bound (image/runner/runner.mjs SUMMARY_CHARS)
+MAX_SUMMARY_LINE_BYTES = 6 * SUMMARY_CHARS + 64  # every character escaped as \uXXXX
 MAX_COUNT = 10**12
 MAX_TURNS = 10**6
 MAX_COST = Decimal("1000000")
@@ -131,3 +134,21 @@ def parse_exit_line(output: bytes, exit_code: int | None) -> Telemetry:
         usage=_usage(data.get("usage")),
         reason=reason if exit_code == 2 and reason in RUNNER_REASONS else None,
     )
+
+
+def parse_summary(output: bytes) -> str:
+    """The agent's last message, from the runner's `{"event":"summary","text":...}` line: untrusted text for
+    the forge (a pull request's body, a comment), never for a log or a record. Empty when there is none."""
+    output = output or b""
+    start = output.rfind(SUMMARY_MARKER)
+    if start < 0:
+        return ""
+    line = output[start:].split(b"\n", 1)[0].strip()
+    if len(line) > MAX_SUMMARY_LINE_BYTES:
+        return ""
+    try:
+        data = json.loads(line)
+    except (ValueError, RecursionError):
+        return ""
+    text = data.get("text") if isinstance(data, dict) else None
+    return text[:SUMMARY_CHARS] if isinstance(text, str) else ""

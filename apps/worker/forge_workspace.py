@@ -1,15 +1,19 @@
 """A forge job's workspace (gate 10): the job's own token, the default branch's current commit, its
-protection, a fresh shallow clone at exactly that commit, and the repo's `.pi/` from that commit
+protection, a fresh shallow clone, and the repo's `.pi/` from the commit the agent starts at
 (apps/worker/repo_skills.py).
 
     workspace = forge_workspace.prepare(spec, dirs, owner=(1000, 1000))   # ForgeFailure / WorkspaceRefused
-    workspace.environment()      # {"GITHUB_TOKEN": ..., "GH_TOKEN": ..., "GITHUB_API_URL": ...}
-    workspace.release()          # after the run: a minted token is revoked
+    workspace.start_sha          # the commit the agent starts from (what its work is measured against)
+    workspace.release()          # after the run and its publish step: a minted token is revoked
 
-Never a pull request's branch: issue and comment text is data, and the code the agent starts from is what
-was merged under the branch's protection. The token reaches git only as an HTTP header (apps/worker/
-gitrun.py); the clone's `origin` is the plain URL, so the agent pushes with the token its container holds.
-git's stderr is classified into reason tokens, never logged (it names URLs).
+A job about an issue starts at the default branch's commit, merged under the branch's protection. A job
+triggered on a pull request starts at the pull request's head as the forge names it now (fetched from the
+base repository's own pull ref, so a fork's head is never fetched from the fork). `.pi/` always comes from
+the default branch: a pull request cannot bring the skills its own job follows.
+
+The container holds no forge credential: the token reaches git only as an HTTP header of the worker's own
+git (apps/worker/gitrun.py), the clone's `origin` is the plain URL, and the worker publishes the agent's work
+itself (apps/worker/publishing/). git's stderr is classified into reason tokens, never logged (it names URLs).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pathlib import Path
 from django.conf import settings
 
 from . import repo_skills
-from .forges import BranchHead, Credential, ForgeClient, ForgeFailure, RepoRef, forge_client
+from .forges import BranchHead, Credential, ForgeClient, ForgeFailure, PullHead, RepoRef, forge_client
 from .gitrun import run_git
 from .jobfiles import JobDirs
 from .jobs import JobSpec
@@ -44,12 +48,13 @@ NOT_FOUND = ("returned error: 404", "repository not found", "not found")
 class ForgeWorkspace:
     client: ForgeClient
     credential: Credential
-    head: BranchHead
+    head: BranchHead  # the default branch as it was when the job started
     pi_files: int
+    pull: PullHead | None = None  # a job triggered on a pull request: its head, which the agent starts from
 
-    def environment(self) -> dict[str, str]:
-        """What the container gets: the token under the forge's usual names, and the instance URL."""
-        return self.client.container_environment(self.credential)
+    @property
+    def start_sha(self) -> str:
+        return self.pull.sha if self.pull is not None else self.head.sha
 
     def release(self) -> None:
         self.client.release_credential(self.credential)
@@ -69,16 +74,39 @@ def prepare(spec: JobSpec, dirs: JobDirs, owner: tuple[int, int]) -> ForgeWorksp
         if not head.protected:
             # The job's token can merge: an unprotected default branch is one prompt injection from owned.
             raise ForgeFailure("unprotected-branch", transient=False)
+        pull = None
+        if spec.target_type == "pull_request" and spec.number is not None:
+            pull = client.pull_head(ref, spec.number, credential)
+            if not pull.open:
+                raise ForgeFailure("pull-request-closed", transient=False)
         started = time.perf_counter()
-        clone_at(dirs.workspace, head, client.git_authorization(credential))
+        authorization = client.git_authorization(credential)
+        clone_at(dirs.workspace, head, authorization)
+        if pull is not None:
+            checkout_pull_head(dirs.workspace, pull, authorization)
         pi_files = repo_skills.materialise(dirs.workspace, head.sha, dirs.job / "pi")
         hand_over(dirs.workspace, owner)
     except BaseException:
         client.release_credential(credential)
         raise
-    logger.info("workspace_cloned job=%s sha=%s pi_files=%d clone_ms=%.0f", spec.job_id, head.sha[:12], pi_files,
+    start = pull.sha if pull is not None else head.sha
+    logger.info("workspace_cloned job=%s sha=%s pull=%s pi_files=%d clone_ms=%.0f", spec.job_id, start[:12],
+                "-" if pull is None else ("same-repo" if pull.same_repository else "fork"), pi_files,
                 (time.perf_counter() - started) * 1000)
-    return ForgeWorkspace(client=client, credential=credential, head=head, pi_files=pi_files)
+    return ForgeWorkspace(client=client, credential=credential, head=head, pi_files=pi_files, pull=pull)
+
+
+def checkout_pull_head(folder: Path, pull: PullHead, authorization: str) -> None:
+    """The pull request's head commit, fetched from the base repository's own ref for it, checked out on top
+    of the default branch's clone (its `.pi/` was read from the default branch, which stays in the object
+    store). A head that moved since the forge named it is `sha-gone`."""
+    fetched = git(folder, "fetch", "-q", "--depth=1", "--no-tags", "origin", f"+{pull.fetch_ref}:refs/pi/pull",
+                  authorization=authorization, check=False)
+    if fetched.returncode != 0:
+        raise classify(fetched.stderr) or ForgeFailure("sha-gone", transient=False)
+    if git(folder, "cat-file", "-e", f"{pull.sha}^{{commit}}", check=False).returncode != 0:
+        raise ForgeFailure("sha-gone", transient=False)
+    git(folder, "-c", "advice.detachedHead=false", "checkout", "-q", "--detach", pull.sha)
 
 
 def clone_at(folder: Path, head: BranchHead, authorization: str) -> None:

@@ -14,10 +14,12 @@ PASSED_THROUGH = ("PATH", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy",
 
 
 def run_git(folder: Path, *args: str, timeout: float, authorization: str = "",
-            stdin: bytes | None = None, as_user: tuple[int, int] | None = None) -> subprocess.CompletedProcess:
-    """`git -C folder args...` with bytes in and out, optionally as another uid:gid.
-    Raises subprocess.TimeoutExpired and OSError."""
+            stdin: bytes | None = None, as_user: tuple[int, int] | None = None,
+            extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`git -C folder args...` with bytes in and out, optionally as another uid:gid. `extra_env` adds what
+    one call needs (an author identity, an index file). Raises subprocess.TimeoutExpired and OSError."""
     environment = {name: os.environ[name] for name in PASSED_THROUGH if name in os.environ}
+    environment.update(extra_env or {})
     environment.update({
         "HOME": "/nonexistent",
         "GIT_CONFIG_NOSYSTEM": "1",

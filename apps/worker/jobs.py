@@ -111,6 +111,7 @@ class JobSpec:
     secrets: dict[str, str] = field(default_factory=dict)  # NAME -> reference (never a value)
     secrets_profile: str = ""
     resume: bool = False
+    allow_ci_changes: bool = False  # the trigger lets the published work change CI definitions
     once: bool = False  # the matched rule is a one-shot close rule
     once_armed_at: str = ""  # ISO instant the one-shot rule was (re-)armed; older runs do not spend it
     # Ids for the record.

@@ -22,6 +22,11 @@ no attempt, no record), or ends it with a `Verdict` (refused, or an infrastructu
    13 the container, behind its egress gateway (apps/worker/sandbox/gateway.py)
                              -> completed | policy (the gateway's stop: token-budget, daily-token-cap,
                                 model-not-allowed; egress-denied, provider-auth-refused) | retry
+   14 publish (a completed forge run; apps/worker/publishing/): the worker pushes the agent's commits and
+                             opens the pull request, or comments -> published / commented / nothing-to-publish |
+                             policy (ci-change-refused, push-too-large, ..., forge-auth-refused) |
+                             failed publish-unavailable (transient forge errors on every try; never re-runs
+                             the agent). Work that did not reach the forge is kept (publishing/kept.py)
 """
 
 from __future__ import annotations
@@ -51,7 +56,9 @@ from . import (
     secrets,
     waitfor,
 )
-from .exitline import Telemetry, parse_exit_line
+from .exitline import Telemetry, parse_exit_line, parse_summary
+from .publishing import kept, service as publishing
+from .publishing.work import bot_identity
 from .sandbox import agent_config, gateway, prices, providers
 from .sandbox.egress_policy import parse_allowlist
 from .forges import ForgeFailure
@@ -100,15 +107,17 @@ class Attempt:
             except Exception:  # a token that could not be revoked still expires within the hour
                 logger.warning("forge_token_release_failed job=%s", self.spec.job_id)
         if self.dirs is not None and not settings.PI_KEEP_JOB_DIRS:
-            jobfiles.remove(self.dirs)
+            if kept.is_kept(self.dirs.root):
+                kept.strip_to_kept(self.dirs.root)  # the unpublished work stays; the prompt and the clone go
+            else:
+                jobfiles.remove(self.dirs)
 
 
 def container_environment(spec: JobSpec, runtime: runtime_settings.RuntimeSettings, provider: str,
-                          egress: dict[str, str], forge: dict[str, str] | None = None,
-                          secret_values: dict[str, str] | None = None) -> dict[str, str]:
+                          egress: dict[str, str], secret_values: dict[str, str] | None = None) -> dict[str, str]:
     """The container's whole environment, from a closed list: nothing of the worker's is inherited, and no
-    provider key (the gateway adds it outside). `egress` points pi and every other client at the gateway. A
-    forge job adds its own token under the forge's usual names (and the instance URL), never the worker's.
+    credential at all: no provider key (the gateway adds it outside), no forge token (the worker publishes).
+    `egress` points pi and every other client at the gateway; the bot identity names the agent's commits.
     The job's resolved secrets come last; gate 9 refused any name that could shadow one of the above."""
     environment = {
         "HOME": "/home/pi",
@@ -126,7 +135,7 @@ def container_environment(spec: JobSpec, runtime: runtime_settings.RuntimeSettin
     if spec.exclude_tools:
         environment["PI_EXCLUDE_TOOLS"] = ",".join(spec.exclude_tools)
     environment.update(egress)
-    environment.update(forge or {})
+    environment.update(bot_identity().environment())
     environment.update(secret_values or {})
     return environment
 
@@ -364,7 +373,6 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             job_dir=dirs.job,
             workspace=dirs.workspace,
             environment=container_environment(spec, runtime, provider, egress.container_environment(),
-                                              attempt.forge.environment() if attempt.forge else None,
                                               secret_values),
             timeout_seconds=settings.PI_JOB_TIMEOUT_SECONDS,
             user=user,
@@ -401,4 +409,14 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         budget.record_tokens(redis, unmetered + egress.unrecorded_tokens, now)
     except RedisError:
         logger.warning("job_post_run_redis_failed job=%s", spec.job_id)
+
+    # 14. Publish: the worker, not the agent, takes the work to the forge.
+    if verdict.outcome == Outcome.COMPLETED and attempt.forge is not None:
+        publication, reason = publishing.publish_run(spec, attempt.forge, dirs.root, dirs.workspace,
+                                                     parse_summary(result.output_tail))
+        verdict = replace(verdict, publication=publication)
+        if reason == publishing.UNAVAILABLE:
+            verdict = replace(verdict, outcome=Outcome.FAILED, reason=reason, retryable=False)
+        elif reason:
+            verdict = replace(verdict, outcome=Outcome.POLICY, reason=reason)
     return verdict

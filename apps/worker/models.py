@@ -49,12 +49,19 @@ class Run(models.Model):
     replica = models.PositiveSmallIntegerField(null=True, blank=True)
     replicas = models.PositiveSmallIntegerField(null=True, blank=True)
     parent_job_id = models.CharField(max_length=200, blank=True)
+    # What the worker published for a completed forge run (apps/worker/publishing/): `published` (a branch and a
+    # pull/merge request, or the triggering PR's own branch), `commented`, `nothing-to-publish`, or a refusal.
+    publish_outcome = models.CharField(max_length=40, blank=True)
+    pull_request = models.PositiveIntegerField(null=True, blank=True, help_text="The PR/MR number published to.")
+    pushed_commits = models.PositiveIntegerField(null=True, blank=True)
+    publish_url = models.URLField(max_length=500, blank=True, help_text="The pull/merge request or the comment.")
 
     objects = RunQuerySet.as_manager()
 
     class Meta:
         ordering = ["-started_at", "-id"]
         constraints = [models.UniqueConstraint(fields=["job_id", "attempt"], name="run_job_attempt_unique")]
+        permissions = [("publish_run", "Can publish a run's kept work again")]
         indexes = [
             models.Index(fields=["-started_at"], name="run_started_idx"),
             models.Index(fields=["outcome", "-started_at"], name="run_outcome_idx"),

@@ -38,6 +38,20 @@ def _create_once(job_id: str, attempt: int, fields: dict) -> tuple[Run, bool]:
         return Run.objects.get(job_id=job_id, attempt=attempt), False
 
 
+def publication_fields(publication) -> dict:
+    if publication is None:
+        return {}
+    return {"publish_outcome": publication.outcome, "pull_request": publication.pull_request,
+            "pushed_commits": publication.pushed_commits, "publish_url": publication.url}
+
+
+def record_publication(run: Run, publication) -> None:
+    """A later publish of a kept run's work (`Publish again`): the one change a run record takes after it is
+    written, and only to its publish fields."""
+    Run.objects.filter(pk=run.pk).update(**publication_fields(publication))
+    logger.info("run_publication job=%s attempt=%s outcome=%s", run.job_id, run.attempt, publication.outcome)
+
+
 def record_run(spec: JobSpec, verdict: Verdict, *, attempt: int, host: str, queue: str) -> Run:
     telemetry = verdict.telemetry
     run, created = _create_once(spec.job_id, attempt, dict(
@@ -67,6 +81,7 @@ def record_run(spec: JobSpec, verdict: Verdict, *, attempt: int, host: str, queu
         replica=spec.replica,
         replicas=spec.replicas,
         parent_job_id=spec.parent_job_id,
+        **publication_fields(verdict.publication),
     ))
     if created:
         logger.info(

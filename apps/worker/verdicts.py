@@ -16,6 +16,16 @@ from .models import Outcome
 
 
 @dataclass(frozen=True)
+class Publication:
+    """What the publish step did (DESIGN section 8): its outcome token and, when it reached the forge, where."""
+
+    outcome: str
+    pull_request: int | None = None
+    pushed_commits: int | None = None
+    url: str = ""
+
+
+@dataclass(frozen=True)
 class Verdict:
     outcome: str
     reason: str = ""
@@ -26,6 +36,10 @@ class Verdict:
     ended_at: datetime = field(default_factory=timezone.now)
     budget_reserved: bool = False
     retryable: bool = False
+    # The agent's own account of its work (the runner's summary line): forge text for the publish step,
+    # never recorded or logged.
+    summary: str = field(default="", repr=False)
+    publication: Publication | None = None
 
     @classmethod
     def refused(cls, reason: str, **fields) -> Verdict:

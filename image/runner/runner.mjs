@@ -7,7 +7,9 @@
 //
 // It streams pi's JSON events to stdout as they come, and its last stdout line is always
 //   {"event":"exit","code":N,"turns":T,"tokens":{...},"usage":{"v":1,"models":[...]},"reason":"..."}
-// which the worker treats as untrusted telemetry. The turn budget comes from the environment the worker
+// which the worker treats as untrusted telemetry. Just before it, when pi's last assistant message had text,
+//   {"event":"summary","text":"..."}    (at most SUMMARY_CHARS characters)
+// the agent's own account of its work, which the worker publishes (the pull request's body, or a comment). The turn budget comes from the environment the worker
 // sets (PI_MAX_TURNS); tokens are counted and bounded outside the container, by the job's egress gateway.
 //
 // Egress (runner protocol 2): the container has no network but loopback. The worker bind-mounts its
@@ -28,6 +30,7 @@ const EXIT_INFRASTRUCTURE = 1;
 const EXIT_POLICY = 2;
 const BUILTIN_TOOLS = ["read", "bash", "edit", "write"];
 const MAX_MODEL_ROWS = 8;
+const SUMMARY_CHARS = 8000;
 
 const env = process.env;
 const jobDir = env.PI_RUNNER_JOB_DIR || "/job";
@@ -80,7 +83,19 @@ function usageBlock() {
   return { v: 1, models: named.map((row) => ({ ...row, cost: Math.round(row.cost * 1e6) / 1e6 })) };
 }
 
+function summaryText(message) {
+  const blocks = Array.isArray(message?.content) ? message.content : [];
+  const text = blocks
+    .filter((block) => block && block.type === "text" && typeof block.text === "string")
+    .map((block) => block.text)
+    .join("\n\n")
+    .trim();
+  return text.length > SUMMARY_CHARS ? text.slice(0, SUMMARY_CHARS) : text;
+}
+
 function finish(code, reason) {
+  const summary = summaryText(lastAssistant);
+  if (summary) emit({ event: "summary", text: summary });
   const line = { event: "exit", code, turns, tokens: totals(), usage: ledger.size ? usageBlock() : null };
   if (reason) line.reason = reason;
   emit(line);

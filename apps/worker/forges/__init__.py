@@ -17,14 +17,14 @@ from django.conf import settings
 
 from .azure import AzureClient
 from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, IdentityUnavailable,
-    RepoRef, Subject)
+    PullHead, PullRequest, RepoRef, Subject)
 from .forgejo import ForgejoClient
 from .github import GitHubClient
 from .github_app import AppKeyError, GitHubApp, load_private_key
 from .gitlab import GitLabClient
 
 __all__ = ["Authority", "BranchHead", "Credential", "ForgeClient", "ForgeFailure", "Identity", "IdentityUnavailable",
-           "RepoRef", "Subject", "forge_client", "forge_client_classes", "github_app_problem"]
+           "PullHead", "PullRequest", "RepoRef", "Subject", "forge_client", "forge_client_classes", "github_app_problem"]
 
 
 def github_app_problem() -> str:

@@ -106,6 +106,24 @@ class BranchHead:
     clone_url: str
 
 
+@dataclass(frozen=True)
+class PullHead:
+    """A pull/merge request's head as the forge sees it now."""
+
+    number: int
+    sha: str
+    branch: str
+    same_repository: bool
+    fetch_ref: str
+    open: bool
+
+
+@dataclass(frozen=True)
+class PullRequest:
+    number: int
+    url: str
+
+
 class ForgeFailure(Exception):
     """A worker-side forge call that did not succeed. `transient` = retry later; otherwise the reason
     token is a determinate refusal (configuration, permission, a repository that is not there)."""

@@ -1,0 +1,150 @@
+"""Taking the agent's work out of its workspace (apps/worker/publishing/work.py) and the checks before a push
+(checks.py): real git repositories, a shallow clone as a job gets one, and an agent's .git to distrust."""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from apps.worker.publishing import checks
+from apps.worker.publishing.work import Identity, WorkUnreadable, collect
+from devtools.fake_forge import make_repository
+
+BOT = Identity("pi bot", "bot@example.invalid")
+FILES = {"README.md": "hello\n", "src/app.py": "print('hi')\n"}
+
+
+def run(cwd, *args, **env):
+    return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True,
+                          env={**os.environ, "HOME": str(cwd), "GIT_CONFIG_NOSYSTEM": "1", **env}).stdout.strip()
+
+
+def agent_commit(workspace: Path, message: str, author="Someone Else <someone@example.com>"):
+    name, _, email = author.partition(" <")
+    run(workspace, "add", "-A")
+    run(workspace, "commit", "-q", "-m", message, GIT_AUTHOR_NAME=name, GIT_AUTHOR_EMAIL=email.rstrip(">"),
+        GIT_COMMITTER_NAME=name, GIT_COMMITTER_EMAIL=email.rstrip(">"))
+
+
+@pytest.fixture
+def clone(tmp_path):
+    """A depth-1 clone of a two-file repository, as a job's workspace; (workspace, start sha)."""
+    sha = make_repository(tmp_path / "remote", "acme/web", FILES)
+    workspace = tmp_path / "workspace"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{tmp_path / 'remote' / 'acme/web.git'}",
+                    str(workspace)], check=True, capture_output=True)
+    return workspace, sha
+
+
+def gather(tmp_path, workspace, sha):
+    return collect(workspace, start_sha=sha, store=tmp_path / "job" / "publish.git", identity=BOT)
+
+
+def test_nothing_done_is_nothing_to_publish(tmp_path, clone):
+    workspace, sha = clone
+    work = gather(tmp_path, workspace, sha)
+    assert work.empty and work.head == sha and work.changes == []
+
+
+def test_the_agents_commits_and_what_it_left_uncommitted_are_taken_with_the_bot_as_author(tmp_path, clone):
+    workspace, sha = clone
+    (workspace / "README.md").write_text("hello, fixed\n")
+    agent_commit(workspace, "Fix the README")
+    (workspace / "src" / "new.py").write_text("x = 1\n")  # left uncommitted
+    (workspace / "src" / "app.py").unlink()
+
+    work = gather(tmp_path, workspace, sha)
+
+    assert work.commits == 2
+    log = run(tmp_path / "job", "--git-dir", str(work.store), "log", "--format=%an <%ae>|%cn <%ce>|%s",
+              f"{sha}..{work.head}").splitlines()
+    assert log == ["pi bot <bot@example.invalid>|pi bot <bot@example.invalid>|Changes the agent left uncommitted",
+                   "pi bot <bot@example.invalid>|pi bot <bot@example.invalid>|Fix the README"]
+    assert {(change.path, change.status) for change in work.changes} == {
+        ("README.md", "M"), ("src/new.py", "A"), ("src/app.py", "D")}
+    assert next(change for change in work.changes if change.path == "src/new.py").size == 6
+
+
+def test_the_agents_git_configuration_never_runs_on_the_host(tmp_path, clone):
+    """A clean filter in the agent's .git/config and .gitattributes: reading the work tree must not run it."""
+    workspace, sha = clone
+    marker = tmp_path / "filter-ran"
+    run(workspace, "config", "filter.evil.clean", f"touch {marker}; cat")
+    (workspace / ".gitattributes").write_text("* filter=evil\n")
+    (workspace / "README.md").write_text("changed\n")
+
+    work = gather(tmp_path, workspace, sha)
+
+    assert work.commits == 1 and not marker.exists()
+
+
+@pytest.mark.parametrize("plant", ["alternates", "commondir", "symlink"])
+def test_a_repository_that_points_git_elsewhere_is_not_read(tmp_path, clone, plant):
+    workspace, sha = clone
+    dot_git = workspace / ".git"
+    if plant == "alternates":
+        (dot_git / "objects" / "info" / "alternates").write_text("/etc\n")
+    elif plant == "commondir":
+        (dot_git / "commondir").write_text("/tmp\n")
+    else:
+        (dot_git / "refs" / "heads" / "linked").symlink_to("/etc/passwd")
+    with pytest.raises(WorkUnreadable) as refused:
+        gather(tmp_path, workspace, sha)
+    assert refused.value.reason == "workspace-repo-unsafe"
+
+
+def test_a_rewritten_history_is_not_taken_but_the_work_tree_is(tmp_path, clone):
+    workspace, sha = clone
+    run(workspace, "checkout", "-q", "--orphan", "elsewhere")
+    (workspace / "README.md").write_text("rewritten\n")
+    agent_commit(workspace, "A history of its own")
+
+    work = gather(tmp_path, workspace, sha)
+
+    assert work.commits == 1  # one commit on the start: the tree as the agent left it
+    assert run(tmp_path / "job", "--git-dir", str(work.store), "rev-parse", f"{work.head}^") == sha
+
+
+def refusal_of(tmp_path, clone, files: dict, allow_ci=False, max_file_bytes=10**9):
+    workspace, sha = clone
+    for path, content in files.items():
+        target = workspace / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, tuple):
+            target.symlink_to(content[1])
+        else:
+            target.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return checks.refusal(gather(tmp_path, workspace, sha), allow_ci_changes=allow_ci, max_file_bytes=max_file_bytes)
+
+
+@pytest.mark.parametrize("files, reason", [
+    ({".github/workflows/ci.yml": "on: push\n"}, "ci-change-refused"),
+    ({".gitlab-ci.yml": "test: {}\n"}, "ci-change-refused"),
+    ({".forgejo/workflows/x.yml": "on: push\n"}, "ci-change-refused"),
+    ({"azure-pipelines.yml": "steps: []\n"}, "ci-change-refused"),
+    ({"docs/link": ("symlink", "../../etc/passwd")}, "symlink-escapes"),
+    ({"docs/link": ("symlink", "/etc/passwd")}, "symlink-escapes"),
+    ({".gitmodules": "[submodule \"x\"]\n"}, "submodule-change-refused"),
+    ({"big.bin": b"x" * 2048}, "file-too-large"),
+])
+def test_what_is_never_pushed(tmp_path, clone, files, reason):
+    assert refusal_of(tmp_path, clone, files, max_file_bytes=1024) == reason
+
+
+def test_harmless_work_passes_and_a_trigger_may_allow_ci_changes(tmp_path, clone):
+    assert refusal_of(tmp_path, clone, {"docs/link": ("symlink", "../README.md"), "docs/x.md": "x\n"}) is None
+
+
+def test_a_trigger_may_allow_ci_changes(tmp_path, clone):
+    assert refusal_of(tmp_path, clone, {".github/workflows/ci.yml": "on: push\n"}, allow_ci=True) is None
+
+
+def test_too_many_files_and_too_many_bytes(tmp_path, clone, settings):
+    settings.PI_MAX_CHANGED_FILES = 3
+    assert refusal_of(tmp_path, clone, {f"f{i}.txt": "x" for i in range(4)}) == "push-too-many-files"
+
+
+def test_too_many_bytes(tmp_path, clone, settings):
+    settings.PI_MAX_PUSH_BYTES = 100
+    assert refusal_of(tmp_path, clone, {"a.txt": "x" * 60, "b.txt": "y" * 60}) == "push-too-large"

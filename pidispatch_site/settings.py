@@ -199,6 +199,8 @@ PI_SCOPE_BUSY_RECHECK_SECONDS = env.int("PI_SCOPE_BUSY_RECHECK_SECONDS", default
 PI_CRON_TZ = env("PI_CRON_TZ", default="UTC")
 PI_RETRY_ATTEMPTS = 2
 PI_RETRY_BACKOFF_SECONDS = env.int("PI_RETRY_BACKOFF_SECONDS", default=60)
+# How long a worker running a job rides out a Redis outage before it gives the job up (apps/worker/redis_outage.py).
+PI_REDIS_OUTAGE_SECONDS = env.int("PI_REDIS_OUTAGE_SECONDS", default=60)
 # How long RQ keeps a finished job (its payload holds issue text). The DB holds history and the
 # delivery inbox holds the long-term dedup; RQ's copy only has to outlive racing duplicates.
 PI_FINISHED_JOB_TTL_SECONDS = env.int("PI_FINISHED_JOB_TTL_SECONDS", default=600)

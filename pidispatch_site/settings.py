@@ -195,6 +195,8 @@ PI_WAIT_AFTER_MAX_DAYS = 30
 PI_SECRET_RESOLVE_TIMEOUT_MS = env.int("PI_SECRET_RESOLVE_TIMEOUT_MS", default=10000)
 # How long a job that found its scope's slots (or its folder) busy waits before it looks again.
 PI_SCOPE_BUSY_RECHECK_SECONDS = env.int("PI_SCOPE_BUSY_RECHECK_SECONDS", default=5)
+# How soon a job deferred because the database did not answer before any spend is tried again.
+PI_DATABASE_RECHECK_SECONDS = env.int("PI_DATABASE_RECHECK_SECONDS", default=10)
 # The time zone cron patterns are read in.
 PI_CRON_TZ = env("PI_CRON_TZ", default="UTC")
 PI_RETRY_ATTEMPTS = 2

@@ -58,7 +58,7 @@ from .forges import ForgeFailure
 from .jobs import FORGE_KINDS, JobSpec, job_time_budget_seconds
 from .models import Outcome, PauseWindow, Run
 from .scopes import job_scopes, normalise_folder, scope_hash
-from .verdicts import Deferred, Verdict
+from .verdicts import Deferred, Verdict, database_unavailable
 from .workspace import WorkspaceRefused, check_local_folder
 
 logger = logging.getLogger("pidispatch.ladder")
@@ -82,6 +82,7 @@ class Attempt:
     forge: forge_workspace.ForgeWorkspace | None = None  # a forge job's clone and token, from gate 10 on
     clock: float = field(default_factory=time.perf_counter)  # for the phase timings in the log
     workspace_seconds: float = 0.0  # of which the workspace (a local folder's git checks; a forge clone)
+    spending: bool = False  # from the egress gateway's start on: a fault no longer sends the job back
 
     @property
     def holder(self) -> str:
@@ -213,6 +214,11 @@ def run(spec: JobSpec, host: str) -> Verdict | Deferred:
     except RedisError:
         logger.warning("job_redis_unavailable job=%s", spec.job_id)
         outcome = Verdict.infrastructure_fault("redis-unavailable")
+    except DatabaseError as error:
+        if attempt.spending:
+            raise
+        logger.warning("job_database_unavailable job=%s error=%s", spec.job_id, type(error).__name__)
+        outcome = database_unavailable()
     finally:
         attempt.let_go(redis)
     if isinstance(outcome, Deferred):
@@ -344,6 +350,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         reservation.give_back(redis)
         return Verdict.refused("operator-cancel")
     container_started = time.perf_counter()
+    attempt.spending = True
     egress = gateway.EgressGateway(
         job_id=spec.job_id, upstream=upstream, key=credential[1], allow=parse_allowlist(settings.PI_EGRESS_ALLOW),
         limits=gateway_limits(spec, upstream, runtime), redis=redis, owner=user,

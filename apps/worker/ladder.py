@@ -100,7 +100,9 @@ class Attempt:
                 self.forge.release()
             except Exception:  # a token that could not be revoked still expires within the hour
                 logger.warning("forge_token_release_failed job=%s", self.spec.job_id)
-        if self.dirs is not None and not settings.PI_KEEP_JOB_DIRS:
+        if self.dirs is not None and settings.PI_KEEP_JOB_DIRS:
+            jobfiles.let_go(self.dirs)
+        elif self.dirs is not None:
             jobfiles.remove(self.dirs)
 
 

@@ -1,4 +1,5 @@
-"""Jobs whose worker died: recorded `failed` / `worker-lost`, never silently re-run, containers reaped.
+"""Jobs whose worker died: recorded `failed` / `worker-lost`, never silently re-run, containers and job
+folders reaped.
 
 Four ways a job loses its worker, one settlement (`settle`):
 - the work horse dies while its worker lives (killed, OOM): the worker stops the container itself and
@@ -17,7 +18,8 @@ mark follows from whichever sweep finds the job once Redis answers.
 
 Whatever became of its worker, a container past its deadline (its `pidispatch.deadline` label, plus the
 time its worker's own stop takes) is stopped by the sweep of any worker on its host (`reap_overdue`), with
-no Redis needed: nothing may run for long unwatched with its token.
+no Redis needed: nothing may run for long unwatched with its token. Both the boot reaper and that sweep
+also remove the job folders (prompt, clone) that no live work horse holds (`reap_job_folders`).
 
 Redis keys:
     pidispatch:lost:<job id>:<attempt>   STRING the RQ worker that settled this attempt (NX lock, 1 hour)
@@ -29,6 +31,7 @@ import logging
 import time
 from datetime import UTC
 
+from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 from docker.errors import DockerException, NotFound
@@ -44,7 +47,7 @@ from apps.fleet.cancel import is_cancel_requested
 from apps.fleet.connection import text
 from apps.fleet.union import existing_queues
 
-from . import container
+from . import container, jobfiles
 from .jobs import JobSpec, forget_container_texts
 from .models import Outcome, Run
 from .records import record_run
@@ -171,7 +174,22 @@ def live_sibling_jobs(worker) -> set[str]:
 
 
 def reap_strays(worker) -> None:
-    """At boot, before taking work: this host's `pi-job-*` containers that no live sibling runs."""
+    """At boot, before taking work: this host's `pi-job-*` containers that no live sibling runs, then the
+    job folders that no live work horse holds."""
+    _reap_stray_containers(worker)
+    reap_job_folders()
+
+
+def reap_job_folders() -> None:
+    """Job folders under PI_JOB_ROOT whose work horse is gone: the prompt (issue text) and the clone go with
+    it (apps/worker/jobfiles.py says what is held, and what KEEP_UNTIL keeps). PI_KEEP_JOB_DIRS keeps all."""
+    if settings.PI_KEEP_JOB_DIRS:
+        return
+    for job_id in jobfiles.remove_unheld(settings.PI_JOB_ROOT, timezone.now()):
+        logger.info("job_folder_reaped job=%s", job_id)
+
+
+def _reap_stray_containers(worker) -> None:
     host = worker.presence.host.name
     strays = _job_containers(host, skipped="boot_reaper_skipped")
     if not strays:
@@ -237,9 +255,10 @@ def reap_overdue(host: str) -> None:
 
 
 def sweep(worker) -> None:
-    """Every beat: containers past their deadline on this host, and jobs started by a worker process that
-    is gone, in any queue of the fleet."""
+    """Every beat: containers past their deadline and job folders no live work horse holds on this host,
+    and jobs started by a worker process that is gone, in any queue of the fleet."""
     reap_overdue(worker.presence.host.name)
+    reap_job_folders()
     redis = worker.connection
     try:
         queues = existing_queues(redis) | set(worker.queue_names())

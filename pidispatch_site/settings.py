@@ -157,6 +157,10 @@ PI_JOB_PIDS_LIMIT = 512
 # The uid:gid a job runs as when the worker itself runs as root (never root inside the container).
 PI_JOB_USER = env("PI_JOB_USER", default="1000:1000")
 PI_JOB_TIMEOUT_SECONDS = env.int("PI_JOB_TIMEOUT_SECONDS", default=30 * 60)
+# The most a job's workspace may take on disk (a local job's: what it adds), measured every poll while the job
+# runs (apps/worker/disk.py); 0 turns it off.
+PI_JOB_DISK_MB = env.int("PI_JOB_DISK_MB", default=10 * 1024)
+PI_JOB_DISK_POLL_SECONDS = env.float("PI_JOB_DISK_POLL_SECONDS", default=5)
 PI_MAX_TURNS = env.int("PI_MAX_TURNS", default=30)
 PI_MAX_TOKENS = env.int("PI_MAX_TOKENS", default=0) or None
 PI_PROVIDER = env("PI_PROVIDER", default="anthropic")

@@ -74,6 +74,7 @@ REFUSED = {
     "over-budget": "Refused: over the deployment's budget cap. Not run.",
     "soft-hold": "Refused: new starts are paused while spend is inside the budget's hold band. Not run.",
     "job-payload-invalid": "Refused: this worker could not read the job (a version mismatch). Not run.",
+    "workspace-too-large": "Refused: the repository takes more disk than this deployment lets a job use. Not run.",
 }
 
 STOPPED = {
@@ -93,12 +94,16 @@ STOPPED = {
     "token-budget": "Stopped: the run used its whole token budget. Partial work may exist. Not retried.",
     "command-unregistered": "Stopped: the job image does not know the requested command. Not retried.",
     "runner-config": "Stopped: the job image refused its configuration. Not retried.",
+    "workspace-too-large": "Stopped: the run's workspace outgrew the disk this deployment lets a job use. "
+                           "Partial work may exist. Not retried.",
 }
 
 FAILED = {
     "worker-lost": "Failed: the worker running this job stopped unexpectedly. Partial work may exist. Not retried.",
     "secret-resolver-unreachable": "Failed: the worker's resolver did not answer, on every attempt. Nothing was "
                                    "spent. Ask the operator to check the resolver on the worker host.",
+    "disk-full": "Failed: the worker host's disk was full while the job was prepared, on every attempt. Nothing "
+                 "was spent. Ask the operator to free space on the worker host.",
 }
 FAILED_DEFAULT = ("Failed: an error stopped this job and it will not be retried further. "
                   "Ask the operator to check the worker log.")

@@ -157,6 +157,10 @@ PI_JOB_PIDS_LIMIT = 512
 # The uid:gid a job runs as when the worker itself runs as root (never root inside the container).
 PI_JOB_USER = env("PI_JOB_USER", default="1000:1000")
 PI_JOB_TIMEOUT_SECONDS = env.int("PI_JOB_TIMEOUT_SECONDS", default=30 * 60)
+# The most a job's workspace may take on disk (a local job's: what it adds), measured every poll while the job
+# runs (apps/worker/disk.py); 0 turns it off.
+PI_JOB_DISK_MB = env.int("PI_JOB_DISK_MB", default=10 * 1024)
+PI_JOB_DISK_POLL_SECONDS = env.float("PI_JOB_DISK_POLL_SECONDS", default=5)
 PI_MAX_TURNS = env.int("PI_MAX_TURNS", default=30)
 PI_MAX_TOKENS = env.int("PI_MAX_TOKENS", default=0) or None
 PI_PROVIDER = env("PI_PROVIDER", default="anthropic")
@@ -206,10 +210,14 @@ PI_WAIT_AFTER_MAX_DAYS = 30
 PI_SECRET_RESOLVE_TIMEOUT_MS = env.int("PI_SECRET_RESOLVE_TIMEOUT_MS", default=10000)
 # How long a job that found its scope's slots (or its folder) busy waits before it looks again.
 PI_SCOPE_BUSY_RECHECK_SECONDS = env.int("PI_SCOPE_BUSY_RECHECK_SECONDS", default=5)
+# How soon a job deferred because the database did not answer before any spend is tried again.
+PI_DATABASE_RECHECK_SECONDS = env.int("PI_DATABASE_RECHECK_SECONDS", default=10)
 # The time zone cron patterns are read in.
 PI_CRON_TZ = env("PI_CRON_TZ", default="UTC")
 PI_RETRY_ATTEMPTS = 2
 PI_RETRY_BACKOFF_SECONDS = env.int("PI_RETRY_BACKOFF_SECONDS", default=60)
+# How long a worker running a job rides out a Redis outage before it gives the job up (apps/worker/redis_outage.py).
+PI_REDIS_OUTAGE_SECONDS = env.int("PI_REDIS_OUTAGE_SECONDS", default=60)
 # How long RQ keeps a finished job (its payload holds issue text). The DB holds history and the
 # delivery inbox holds the long-term dedup; RQ's copy only has to outlive racing duplicates.
 PI_FINISHED_JOB_TTL_SECONDS = env.int("PI_FINISHED_JOB_TTL_SECONDS", default=600)

@@ -108,15 +108,17 @@ def label_trigger(db):
     return Trigger.objects.create(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
 
 
-def database_url() -> str:
-    """The URL of the database this test uses, so a worker subprocess writes where the test reads."""
+def database_url(host: str = "", port: int = 0) -> str:
+    """The URL of the database this test uses, so a worker subprocess writes where the test reads (a server's
+    through another `host` and `port`, when given)."""
     settings_dict = connection.settings_dict
     if settings_dict["ENGINE"].endswith("sqlite3"):
         return f"sqlite:///{settings_dict['NAME']}"
     user = settings_dict.get("USER") or ""
     password = f":{settings_dict['PASSWORD']}" if settings_dict.get("PASSWORD") else ""
     auth = f"{user}{password}@" if user else ""
-    return f"postgres://{auth}{settings_dict.get('HOST') or '127.0.0.1'}:{settings_dict.get('PORT') or 5432}/{settings_dict['NAME']}"
+    host = host or settings_dict.get("HOST") or "127.0.0.1"
+    return f"postgres://{auth}{host}:{port or settings_dict.get('PORT') or 5432}/{settings_dict['NAME']}"
 
 
 @pytest.fixture

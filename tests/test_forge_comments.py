@@ -180,9 +180,12 @@ def test_every_reason_the_runner_or_the_ladder_names_has_its_own_sentence():
         "pi-too-large", "pi-too-deep", "forge-unconfigured", "forge-auth-refused", "forge-repo-not-found",
         "daily-token-cap", "scope-cap", "over-budget", "soft-hold", "wait-refused", "wait-expired",
         "wait-unanswerable", "wait-profile-unknown", "workspace-dirty", "job-user-unmappable",
+        "workspace-too-large",
     }
     assert ladder_reasons <= set(comments.REFUSED)
-    assert RUNNER_REASONS | {"worker-abort", "runner-policy", "oom-killed", "operator-cancel"} <= set(comments.STOPPED)
+    assert RUNNER_REASONS | {"worker-abort", "runner-policy", "oom-killed", "operator-cancel",
+                             "workspace-too-large"} <= set(comments.STOPPED)
+    assert {"worker-lost", "secret-resolver-unreachable", "disk-full"} <= set(comments.FAILED)
 
 
 def test_an_unlisted_reason_still_gets_one_fixed_sentence_naming_only_its_token():

@@ -81,3 +81,16 @@ def egress_settings(app_configs, **kwargs):
         except ImproperlyConfigured as error:
             found.append(Error(str(error), id="worker.E008"))
     return found
+
+
+# Settings a value out of range would turn upside down (a negative disk limit would stop every job): the
+# least each may be.
+BOUNDS = {"PI_JOB_DISK_MB": 0, "PI_JOB_DISK_POLL_SECONDS": 0.1, "PI_REDIS_OUTAGE_SECONDS": 0,
+          "PI_DATABASE_RECHECK_SECONDS": 1}
+
+
+@register()
+def bounds_settings(app_configs, **kwargs):
+    return [Error(f"{name} must be at least {least}, not {getattr(settings, name)}.",
+                  hint="Unset it for the default.", id="worker.E009")
+            for name, least in BOUNDS.items() if getattr(settings, name) < least]

@@ -28,7 +28,8 @@ from .models import Outcome, Run
 
 logger = logging.getLogger("pidispatch.comments")
 
-NOT_RETRIED_FAILURES = {"worker-lost", "worker-error", "publish-unavailable"}  # failed outcomes that are final at any attempt
+# Failed outcomes that are final at any attempt.
+NOT_RETRIED_FAILURES = {"worker-lost", "worker-error", "publish-unavailable"}
 
 REFUSED = {
     "operator-cancel": "Stopped: the operator cancelled this run before it started. Nothing was spent. Not retried.",
@@ -80,8 +81,10 @@ REFUSED = {
     "over-budget": "Refused: over the deployment's budget cap. Not run.",
     "soft-hold": "Refused: new starts are paused while spend is inside the budget's hold band. Not run.",
     "job-payload-invalid": "Refused: this worker could not read the job (a version mismatch). Not run.",
+    "workspace-too-large": "Refused: the repository takes more disk than this deployment lets a job use. Not run.",
 }
 
+KEPT = " The work is kept on the worker for the operator."
 STOPPED = {
     "operator-cancel": "Stopped: the operator cancelled this run. Partial work may exist. Not retried.",
     "worker-abort": "Stopped: the worker ended this run before it finished (the 30-minute job limit, or a worker "
@@ -103,19 +106,21 @@ STOPPED = {
     "egress-denied": "Stopped: the run failed after the job's network gateway refused a connection it is not "
                      "allowed to make. Not retried.",
     # The publish step's refusals: the agent finished, the worker did not push.
-    "ci-change-refused": "Not published: the change touches CI definitions, which this trigger may not change."" The work is kept on the worker for the operator.",
-    "push-too-many-files": "Not published: the change touches more files than this deployment pushes."" The work is kept on the worker for the operator.",
-    "push-too-large": "Not published: the change is larger than this deployment pushes."" The work is kept on the worker for the operator.",
-    "file-too-large": "Not published: a file is larger than the forge accepts."" The work is kept on the worker for the operator.",
-    "symlink-escapes": "Not published: the change adds a link that points outside the repository."" The work is kept on the worker for the operator.",
-    "submodule-change-refused": "Not published: the change adds, changes or removes a submodule."" The work is kept on the worker for the operator.",
+    "ci-change-refused": "Not published: the change touches CI definitions, which this trigger may not change." + KEPT,
+    "push-too-many-files": "Not published: the change touches more files than this deployment pushes." + KEPT,
+    "push-too-large": "Not published: the change is larger than this deployment pushes." + KEPT,
+    "file-too-large": "Not published: a file is larger than the forge accepts." + KEPT,
+    "symlink-escapes": "Not published: the change adds a link that points outside the repository." + KEPT,
+    "submodule-change-refused": "Not published: the change adds, changes or removes a submodule." + KEPT,
     "workspace-repo-unsafe": "Not published: the agent left its repository in a state the worker does not read.",
     "work-unreadable": "Not published: the worker could not read the agent's work.",
-    "push-refused": "Not published: the forge refused the push (a protected branch, or a hook)."" The work is kept on the worker for the operator.",
-    "forge-auth-refused": "Not published: the forge refused this deployment's credential."" The work is kept on the worker for the operator.",
-    "forge-repo-not-found": "Not published: this deployment's credential cannot see this repository."" The work is kept on the worker for the operator.",
-    "forge-request-refused": "Not published: the forge refused a request to open the pull request."" The work is kept on the worker for the operator.",
+    "push-refused": "Not published: the forge refused the push (a protected branch, or a hook)." + KEPT,
+    "forge-auth-refused": "Not published: the forge refused this deployment's credential." + KEPT,
+    "forge-repo-not-found": "Not published: this deployment's credential cannot see this repository." + KEPT,
+    "forge-request-refused": "Not published: the forge refused a request to open the pull request." + KEPT,
     "runner-config": "Stopped: the job image refused its configuration. Not retried.",
+    "workspace-too-large": "Stopped: the run's workspace outgrew the disk this deployment lets a job use. "
+                           "Partial work may exist. Not retried.",
 }
 
 FAILED = {
@@ -124,6 +129,8 @@ FAILED = {
                                    "spent. Ask the operator to check the resolver on the worker host.",
     "publish-unavailable": "Failed to publish: the forge did not answer, on every try. The agent's work is kept on "
                            "the worker; the operator can publish it again. Not re-run.",
+    "disk-full": "Failed: the worker host's disk was full while the job was prepared, on every attempt. Nothing "
+                 "was spent. Ask the operator to free space on the worker host.",
 }
 FAILED_DEFAULT = ("Failed: an error stopped this job and it will not be retried further. "
                   "Ask the operator to check the worker log.")

@@ -24,6 +24,9 @@ logger = logging.getLogger("pidispatch.container")
 
 JOB_LABEL = "pidispatch.job"
 HOST_LABEL = "pidispatch.host"
+# The unix time its worker stops the container at: past it (and the stop's own time) any worker's reaper on
+# the host stops it, whoever started it (apps/worker/worker_lost.py, reap_overdue).
+DEADLINE_LABEL = "pidispatch.deadline"
 CONTAINER_PREFIX = "pi-job-"
 STOP_GRACE_SECONDS = 5
 # The summary and exit lines are read from the end of stdout; anything before this many bytes is ignored.
@@ -146,11 +149,12 @@ def run_container(
     if uid == 0:
         raise ValueError("jobs never run as root")
     memory_limit = memory_bytes(memory)
+    deadline = time.time() + timeout_seconds
     try:
         container = client.containers.create(
             image,
             name=container_name(job_id),
-            labels={JOB_LABEL: job_id, HOST_LABEL: host},
+            labels={JOB_LABEL: job_id, HOST_LABEL: host, DEADLINE_LABEL: str(int(deadline))},
             user=f"{uid}:{gid}",
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
@@ -182,7 +186,7 @@ def run_container(
         except (APIError, requests.RequestException, DockerException) as exc:
             raise NeverStarted(type(exc).__name__) from None
         started = time.time()
-        exit_code, timed_out = _wait(container, deadline=started + timeout_seconds)
+        exit_code, timed_out = _wait(container, deadline=deadline)
         ended = time.time()
         return ContainerExit(
             exit_code=exit_code,

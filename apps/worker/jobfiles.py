@@ -2,18 +2,37 @@
 
 Forge and comment text is data, not instructions: the prompt keeps the operator's instructions above a
 fenced data region that the issue text cannot close.
+
+Both live in the job's own folder, `<PI_JOB_ROOT>/<job id>/`, which the attempt's work horse holds: an
+exclusive lock on the folder's `.pidispatch-holder` file (it names the job), kept open until the folder is
+removed. The kernel lets go of the lock when the horse dies, however it dies, so a folder whose holder file
+is not locked belongs to no live worker, and the worker's boot reaper and periodic sweep remove it
+(`remove_unheld`) unless a `KEEP_UNTIL` file in it names a time still to come (work kept on purpose, say
+after a failed publish). Nothing else under the root is ever touched: a local job's workspace is the
+operator's own folder, never inside the job's folder, and a folder without our holder file is not ours.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
-from .jobs import JobSpec
+from .jobs import JOB_ID_PATTERN, JobSpec
+
+logger = logging.getLogger("pidispatch.worker")
+
+HOLDER_FILE = ".pidispatch-holder"
+# Keeps an unheld job folder until the ISO 8601 time it holds (UTC when it names no offset). One that cannot
+# be read as a time keeps the folder too, with a warning: what it guards is never lost to a typo.
+KEEP_UNTIL_FILE = "KEEP_UNTIL"
+KEEP_UNTIL_MAX_BYTES = 100
 
 
 @dataclass(frozen=True)
@@ -21,6 +40,7 @@ class JobDirs:
     root: Path
     job: Path
     workspace: Path
+    holder: int | None = field(default=None, compare=False)  # the locked holder file's descriptor
 
 
 def _fence(text: str) -> str:
@@ -81,6 +101,7 @@ def prepare(spec: JobSpec, root: Path, owner: tuple[int, int], workspace: Path |
         # folders inside, which keep the modes its user reads (and writes) them by.
         root.mkdir(parents=True, exist_ok=True)
         job_root.mkdir(mode=0o700)
+        dirs = replace(dirs, holder=_hold(job_root, spec.job_id))
         dirs.job.mkdir(mode=0o755)
         if workspace is None:
             dirs.workspace.mkdir(mode=0o755)
@@ -99,3 +120,73 @@ def prepare(spec: JobSpec, root: Path, owner: tuple[int, int], workspace: Path |
 
 def remove(dirs: JobDirs) -> None:
     shutil.rmtree(dirs.root, ignore_errors=True)
+    let_go(dirs)
+
+
+def let_go(dirs: JobDirs) -> None:
+    """The folder is no longer held (kept on purpose, or just removed)."""
+    if dirs.holder is not None:
+        os.close(dirs.holder)
+
+
+def _hold(job_root: Path, job_id: str) -> int:
+    """Lock the folder's holder file for as long as the descriptor stays open. The file is locked before it
+    gets its name, so no reaper ever finds a folder being set up unheld."""
+    staged = job_root / f"{HOLDER_FILE}.{os.getpid()}"
+    descriptor = os.open(staged, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        os.write(descriptor, job_id.encode())
+        os.rename(staged, job_root / HOLDER_FILE)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
+
+
+def remove_unheld(root: Path, now: datetime) -> list[str]:
+    """Remove the job folders under `root` that no live process holds and nothing keeps; their job ids."""
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return []
+    removed = []
+    for entry in entries:
+        if not JOB_ID_PATTERN.fullmatch(entry.name) or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            descriptor = os.open(os.path.join(entry.path, HOLDER_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue  # no holder file: not a job folder (or one a moment from being held)
+        try:
+            if os.read(descriptor, len(entry.name) + 1) != entry.name.encode():
+                continue  # a holder file naming another job is not one this worker wrote here
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a live work horse holds it
+            if _kept(Path(entry.path), now):
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.name)
+        finally:
+            os.close(descriptor)
+    return removed
+
+
+_warned_keep_until: set[str] = set()
+
+
+def _kept(folder: Path, now: datetime) -> bool:
+    try:
+        descriptor = os.open(folder / KEEP_UNTIL_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(descriptor, "rb") as file:
+            until = datetime.fromisoformat(file.read(KEEP_UNTIL_MAX_BYTES + 1).decode().strip())
+    except FileNotFoundError:
+        return False
+    except (OSError, UnicodeDecodeError, ValueError):
+        if folder.name not in _warned_keep_until:  # once per folder and process, not every sweep
+            _warned_keep_until.add(folder.name)
+            logger.warning("job_folder_kept job=%s why=keep-until-unreadable file=%s", folder.name, KEEP_UNTIL_FILE)
+        return True
+    return (until if until.tzinfo else until.replace(tzinfo=UTC)) > now

@@ -17,11 +17,14 @@ no attempt, no record), or ends it with a `Verdict` (refused, or an infrastructu
                              fresh clone at that commit, the repo's .pi/ (apps/worker/forge_workspace.py)
                              -> unprotected-branch / sha-gone / pi-* / forge-* ; forge unreachable -> retry
                              local job: the folder itself -> workspace-* / job-user-unmappable
+                             either: past PI_JOB_DISK_MB -> workspace-too-large (apps/worker/disk.py);
+                             a full disk while preparing -> retry (disk-full)
    11 daily token cap        -> daily-token-cap
    12 job-count caps         -> scope-cap, over-budget, soft-hold
    13 the container, behind its egress gateway (apps/worker/sandbox/gateway.py)
                              -> completed | policy (the gateway's stop: token-budget, daily-token-cap,
-                                model-not-allowed; egress-denied, provider-auth-refused) | retry
+                                model-not-allowed; egress-denied, provider-auth-refused; the workspace
+                                watch's stop: workspace-too-large) | retry
    14 publish (a completed forge run; apps/worker/publishing/): the worker pushes the agent's commits and
                              opens the pull request, or comments -> published / commented / nothing-to-publish |
                              policy (ci-change-refused, push-too-large, ..., forge-auth-refused) |
@@ -31,6 +34,7 @@ no attempt, no record), or ends it with a `Verdict` (refused, or an infrastructu
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -48,6 +52,7 @@ from apps.fleet.connection import get_redis
 from . import (
     budget,
     container,
+    disk,
     forge_workspace,
     jobfiles,
     leases,
@@ -65,7 +70,7 @@ from .forges import ForgeFailure
 from .jobs import FORGE_KINDS, JobSpec, job_time_budget_seconds
 from .models import Outcome, PauseWindow, Run
 from .scopes import job_scopes, normalise_folder, scope_hash
-from .verdicts import Deferred, Verdict
+from .verdicts import Deferred, Verdict, database_unavailable
 from .workspace import WorkspaceRefused, check_local_folder
 
 logger = logging.getLogger("pidispatch.ladder")
@@ -89,6 +94,7 @@ class Attempt:
     forge: forge_workspace.ForgeWorkspace | None = None  # a forge job's clone and token, from gate 10 on
     clock: float = field(default_factory=time.perf_counter)  # for the phase timings in the log
     workspace_seconds: float = 0.0  # of which the workspace (a local folder's git checks; a forge clone)
+    spending: bool = False  # from the egress gateway's start on: a fault no longer sends the job back
 
     @property
     def holder(self) -> str:
@@ -106,11 +112,13 @@ class Attempt:
                 self.forge.release()
             except Exception:  # a token that could not be revoked still expires within the hour
                 logger.warning("forge_token_release_failed job=%s", self.spec.job_id)
-        if self.dirs is not None and not settings.PI_KEEP_JOB_DIRS:
-            if kept.is_kept(self.dirs.root):
-                kept.strip_to_kept(self.dirs.root)  # the unpublished work stays; the prompt and the clone go
-            else:
-                jobfiles.remove(self.dirs)
+        if self.dirs is not None and settings.PI_KEEP_JOB_DIRS:
+            jobfiles.let_go(self.dirs)
+        elif self.dirs is not None and kept.is_kept(self.dirs.root):
+            kept.strip_to_kept(self.dirs.root)  # the unpublished work stays (KEEP_UNTIL); the prompt and clone go
+            jobfiles.let_go(self.dirs)
+        elif self.dirs is not None:
+            jobfiles.remove(self.dirs)
 
 
 def container_environment(spec: JobSpec, runtime: runtime_settings.RuntimeSettings, provider: str,
@@ -222,6 +230,16 @@ def run(spec: JobSpec, host: str) -> Verdict | Deferred:
     except RedisError:
         logger.warning("job_redis_unavailable job=%s", spec.job_id)
         outcome = Verdict.infrastructure_fault("redis-unavailable")
+    except DatabaseError as error:
+        if attempt.spending:
+            raise
+        logger.warning("job_database_unavailable job=%s error=%s", spec.job_id, type(error).__name__)
+        outcome = database_unavailable()
+    except OSError as error:
+        if attempt.spending or not disk.is_full(error):
+            raise
+        logger.warning("job_disk_full job=%s error=%s", spec.job_id, errno.errorcode.get(error.errno, "-"))
+        outcome = Verdict.infrastructure_fault("disk-full")
     finally:
         attempt.let_go(redis)
     if isinstance(outcome, Deferred):
@@ -337,6 +355,12 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             logger.info("workspace_refused job=%s reason=%s", spec.job_id, failure.reason)
             return Verdict.refused(failure.reason)
 
+    # The workspace's size, measured again while the container runs.
+    watch = disk.WorkspaceWatch(spec.job_id, dirs.workspace, counts_whole=workspace_folder is None,
+                                on_exceeded=lambda: container.stop_job_container(spec.job_id))
+    if watch.over_limit():
+        return Verdict.refused("workspace-too-large")
+
     # 11. The daily token cap (checked before, recorded after: it may overshoot by the runs in flight).
     if runtime.daily_token_cap and budget.tokens_spent_today(redis, now) >= runtime.daily_token_cap:
         return Verdict.refused("daily-token-cap")
@@ -353,6 +377,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         reservation.give_back(redis)
         return Verdict.refused("operator-cancel")
     container_started = time.perf_counter()
+    attempt.spending = True
     egress = gateway.EgressGateway(
         job_id=spec.job_id, upstream=upstream, key=credential[1], allow=parse_allowlist(settings.PI_EGRESS_ALLOW),
         limits=gateway_limits(spec, upstream, runtime), redis=redis, owner=user,
@@ -364,6 +389,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         logger.error("egress_gateway_unavailable job=%s why=%s", spec.job_id, exc)
         reservation.give_back(redis)
         return Verdict.infrastructure_fault("egress-gateway-unavailable")
+    watch.start()
     try:
         result = container.run_container(
             client,
@@ -389,12 +415,16 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     except container.EngineUnavailable:
         return Verdict.infrastructure_fault("docker-unavailable", budget_reserved=True)
     finally:
+        watch.close()
         egress.close()
     container_seconds = time.perf_counter() - container_started
     logger.info("job_phases job=%s gates_ms=%.1f workspace_ms=%.1f container_ms=%.1f", spec.job_id,
                 (container_started - attempt.clock - attempt.workspace_seconds) * 1000,
                 attempt.workspace_seconds * 1000, container_seconds * 1000)
     verdict = classify(result, egress.report, runtime)
+    if watch.exceeded:
+        verdict = Verdict.refused("workspace-too-large", exit_code=verdict.exit_code, telemetry=verdict.telemetry,
+                                  budget_reserved=True)
     # The container has ended: from here a Redis fault must not turn its outcome into a retry (which would
     # run the agent again). What cannot be settled now is logged; the counters' TTLs bound the drift.
     try:

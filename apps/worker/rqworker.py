@@ -14,6 +14,8 @@ What it adds to RQ's forking worker:
 - while a job runs, its main process watches for a cancel request and stops the container itself
   (apps/worker/worker_cancel.py); a cancelled job is never retried;
 - a job whose work horse or whole worker died is recorded `worker-lost` and never re-run;
+- a Redis outage while a job runs is ridden out for PI_REDIS_OUTAGE_SECONDS (apps/worker/redis_outage.py):
+  heartbeats that fail are noted, not fatal, and past that the job is given up, its container stopped;
 - it never logs a job's description or arguments (RQ's defaults would print the payload or attach it to
   the log record of a job that raised: it holds issue text);
 - once a job has ended, whatever its end (finished, refused, failed, stopped, lost), the copy RQ keeps of
@@ -49,7 +51,7 @@ from apps.fleet.connection import text
 from apps.fleet.queues import SHARED_QUEUE, host_of_queue, is_dispatch_queue
 from apps.fleet.union import register_queues
 
-from . import ladder
+from . import ladder, redis_outage
 from . import tasks  # noqa: F401  preloaded: every forked work horse starts with the job code imported
 from . import worker_lost
 from .jobs import forget_container_texts
@@ -75,8 +77,20 @@ def die_with_parent() -> None:
 
 class DispatchScheduler(RQScheduler):
     def work(self):
+        """RQ's, which a Redis error would end: retries and deferrals would then wait for the worker's next
+        maintenance (minutes) to start another. It starts over once Redis answers."""
         die_with_parent()
-        return super().work()
+        outage = redis_outage.Outage()
+        while True:
+            try:
+                return super().work()
+            except RedisError as error:
+                outage.failed(error)
+            while not self._stop_requested and not redis_outage.answers(self.connection):
+                time.sleep(self.interval)
+            if self._stop_requested:
+                return  # its locks expire on their own
+            outage.answered()
 
 
 class DispatchWorker(Worker):
@@ -89,6 +103,7 @@ class DispatchWorker(Worker):
         self.presence = Presence(self)
         self.cancel_watch = CancelWatch(self)
         self.push_exc_handler(worker_lost.abandoned_job_handler)
+        self.redis_outage = redis_outage.Outage()
         self._next_beat = 0.0
         self._paused: set[str] = set()
         self._deferred_since: float | None = None
@@ -143,6 +158,12 @@ class DispatchWorker(Worker):
         else:
             self.scheduler.start()
 
+    def teardown(self):
+        try:
+            super().teardown()
+        except RedisError as error:  # the worker's RQ key expires on its own
+            logger.warning("worker_death_unregistered error=%s", type(error).__name__)
+
     def pulse(self) -> None:
         """Every beat: the registry row, RQ's own heartbeat, and the sweep for jobs of dead workers."""
         now = time.monotonic()
@@ -153,6 +174,49 @@ class DispatchWorker(Worker):
         self.heartbeat()
         worker_lost.sweep(self)
         connections.close_all()
+
+    # --- Redis outages: noted, ridden out while a job runs (apps/worker/redis_outage.py) ---------------
+
+    def heartbeat(self, timeout=None, pipeline=None):
+        """RQ's. Outside a pipeline a failure is noted, not raised: a worker that cannot beat is not dead."""
+        if pipeline is not None:
+            return super().heartbeat(timeout, pipeline)
+        with self.redis_outage.noted():
+            super().heartbeat(timeout)
+
+    def set_state(self, state, pipeline=None):
+        if pipeline is not None:
+            return super().set_state(state, pipeline)
+        with self.redis_outage.noted():
+            super().set_state(state)
+
+    def check_for_suspension(self, burst):
+        with self.redis_outage.noted():  # the dequeue that follows waits for Redis
+            super().check_for_suspension(burst)
+
+    def run_maintenance_tasks(self):
+        with self.redis_outage.noted():  # due again on the next turn of the loop
+            super().run_maintenance_tasks()
+
+    def get_heartbeat_ttl(self, job, working_time=0.0):
+        """RQ's (60 s past the next beat), stretched over the outage a running job rides out, so that no other
+        worker's cleanup takes the job for abandoned before this one gives it up."""
+        return max(super().get_heartbeat_ttl(job, working_time),
+                   self.job_monitoring_interval + settings.PI_REDIS_OUTAGE_SECONDS + 10)
+
+    def handle_execution_ended(self, job, queue, heartbeat_ttl):
+        """In the horse, once the job has ended (and been recorded): RQ writes its result next."""
+        redis_outage.wait_until_answered(self.connection, settings.PI_REDIS_OUTAGE_SECONDS)
+        super().handle_execution_ended(job, queue, heartbeat_ttl)
+
+    def _give_up(self, job, error: RedisError):
+        """Redis has been gone longer than a job rides out: the job ends here rather than run unwatched."""
+        logger.error("job_given_up job=%s why=redis-unavailable after_seconds=%.0f", job.id,
+                     self.redis_outage.seconds())
+        self.kill_horse()
+        self.wait_for_horse()
+        worker_lost.give_up(self, job)
+        raise error
 
     # --- taking work: skip paused queues --------------------------------------------------------------
 
@@ -244,11 +308,18 @@ class DispatchWorker(Worker):
 
     def maintain_heartbeats(self, job, execution):
         """Every tick while the horse works: RQ's heartbeats, the cancel watch, the registry beat."""
-        super().maintain_heartbeats(job, execution)
         try:
-            self.cancel_watch.check()
-        except RedisError as exc:
-            logger.warning("job_cancel_check_failed job=%s error=%s", job.id, type(exc).__name__)
+            super().maintain_heartbeats(job, execution)
+        except RedisError as error:
+            self.redis_outage.failed(error)
+            if self.redis_outage.outlasted():
+                self._give_up(job, error)
+        else:
+            self.redis_outage.answered()
+            try:
+                self.cancel_watch.check()
+            except RedisError as exc:
+                logger.warning("job_cancel_check_failed job=%s error=%s", job.id, type(exc).__name__)
         self.pulse()
 
     def handle_work_horse_killed(self, job, retpid, ret_val, rusage):

@@ -3,6 +3,7 @@
 import logging
 
 from django.conf import settings
+from django.db import DatabaseError
 from rq import Retry, get_current_job
 
 from apps.fleet.hosts import this_host
@@ -11,7 +12,7 @@ from . import ladder
 from .jobs import JobSpec, JobSpecError
 from .models import Outcome
 from .records import record_run, record_unreadable_job
-from .verdicts import Deferred, Verdict
+from .verdicts import Deferred, Verdict, database_unavailable
 
 logger = logging.getLogger("pidispatch.worker")
 
@@ -34,7 +35,10 @@ def execute_job(payload: dict):
         logger.error("job_payload_invalid job=%s error=%s", job.id, exc)
         spec = None
     if spec is None:
-        record_unreadable_job(job.id, attempt=attempt, host=host, queue=job.origin)
+        try:
+            record_unreadable_job(job.id, attempt=attempt, host=host, queue=job.origin)
+        except DatabaseError:
+            return database_unavailable()  # refused once it can be recorded
         return {"outcome": Outcome.POLICY, "reason": "job-payload-invalid"}
 
     try:
@@ -47,7 +51,13 @@ def execute_job(payload: dict):
         raise
     if isinstance(verdict, Deferred):
         return verdict  # the worker class puts it back under the same id; no attempt, no record
-    record_run(spec, verdict, attempt=attempt, host=host, queue=job.origin)
+    try:
+        record_run(spec, verdict, attempt=attempt, host=host, queue=job.origin)
+    except DatabaseError:
+        if verdict.budget_reserved:
+            raise  # it took a budget slot or ran: sending it back could spend twice
+        logger.warning("job_record_deferred job=%s reason=%s", spec.job_id, verdict.reason or verdict.outcome)
+        return database_unavailable()  # nothing spent: the job climbs again once the database answers
     if verdict.retryable:
         return _retry_policy()
     return {"outcome": verdict.outcome, "reason": verdict.reason}

@@ -7,8 +7,9 @@ with backoff up to PI_RETRY_ATTEMPTS. A bug in our own code is failed and not re
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.utils import timezone
 
 from .exitline import NO_TELEMETRY, Telemetry
@@ -59,3 +60,9 @@ class Deferred:
     reason: str  # a token (`pause-window`, `scope-busy`, `wait-for`, ...), never shown to the forge
     # What it waits on, for the operator (ids, names and numbers only: `{"profile": "ci-green", "checks": 3}`).
     detail: dict = field(default_factory=dict)
+
+
+def database_unavailable() -> Deferred:
+    """The database did not answer before the job spent anything: nothing was decided or recorded, so the
+    job comes back under its id, no attempt used, until the database answers."""
+    return Deferred(timezone.now() + timedelta(seconds=settings.PI_DATABASE_RECHECK_SECONDS), "database-unavailable")

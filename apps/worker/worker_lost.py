@@ -1,4 +1,5 @@
-"""Jobs whose worker died: recorded `failed` / `worker-lost`, never silently re-run, containers reaped.
+"""Jobs whose worker died: recorded `failed` / `worker-lost`, never silently re-run, containers and job
+folders reaped.
 
 Four ways a job loses its worker, one settlement (`settle`):
 - the work horse dies while its worker lives (killed, OOM): the worker stops the container itself and
@@ -11,6 +12,15 @@ Four ways a job loses its worker, one settlement (`settle`):
 - RQ's own registry cleanup finds an abandoned job: the exception handler settles it before RQ could
   retry it.
 
+And one way a worker lets go of its job itself: Redis has been gone longer than a running job rides out
+(apps/worker/redis_outage.py). It stops the container and records the attempt (`give_up`); RQ's failure
+mark follows from whichever sweep finds the job once Redis answers.
+
+Whatever became of its worker, a container past its deadline (its `pidispatch.deadline` label, plus the
+time its worker's own stop takes) is stopped by the sweep of any worker on its host (`reap_overdue`), with
+no Redis needed: nothing may run for long unwatched with its token. Both the boot reaper and that sweep
+also remove the job folders (prompt, clone) that no live work horse holds (`reap_job_folders`).
+
 Redis keys:
     pidispatch:lost:<job id>:<attempt>   STRING the RQ worker that settled this attempt (NX lock, 1 hour)
 """
@@ -21,6 +31,7 @@ import logging
 import time
 from datetime import UTC
 
+from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 from docker.errors import DockerException, NotFound
@@ -36,7 +47,7 @@ from apps.fleet.cancel import is_cancel_requested
 from apps.fleet.connection import text
 from apps.fleet.union import existing_queues
 
-from . import container
+from . import container, jobfiles
 from .jobs import JobSpec, forget_container_texts
 from .models import Outcome, Run
 from .records import record_run
@@ -46,6 +57,9 @@ logger = logging.getLogger("pidispatch.worker")
 
 WORKER_LOST, OPERATOR_CANCEL = "worker-lost", "operator-cancel"
 LOCK_SECONDS = 3600
+# How long past its deadline a container may still be running before it counts as unwatched: its worker stops
+# it at the deadline (SIGTERM, SIGKILL after the grace) and waits up to 30 s for the engine.
+OVERDUE_SECONDS = container.STOP_GRACE_SECONDS + 60
 
 
 def attempt_of(job: Job) -> int:
@@ -133,6 +147,15 @@ def abandoned_job_handler(job: Job, exc_type, exc_value, traceback):
     return None
 
 
+def give_up(worker, job: Job) -> None:
+    """Called in the worker's main process once its horse is dead and Redis still does not answer: the
+    container is stopped, and the attempt recorded from the database alone (`settle` finds the record and
+    marks the job failed in RQ once Redis is back)."""
+    host = worker.presence.host.name
+    had_container = remove_container(job.id, host, grace=container.STOP_GRACE_SECONDS)
+    _record(job, attempt_of(job), host=host, reason=WORKER_LOST, budget_reserved=had_container)
+
+
 # --- the whole worker died ----------------------------------------------------------------------------
 
 def live_sibling_jobs(worker) -> set[str]:
@@ -151,16 +174,24 @@ def live_sibling_jobs(worker) -> set[str]:
 
 
 def reap_strays(worker) -> None:
-    """At boot, before taking work: this host's `pi-job-*` containers that no live sibling runs."""
-    host = worker.presence.host.name
-    try:
-        client = container.engine()
-        strays = client.containers.list(all=True, filters={"label": f"{container.HOST_LABEL}={host}"},
-                                        ignore_removed=True)  # a sibling may remove one as we list
-    except (container.EngineUnavailable, DockerException, RequestException) as exc:
-        logger.warning("boot_reaper_skipped host=%s error=%s", host, type(exc).__name__)
+    """At boot, before taking work: this host's `pi-job-*` containers that no live sibling runs, then the
+    job folders that no live work horse holds."""
+    _reap_stray_containers(worker)
+    reap_job_folders()
+
+
+def reap_job_folders() -> None:
+    """Job folders under PI_JOB_ROOT whose work horse is gone: the prompt (issue text) and the clone go with
+    it (apps/worker/jobfiles.py says what is held, and what KEEP_UNTIL keeps). PI_KEEP_JOB_DIRS keeps all."""
+    if settings.PI_KEEP_JOB_DIRS:
         return
-    strays = [c for c in strays if c.name.startswith(container.CONTAINER_PREFIX)]
+    for job_id in jobfiles.remove_unheld(settings.PI_JOB_ROOT, timezone.now()):
+        logger.info("job_folder_reaped job=%s", job_id)
+
+
+def _reap_stray_containers(worker) -> None:
+    host = worker.presence.host.name
+    strays = _job_containers(host, skipped="boot_reaper_skipped")
     if not strays:
         return
     keep = live_sibling_jobs(worker)  # read after the listing: a sibling registers a job before its container
@@ -169,12 +200,7 @@ def reap_strays(worker) -> None:
         if job_id in keep:
             logger.info("boot_reaper_kept job=%s why=live-sibling", job_id)
             continue
-        try:
-            stray.remove(force=True)
-        except NotFound:
-            continue
-        except (DockerException, RequestException) as exc:
-            logger.warning("container_reap_failed job=%s error=%s", job_id, type(exc).__name__)
+        if not _remove_listed(stray, job_id):
             continue
         logger.info("container_reaped job=%s host=%s why=boot", job_id, host)
         job = _fetch(worker.connection, job_id)
@@ -189,8 +215,50 @@ def _fetch(redis, job_id: str) -> Job | None:
         return None
 
 
+def _job_containers(host: str, *, skipped: str, labels: tuple[str, ...] = ()) -> list:
+    """This host's `pi-job-*` containers (that carry `labels` too); none, logged as `skipped`, when the engine
+    does not answer."""
+    try:
+        found = container.engine().containers.list(
+            all=True, filters={"label": [f"{container.HOST_LABEL}={host}", *labels]},
+            ignore_removed=True)  # a sibling may remove one as we list
+    except (container.EngineUnavailable, DockerException, RequestException) as exc:
+        logger.warning("%s host=%s error=%s", skipped, host, type(exc).__name__)
+        return []
+    return [c for c in found if c.name.startswith(container.CONTAINER_PREFIX)]
+
+
+def _remove_listed(found, job_id: str) -> bool:
+    """Remove a container found in a listing, running or not. False when it was gone or would not go."""
+    try:
+        found.remove(force=True)
+    except NotFound:
+        return False
+    except (DockerException, RequestException) as exc:
+        logger.warning("container_reap_failed job=%s error=%s", job_id, type(exc).__name__)
+        return False
+    return True
+
+
+def reap_overdue(host: str) -> None:
+    """This host's job containers that are past their deadline: stopped and removed, whoever runs them."""
+    now = time.time()
+    for found in _job_containers(host, skipped="overdue_reaper_skipped", labels=(container.DEADLINE_LABEL,)):
+        job_id = found.labels.get(container.JOB_LABEL, "")
+        try:
+            deadline = int(found.labels[container.DEADLINE_LABEL])
+        except ValueError:
+            continue  # not a label this worker wrote
+        if now > deadline + OVERDUE_SECONDS and _remove_listed(found, job_id):
+            logger.warning("container_reaped job=%s host=%s why=overdue overdue_seconds=%d", job_id, host,
+                           now - deadline)
+
+
 def sweep(worker) -> None:
-    """Every beat: jobs started by a worker process that is gone, in any queue of the fleet."""
+    """Every beat: containers past their deadline and job folders no live work horse holds on this host,
+    and jobs started by a worker process that is gone, in any queue of the fleet."""
+    reap_overdue(worker.presence.host.name)
+    reap_job_folders()
     redis = worker.connection
     try:
         queues = existing_queues(redis) | set(worker.queue_names())

@@ -21,14 +21,16 @@ from pathlib import Path
 from django.conf import settings
 from django.utils import timezone
 
+from .. import jobfiles
 from ..forges import ForgeFailure, PullHead, RepoRef, forge_client
 from ..verdicts import Publication
 from . import work as work_module
 
 logger = logging.getLogger("pidispatch.publish")
 
-BUNDLE, DESCRIPTION, KEEP_UNTIL = "work.bundle", "publication.json", "KEEP_UNTIL"
-KEPT_FILES = (BUNDLE, DESCRIPTION, KEEP_UNTIL)
+BUNDLE, DESCRIPTION, KEEP_UNTIL = "work.bundle", "publication.json", jobfiles.KEEP_UNTIL_FILE
+# The holder file stays too: the folder sweeps only ever remove a folder whose holder file names its job.
+KEPT_FILES = (BUNDLE, DESCRIPTION, KEEP_UNTIL, jobfiles.HOLDER_FILE)
 
 
 class NothingKept(Exception):

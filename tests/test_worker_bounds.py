@@ -1,0 +1,18 @@
+"""`manage.py check` (and so every worker start) refuses a bound out of range, which would turn it upside
+down: a negative disk limit would stop every job, a zero recheck would spin."""
+
+import pytest
+
+from apps.worker.checks import BOUNDS, bounds_settings
+
+
+def test_the_defaults_pass():
+    assert bounds_settings(None) == []
+
+
+@pytest.mark.parametrize("name, value", [("PI_JOB_DISK_MB", -1), ("PI_JOB_DISK_POLL_SECONDS", 0),
+                                         ("PI_REDIS_OUTAGE_SECONDS", -5), ("PI_DATABASE_RECHECK_SECONDS", 0)])
+def test_a_bound_out_of_range_fails_the_check(settings, name, value):
+    setattr(settings, name, value)
+    (problem,) = bounds_settings(None)
+    assert (problem.id, problem.msg) == ("worker.E009", f"{name} must be at least {BOUNDS[name]}, not {value}.")

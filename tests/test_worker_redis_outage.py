@@ -1,0 +1,118 @@
+"""A Redis outage while a job runs is ridden out for PI_REDIS_OUTAGE_SECONDS: the worker lives, the job
+finishes and is recorded, RQ learns of it once Redis is back. Past that the job is given up, container
+and all. And whatever became of its worker, a container past its deadline label is stopped by any
+worker's sweep on its host.
+
+The tests' own Redis serves the whole session, so these run their worker against a private redis-server
+(persistent, like production's) that they stop and start again."""
+
+import time
+
+import docker
+import pytest
+from rq.job import Job
+
+from apps.fleet.connection import get_redis
+from apps.worker.container import HOST_LABEL, JOB_LABEL
+from apps.worker.models import Outcome, Run
+from devtools import services
+from tests.conftest import wait_for
+from tests.jobspecs import enqueue_spec, forge_spec
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
+
+HOST = {"PI_WORKER_NAME": "hostA"}
+QUEUES = ("pi-jobs", "pi-jobs@hostA")
+DEADLINE_LABEL = "pidispatch.deadline"  # part of the container contract: any worker reads it
+
+
+class PrivateRedis:
+    """A redis-server of this test's own, on one port and data folder across restarts."""
+
+    def __init__(self, data_dir):
+        self.data_dir, self.port = data_dir, services.free_port()
+        self.service = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.service = services.start_redis(self.data_dir, self.port, persistent=True)
+
+    def stop(self) -> None:
+        self.service.stop()  # SIGTERM: it writes its append-only file and exits
+
+
+@pytest.fixture
+def private_redis(tmp_path, settings):
+    redis = PrivateRedis(tmp_path / "redis")
+    settings.REDIS_URL = redis.url  # this test enqueues and reads there too
+    yield redis
+    redis.stop()
+
+
+def runs(job_id):
+    return list(Run.objects.filter(job_id=job_id).order_by("attempt"))
+
+
+def rq_status(job_id):
+    return Job.fetch(job_id, connection=get_redis()).get_status()
+
+
+def test_a_redis_outage_mid_job_is_ridden_out_and_the_job_finishes_recorded(
+        private_redis, start_worker, fast_fleet, job_containers, settings):
+    worker = start_worker(*QUEUES, env={**HOST, "REDIS_URL": private_redis.url, "PI_REDIS_OUTAGE_SECONDS": "30"})
+    enqueue_spec(forge_spec("gh-redis-blip", body="fake-agent:sleep=4"), "pi-jobs")
+    running = wait_for(lambda: job_containers("hostA").get("gh-redis-blip"), timeout=90, what="the job's container")
+    deadline = int(running.labels[DEADLINE_LABEL])
+    assert abs(deadline - (time.time() + settings.PI_JOB_TIMEOUT_SECONDS)) < 30
+
+    private_redis.stop()
+    time.sleep(7)  # heartbeats fail, and the container ends while Redis is still gone
+    assert worker.alive(), worker.output()
+    private_redis.start()
+
+    (run,) = wait_for(lambda: runs("gh-redis-blip"), timeout=30, what="the record")
+    assert (run.outcome, run.attempt) == (Outcome.COMPLETED, 1)
+    wait_for(lambda: rq_status("gh-redis-blip") == "finished", timeout=30, what="RQ to learn the job finished")
+    assert worker.alive() and len(runs("gh-redis-blip")) == 1
+    assert "redis_unreachable" in worker.output() and "redis_restored" in worker.output()
+    assert "raised an exception" not in worker.output()  # neither the worker nor its scheduler gave up
+
+
+def test_an_outage_longer_than_a_job_rides_out_stops_its_container_and_records_it(
+        private_redis, start_worker, fast_fleet, job_containers):
+    worker = start_worker(*QUEUES, env={**HOST, "REDIS_URL": private_redis.url, "PI_REDIS_OUTAGE_SECONDS": "2"})
+    enqueue_spec(forge_spec("gh-redis-gone", body="fake-agent:sleep=120"), "pi-jobs")
+    wait_for(lambda: job_containers("hostA").get("gh-redis-gone"), timeout=90, what="the job's container")
+
+    private_redis.stop()
+
+    wait_for(lambda: "gh-redis-gone" not in job_containers(), timeout=30, what="the worker to stop the container")
+    (run,) = wait_for(lambda: runs("gh-redis-gone"), timeout=10, what="the record")
+    assert (run.outcome, run.reason, run.budget_reserved) == (Outcome.FAILED, "worker-lost", True)
+    wait_for(lambda: not worker.alive(), timeout=30, what="the worker to quit")
+    assert "job_given_up job=gh-redis-gone why=redis-unavailable" in worker.output()
+
+
+def test_a_container_past_its_deadline_is_stopped_by_any_worker_on_its_host(start_worker, fast_fleet,
+                                                                           job_containers, settings):
+    worker = start_worker(*QUEUES, env=HOST)
+    wait_for(lambda: "Listening on" in worker.output(), timeout=60, what="the worker to take work")
+    engine = docker.from_env()
+    now = int(time.time())
+
+    def stray(job_id, host, deadline):
+        engine.containers.run(settings.PI_JOB_IMAGE, entrypoint=["sleep", "600"], name=f"pi-job-{job_id}",
+                              labels={JOB_LABEL: job_id, HOST_LABEL: host, DEADLINE_LABEL: str(deadline)},
+                              network_mode="none", detach=True)
+
+    stray("gh-overdue", "hostA", now - 3600)  # nobody watches it: its worker would have stopped it long ago
+    stray("gh-in-time", "hostA", now + 3600)
+    stray("gh-elsewhere", "hostB", now - 3600)  # another host's engine is another host's business
+
+    wait_for(lambda: "gh-overdue" not in job_containers(), timeout=30, what="the sweep to stop the overdue one")
+    assert {"gh-in-time", "gh-elsewhere"} <= set(job_containers())
+    assert "container_reaped job=gh-overdue host=hostA why=overdue" in worker.output()

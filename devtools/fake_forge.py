@@ -3,11 +3,16 @@ bare git repositories over HTTP through `git http-backend`, plus helpers to make
 
 The forges' SaaS cannot be reached from these machines, so the tests (tests/receiver_support.py) and the
 `make run` demo use this instead. Response shapes follow each forge's documented answers.
+
+Pull/merge requests are stateful: the repository helpers also serve each forge's get-one, list (with its own
+filters) and create calls over one store, `pull_requests` (forge-neutral records, see `add_pull_request`),
+refusing a second open one for the same branches the way the forge does.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -56,6 +61,11 @@ class FakeForge:
         self.requests: list[dict] = []
         self.git_root: Path | None = None
         self.git_authorization: str | None = None
+        # Every pull/merge request the forge knows: opened through its API (`created`) or added by a test.
+        self.pull_requests: list[dict] = []
+        self._pull_repositories: dict[tuple[str, str], dict] = {}
+        self.any_git_name: str | None = None  # the bare repository every unregistered repository is served from
+        self._pull_lock = threading.Lock()
         forge = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -236,6 +246,8 @@ class FakeForge:
             for rule in rules])
         self.route("POST", rf"/repos/{re.escape(repo)}/issues/\d+/comments",
                    (201, {"id": 1, "body": "", "user": {"login": "pi-bot[bot]"}}))
+        self._pull_repository("github", repo, git_name=repo)
+        self._github_pull_routes(re.escape(repo))
 
     def github_app(self, app_id: str, installation_id: str, public_key, account: str, token: str = "ghs_jobtoken"):
         """The installation-token exchange, checking the App's RS256 JWT as GitHub does; each minted token is
@@ -275,6 +287,8 @@ class FakeForge:
             "protected": protected, "developers_can_push": False, "developers_can_merge": False, "default": True})
         self.route("POST", rf"/api/v4/projects/{project_id}/(issues|merge_requests)/\d+/notes",
                    (201, {"id": 302, "body": "", "author": {"id": 900001}}))
+        self._pull_repository("gitlab", project_id, path=path, git_name=path)
+        self._gitlab_pull_routes(str(project_id))
 
     def forgejo_repository(self, repo: str, sha: str, *, branch: str = "main", protected: bool = True):
         self.routes[f"/api/v1/repos/{repo}"] = (200, {
@@ -284,9 +298,11 @@ class FakeForge:
             "name": branch, "commit": {"id": sha, "message": "initial\n"}, "protected": protected,
             "user_can_push": True, "user_can_merge": True})
         self.route("POST", rf"/api/v1/repos/{re.escape(repo)}/issues/\d+/comments", (201, {"id": 11, "body": ""}))
+        self._pull_repository("forgejo", repo, git_name=repo)
+        self._forgejo_pull_routes(re.escape(repo))
 
     def azure_repository(self, project_id: str, repository_id: str, name: str, sha: str, *,
-                         blocking_policy: bool = True):
+                         blocking_policy: bool = True, project_name: str = "Fabrikam"):
         host = urlsplit(self.url).netloc
         base = f"/{project_id}/_apis/git/repositories"
         self.routes[f"{base}/{repository_id}"] = (200, {
@@ -300,6 +316,385 @@ class FakeForge:
              "type": {"displayName": "Minimum number of reviewers"}, "settings": {"minimumApproverCount": 1}}]})
         self.route("POST", rf"/{project_id}/_apis/wit/workItems/\d+/comments", (200, {"id": 5, "text": ""}))
         self.route("POST", rf"{base}/{repository_id}/pullRequests/\d+/threads", (200, {"id": 6}))
+        self._pull_repository("azure", repository_id, project_id=project_id, project_name=project_name, name=name,
+                              git_name=name)
+        self._azure_pull_routes(re.escape(project_id), re.escape(repository_id))
+
+    # --- pull/merge requests: one store, answered in each forge's own shapes ---
+
+    def add_pull_request(self, forge: str, repo, *, head: str, sha: str, number: int | None = None,
+                         base: str = "main", fork: str | None = None, state: str = "open", title: str = "A change",
+                         body: str = "", draft: bool = False) -> dict:
+        """An existing pull/merge request, as if someone had opened it: `repo` as the repository helper named
+        it (owner/name; the GitLab project id; the Azure repository id), `head` its branch at `sha`, `fork` the
+        head repository's name when it lives in a fork, `state` open, closed or merged. When the forge serves
+        the repository's git (`serve_git`, a bare `<name>.git`), the fetch ref is made there at `sha`
+        (refs/pull/<n>/head, refs/merge-requests/<n>/head, Azure's refs/heads/<head> or refs/pull/<n>/merge).
+        Returns the record (also in `pull_requests`)."""
+        assert state in ("open", "closed", "merged")
+        with self._pull_lock:
+            record = self._new_pull(forge, str(repo), head=head, base=base, title=title, body=body, draft=draft,
+                                    issues=[] if forge == "azure" else _closing_keywords(body), sha=sha, fork=fork,
+                                    state=state, created=False, number=number)
+        bare = self._bare(forge, str(repo))
+        if bare is not None:
+            git(bare, "update-ref", _fetch_ref(record), sha)
+        return record
+
+    @property
+    def created_pull_requests(self) -> list[dict]:
+        """The records of those opened through a forge's API, oldest first."""
+        return [pr for pr in self.pull_requests if pr["created"]]
+
+    def pulls_of(self, forge: str, repo) -> list[dict]:
+        """The records of one repository's pull/merge requests, oldest first."""
+        return [pr for pr in self.pull_requests if pr["forge"] == forge and pr["repo"].lower() == str(repo).lower()]
+
+    def _pull_repository(self, forge: str, key, **context) -> None:
+        self._pull_repositories[(forge, str(key).lower())] = {"key": str(key), **context}
+
+    def _context(self, forge: str, key: str) -> dict:
+        return self._pull_repositories.get((forge, key.lower())) or {"key": key, "git_name": self.any_git_name or key}
+
+    def _bare(self, forge: str, key: str) -> Path | None:
+        bare = self.git_root / f"{self._context(forge, key)['git_name']}.git" if self.git_root else None
+        return bare if bare is not None and bare.is_dir() else None
+
+    def _new_pull(self, forge: str, repo: str, *, number: int | None, **fields) -> dict:
+        taken = [pr["number"] for pr in self.pulls_of(forge, repo)]
+        if number is None:
+            number = max(taken, default=40) + 1  # past the tests' issue numbers, as a busy repository's are
+        assert number not in taken, f"{forge} {repo} already has #{number}"
+        record = {"forge": forge, "repo": repo, "number": number, **fields}
+        self.pull_requests.append(record)
+        return record
+
+    def _open_duplicate(self, forge: str, repo: str, head: str, base: str) -> dict | None:
+        return next((pr for pr in self.pulls_of(forge, repo) if pr["state"] == "open" and pr["fork"] is None
+                     and pr["head"] == head and pr["base"] == base), None)
+
+    def _head_sha(self, forge: str, repo: str, branch: str) -> str:
+        """The branch's tip in the served bare repository, else a stand-in commit id derived from its name."""
+        bare = self._bare(forge, repo)
+        if bare is not None:
+            try:
+                return git(bare, "rev-parse", "--verify", "-q", f"refs/heads/{branch}^{{commit}}")
+            except subprocess.CalledProcessError:
+                pass
+        return hashlib.sha1(f"{repo}:{branch}".encode()).hexdigest()
+
+    def _created(self, forge: str, repo: str, *, head: str, base: str, title: str, body: str, draft: bool,
+                 issues: list[int]) -> dict:
+        return self._new_pull(forge, repo, number=None, head=head, base=base, title=title, body=body, draft=draft,
+                              issues=issues, sha=self._head_sha(forge, repo, head), fork=None, state="open",
+                              created=True)
+
+    def _pull_routes(self, routes) -> None:
+        """(method, path regex with named groups, handler(request, **groups))."""
+        for method, pattern, handler in routes:
+            compiled = re.compile(pattern)
+            self.route(method, pattern,
+                       lambda request, compiled=compiled, handler=handler:
+                       handler(request, **compiled.fullmatch(request["path"]).groupdict()))
+
+    def _find(self, forge: str, repo: str, number: str) -> dict | None:
+        return next((pr for pr in self.pulls_of(forge, repo) if pr["number"] == int(number)), None)
+
+    # GitHub: REST pulls API (docs.github.com/rest/pulls/pulls)
+
+    def _github_pull_routes(self, repo_pattern: str) -> None:
+        pulls = rf"/repos/(?P<repo>{repo_pattern})/pulls"
+        self._pull_routes([("GET", pulls + r"/(?P<number>\d+)", self._github_get), ("GET", pulls, self._github_list),
+                           ("POST", pulls, self._github_create)])
+
+    def _github_json(self, pr: dict) -> dict:
+        repo, number = pr["repo"], pr["number"]
+        owner, head_repo = repo.split("/")[0], pr["fork"] or repo
+        base_id = _number_of(repo)
+        return {
+            "url": f"{self.url}/repos/{repo}/pulls/{number}", "id": 1_000_000 + number, "number": number,
+            "html_url": f"https://github.com/{repo}/pull/{number}",
+            "state": "open" if pr["state"] == "open" else "closed",
+            "locked": False, "title": pr["title"], "body": pr["body"], "draft": pr["draft"],
+            "user": {"login": "pi-dispatch[bot]", "type": "Bot"}, "merged": pr["state"] == "merged",
+            "merged_at": "2024-01-02T00:00:00Z" if pr["state"] == "merged" else None,
+            "created_at": "2024-01-01T00:00:00Z", "maintainer_can_modify": False,
+            "head": {"label": f"{head_repo.split('/')[0]}:{pr['head']}", "ref": pr["head"], "sha": pr["sha"],
+                     "user": {"login": head_repo.split("/")[0]},
+                     "repo": {"id": _number_of(head_repo), "full_name": head_repo, "fork": pr["fork"] is not None,
+                              "clone_url": f"{self.url}/git/{head_repo}.git"}},
+            "base": {"label": f"{owner}:{pr['base']}", "ref": pr["base"], "sha": "0" * 40, "user": {"login": owner},
+                     "repo": {"id": base_id, "full_name": repo, "fork": False}},
+        }
+
+    def _github_get(self, request, repo, number):
+        pr = self._find("github", repo, number)
+        if pr is None:
+            return 404, {"message": "Not Found", "status": "404",
+                         "documentation_url": "https://docs.github.com/rest/pulls/pulls#get-a-pull-request"}
+        return 200, self._github_json(pr)
+
+    def _github_list(self, request, repo):
+        query = {name: values[-1] for name, values in request["query"].items()}
+        state, head, base = query.get("state", "open"), query.get("head"), query.get("base")
+        found = [pr for pr in self.pulls_of("github", repo)
+                 if (state == "all" or (pr["state"] == "open") == (state == "open"))
+                 and (head is None or head == f"{(pr['fork'] or repo).split('/')[0]}:{pr['head']}")
+                 and (base is None or base == pr["base"])]
+        return 200, [self._github_json(pr) for pr in _page(found, query, "per_page", "page", 30)]
+
+    def _github_create(self, request, repo):
+        body = request["body"] if isinstance(request["body"], dict) else {}
+        missing = [name for name in ("head", "base", "title") if not body.get(name)]
+        if missing:
+            return 422, _github_invalid({"resource": "PullRequest", "field": missing[0], "code": "missing_field"})
+        owner, _, head = str(body["head"]).rpartition(":")
+        if owner and owner.lower() != repo.split("/")[0].lower():
+            return 422, _github_invalid({"resource": "PullRequest", "field": "head", "code": "invalid"})
+        if head == body["base"]:
+            return 422, _github_invalid({"resource": "PullRequest", "code": "custom",
+                                         "message": f"No commits between {body['base']} and {head}"})
+        if len(body.get("body") or "") > 65536:
+            return 422, _github_invalid({"resource": "PullRequest", "code": "custom", "field": "body",
+                                         "message": "body is too long (maximum is 65536 characters)"})
+        with self._pull_lock:
+            if self._open_duplicate("github", repo, head, body["base"]):
+                message = f"A pull request already exists for {repo.split('/')[0]}:{head}."
+                return 422, _github_invalid({"resource": "PullRequest", "code": "custom", "message": message})
+            pr = self._created("github", repo, head=head, base=body["base"], title=body["title"],
+                               body=body.get("body") or "", draft=body.get("draft") is True,
+                               issues=_closing_keywords(body.get("body") or ""))
+        return 201, self._github_json(pr)
+
+    # GitLab: merge requests API (docs.gitlab.com/api/merge_requests)
+
+    def _gitlab_pull_routes(self, project: str) -> None:
+        requests = rf"/api/v4/projects/(?P<repo>{project})/merge_requests"
+        self._pull_routes([("GET", requests + r"/(?P<number>\d+)", self._gitlab_get),
+                           ("GET", requests, self._gitlab_list), ("POST", requests, self._gitlab_create)])
+
+    def _gitlab_json(self, pr: dict) -> dict:
+        project, iid = int(pr["repo"]), pr["number"]
+        path = self._context("gitlab", pr["repo"]).get("path", f"group/project-{project}")
+        source = project if pr["fork"] is None else _number_of(pr["fork"])
+        draft = bool(GITLAB_DRAFT.match(pr["title"])) or pr["draft"]
+        return {
+            "id": 500_000 + iid, "iid": iid, "project_id": project, "title": pr["title"], "description": pr["body"],
+            "state": {"open": "opened", "closed": "closed", "merged": "merged"}[pr["state"]],
+            "created_at": "2024-01-01T00:00:00.000Z", "target_branch": pr["base"], "source_branch": pr["head"],
+            "source_project_id": source, "target_project_id": project, "author": {"id": 900001, "username": "pi-bot"},
+            "draft": draft, "work_in_progress": draft, "merge_status": "can_be_merged",
+            "detailed_merge_status": "mergeable", "sha": pr["sha"], "merge_commit_sha": None,
+            "web_url": f"https://gitlab.example.com/{path}/-/merge_requests/{iid}",
+            "references": {"short": f"!{iid}", "relative": f"!{iid}", "full": f"{path}!{iid}"},
+        }
+
+    def _gitlab_get(self, request, repo, number):
+        pr = self._find("gitlab", repo, number)
+        return (404, {"message": "404 Not found"}) if pr is None else (200, self._gitlab_json(pr))
+
+    def _gitlab_list(self, request, repo):
+        query = {name: values[-1] for name, values in request["query"].items()}
+        state = query.get("state", "all")  # GitLab lists every state unless told
+        states = {"opened": "open", "closed": "closed", "merged": "merged"}
+        found = [pr for pr in self.pulls_of("gitlab", repo)
+                 if (state == "all" or states.get(state) == pr["state"])
+                 and query.get("source_branch", pr["head"]) == pr["head"]
+                 and query.get("target_branch", pr["base"]) == pr["base"]]
+        return 200, [self._gitlab_json(pr) for pr in _page(found, query, "per_page", "page", 20)]
+
+    def _gitlab_create(self, request, repo):
+        body = request["body"] if isinstance(request["body"], dict) else {}
+        missing = [name for name in ("source_branch", "target_branch", "title") if not body.get(name)]
+        if missing:
+            return 400, {"error": f"{missing[0]} is missing"}
+        if len(body["title"]) > 255:
+            return 400, {"message": {"title": ["is too long (maximum is 255 characters)"]}}
+        if len(body.get("description") or "") > 1_000_000:
+            return 400, {"message": {"description": ["is too long (maximum is 1000000 characters)"]}}
+        head, base = body["source_branch"], body["target_branch"]
+        with self._pull_lock:
+            existing = self._open_duplicate("gitlab", repo, head, base)
+            if existing:
+                return 409, {"message": [f"Another open merge request already exists for this source branch: "
+                                         f"!{existing['number']}"]}
+            pr = self._created("gitlab", repo, head=head, base=base, title=body["title"],
+                               body=body.get("description") or "", draft=bool(GITLAB_DRAFT.match(body["title"])),
+                               issues=_closing_keywords(body.get("description") or ""))
+        return 201, self._gitlab_json(pr)
+
+    # Forgejo / Gitea: the v1 API's swagger (repoGetPullRequest, repoListPullRequests, repoCreatePullRequest)
+
+    def _forgejo_pull_routes(self, repo_pattern: str) -> None:
+        pulls = rf"/api/v1/repos/(?P<repo>{repo_pattern})/pulls"
+        self._pull_routes([("GET", pulls + r"/(?P<number>\d+)", self._forgejo_get),
+                           ("GET", pulls, self._forgejo_list), ("POST", pulls, self._forgejo_create)])
+
+    def _forgejo_json(self, pr: dict) -> dict:
+        repo, number = pr["repo"], pr["number"]
+        head_repo = pr["fork"] or repo
+        web = f"{self.url}/{repo}/pulls/{number}"
+
+        def branch(name, sha, full):
+            return {"label": name, "ref": name, "sha": sha, "repo_id": _number_of(full),
+                    "repo": {"id": _number_of(full), "full_name": full, "fork": full != repo}}
+
+        return {
+            "id": 70_000 + number, "url": web, "number": number, "user": {"id": 900002, "login": "pi-bot"},
+            "title": pr["title"], "body": pr["body"], "state": "open" if pr["state"] == "open" else "closed",
+            "draft": pr["title"].lower().startswith(FORGEJO_WIP) or pr["draft"], "is_locked": False, "html_url": web,
+            "diff_url": f"{web}.diff", "patch_url": f"{web}.patch", "mergeable": True,
+            "merged": pr["state"] == "merged", "merge_commit_sha": None, "allow_maintainer_edit": False,
+            "head": branch(pr["head"], pr["sha"], head_repo), "base": branch(pr["base"], "0" * 40, repo),
+            "merge_base": "0" * 40, "created_at": "2024-01-01T00:00:00Z", "updated_at": "2024-01-01T00:00:00Z",
+        }
+
+    def _forgejo_get(self, request, repo, number):
+        pr = self._find("forgejo", repo, number)
+        if pr is None:
+            return 404, {"errors": ["pull request does not exist"], "message": "The target couldn't be found.",
+                         "url": f"{self.url}/api/swagger"}
+        return 200, self._forgejo_json(pr)
+
+    def _forgejo_list(self, request, repo):
+        query = {name: values[-1] for name, values in request["query"].items()}
+        state = query.get("state", "open")
+        found = [pr for pr in self.pulls_of("forgejo", repo)
+                 if state == "all" or (pr["state"] == "open") == (state == "open")]
+        if query.get("sort") == "recentupdate":
+            found = found[::-1]  # the stand-in's newest is its most recently updated
+        page = _page(found, query, "limit", "page", 30, most=50)  # DEFAULT_PAGING_NUM, MAX_RESPONSE_ITEMS
+        return 200, [self._forgejo_json(pr) for pr in page], {"X-Total-Count": str(len(found))}
+
+    def _forgejo_create(self, request, repo):
+        body = request["body"] if isinstance(request["body"], dict) else {}
+        missing = [name for name in ("head", "base", "title") if not body.get(name)]
+        if missing:
+            return 422, {"message": f"[{missing[0].capitalize()}]: Required", "url": f"{self.url}/api/swagger"}
+        if body["head"] == body["base"]:
+            return 422, {"message": "Invalid PullRequest: There are no changes between the head and the base",
+                         "url": f"{self.url}/api/swagger"}
+        with self._pull_lock:
+            existing = self._open_duplicate("forgejo", repo, body["head"], body["base"])
+            if existing:
+                return 409, {"message": f"pull request already exists for these targets [id: {existing['number']}, "
+                                        f"issue_id: {existing['number']}, head_repo_id: {_number_of(repo)}, "
+                                        f"base_repo_id: {_number_of(repo)}, head_branch: {body['head']}, "
+                                        f"base_branch: {body['base']}]", "url": f"{self.url}/api/swagger"}
+            pr = self._created("forgejo", repo, head=body["head"], base=body["base"], title=body["title"],
+                               body=body.get("body") or "",
+                               draft=body["title"].lower().startswith(FORGEJO_WIP),
+                               issues=_closing_keywords(body.get("body") or ""))
+        return 201, self._forgejo_json(pr)
+
+    # Azure DevOps: Git Pull Requests API 7.1 (learn.microsoft.com/rest/api/azure/devops/git/pull-requests)
+
+    def _azure_pull_routes(self, project: str, repository: str) -> None:
+        pulls = rf"/{project}/_apis/git/repositories/(?P<repo>{repository})/(?i:pullrequests)"
+        self._pull_routes([("GET", pulls + r"/(?P<number>\d+)", self._azure_get), ("GET", pulls, self._azure_list),
+                           ("POST", pulls, self._azure_create)])
+
+    def _azure_json(self, pr: dict) -> dict:
+        context = self._context("azure", pr["repo"])
+        repository_id, number = context["key"], pr["number"]
+        project = {"id": context.get("project_id", AZURE_PROJECT_ID), "name": context.get("project_name", "Fabrikam")}
+        api = f"{self.url}/{project['id']}/_apis/git/repositories/{repository_id}"
+        answer = {
+            "repository": {"id": repository_id, "name": context.get("name", "repo"), "url": api, "project": project,
+                           "remoteUrl": f"{self.url}/{project['name']}/_git/{context.get('name', 'repo')}"},
+            "pullRequestId": number, "codeReviewId": number,
+            "status": {"open": "active", "closed": "abandoned", "merged": "completed"}[pr["state"]],
+            "createdBy": {"id": "0f0f0f0f-1111-2222-3333-444444444444", "displayName": "pi bot"},
+            "creationDate": "2024-01-01T00:00:00.0000000Z", "title": pr["title"], "description": pr["body"],
+            "sourceRefName": f"refs/heads/{pr['head']}", "targetRefName": f"refs/heads/{pr['base']}",
+            "mergeStatus": "succeeded", "isDraft": pr["draft"], "mergeId": str(uuid.uuid5(uuid.NAMESPACE_URL, api)),
+            "lastMergeSourceCommit": {"commitId": pr["sha"], "url": f"{api}/commits/{pr['sha']}"},
+            "lastMergeTargetCommit": {"commitId": "0" * 40, "url": f"{api}/commits/{'0' * 40}"},
+            "reviewers": [], "url": f"{api}/pullRequests/{number}", "supportsIterations": True,
+            "artifactId": f"vstfs:///Git/PullRequestId/{project['id']}%2f{repository_id}%2f{number}",
+        }
+        if pr["fork"] is not None:
+            answer["forkSource"] = {"name": f"refs/heads/{pr['head']}", "repository": {
+                "id": str(uuid.uuid5(uuid.NAMESPACE_URL, pr["fork"])), "name": pr["fork"], "project": project}}
+        return answer
+
+    def _azure_get(self, request, repo, number):
+        pr = self._find("azure", repo, number)
+        if pr is None:
+            return 404, _azure_error("The pull request was not found.", "GitPullRequestNotFoundException")
+        return 200, self._azure_json(pr)
+
+    def _azure_list(self, request, repo):
+        query = {name: values[-1] for name, values in request["query"].items()}
+        status = query.get("searchCriteria.status", "active")
+        statuses = {"active": "open", "abandoned": "closed", "completed": "merged"}
+        source, target = query.get("searchCriteria.sourceRefName"), query.get("searchCriteria.targetRefName")
+        found = [pr for pr in self.pulls_of("azure", repo)
+                 if (status == "all" or statuses.get(status) == pr["state"])
+                 and source in (None, f"refs/heads/{pr['head']}") and target in (None, f"refs/heads/{pr['base']}")]
+        skip, top = int(query.get("$skip", 0)), int(query.get("$top", 101))  # 101: the service's default page
+        value = [self._azure_json(pr) for pr in found[skip:skip + top]]
+        return 200, {"value": value, "count": len(value)}
+
+    def _azure_create(self, request, repo):
+        body = request["body"] if isinstance(request["body"], dict) else {}
+        for name in ("sourceRefName", "targetRefName", "title"):
+            if not body.get(name):
+                return 400, _azure_error(f"The value of {name} is required.", "InvalidArgumentValueException")
+        if len(body.get("description") or "") > 4000:  # the service's limit (its wording is not copied here)
+            return 400, _azure_error("The description is longer than 4000 characters.",
+                                     "InvalidArgumentValueException")
+        head = body["sourceRefName"].removeprefix("refs/heads/")
+        base = body["targetRefName"].removeprefix("refs/heads/")
+        with self._pull_lock:
+            if self._open_duplicate("azure", repo, head, base):
+                return 409, _azure_error("TF401179: An active pull request for the source and target branch already "
+                                         "exists.", "GitPullRequestExistsException")
+            pr = self._created("azure", repo, head=head, base=base, title=body["title"],
+                               body=body.get("description") or "", draft=body.get("isDraft") is True,
+                               issues=[int(ref["id"]) for ref in body.get("workItemRefs") or []
+                                       if isinstance(ref, dict) and str(ref.get("id", "")).isdigit()])
+        return 201, self._azure_json(pr)
+
+
+GITLAB_DRAFT = re.compile(r"^\s*(?:\[draft\]|\(draft\)|draft:)", re.IGNORECASE)  # the title marks a draft
+FORGEJO_WIP = ("wip:", "[wip]")  # [repository.pull-request] WORK_IN_PROGRESS_PREFIXES' default
+# GitHub's, GitLab's and Forgejo's closing keywords before an issue reference, one per line.
+CLOSING = re.compile(r"^\s*(?:close[sd]?|fix(?:e[sd])?|resolve[sd]?)\s*:?\s+#(\d+)\b", re.IGNORECASE | re.MULTILINE)
+
+
+def _closing_keywords(text: str) -> list[int]:
+    return [int(number) for number in CLOSING.findall(text)]
+
+
+def _number_of(name: str) -> int:
+    """A stable numeric id for a repository or project name (base and fork differ)."""
+    return 1000 + int(hashlib.sha256(name.lower().encode()).hexdigest()[:6], 16)
+
+
+def _page(items: list, query: dict, size_name: str, page_name: str, default: int, most: int = 100) -> list:
+    size = min(max(int(query.get(size_name) or default), 1), most)
+    page = max(int(query.get(page_name) or 1), 1)
+    return items[(page - 1) * size:page * size]
+
+
+def _fetch_ref(pr: dict) -> str:
+    if pr["forge"] == "gitlab":
+        return f"refs/merge-requests/{pr['number']}/head"
+    if pr["forge"] == "azure":
+        return f"refs/heads/{pr['head']}" if pr["fork"] is None else f"refs/pull/{pr['number']}/merge"
+    return f"refs/pull/{pr['number']}/head"
+
+
+def _github_invalid(error: dict) -> dict:
+    return {"message": "Validation Failed", "errors": [error],
+            "documentation_url": "https://docs.github.com/rest/pulls/pulls#create-a-pull-request", "status": "422"}
+
+
+def _azure_error(message: str, type_key: str) -> dict:
+    return {"$id": "1", "innerException": None, "message": message,
+            "typeName": f"Microsoft.TeamFoundation.Git.Server.{type_key}, Microsoft.TeamFoundation.Git.Server",
+            "typeKey": type_key, "errorCode": 0, "eventId": 3000}
 
 
 # --- git repositories to clone from ----------------------------------------------------------------------------
@@ -369,4 +764,6 @@ def github_for_any_repository(root: Path, token: str, files: dict) -> FakeForge:
     server.route("GET", rf"{repo}/branches/main", (200, {"name": "main", "commit": {"sha": sha}, "protected": True}))
     server.route("GET", rf"{repo}/rules/branches/main", (200, []))
     server.route("POST", rf"{repo}/issues/\d+/comments", (201, {"id": 1}))
+    server.any_git_name = "any"
+    server._github_pull_routes(r"[^/]+/[^/]+")  # pull requests of any repository
     return server

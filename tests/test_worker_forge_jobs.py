@@ -116,7 +116,8 @@ def test_a_github_app_job_gets_a_fresh_repository_token_that_is_revoked_after(
     watcher.join()
 
     assert Run.objects.get(job_id=job_id).outcome == Outcome.COMPLETED
-    assert github.minted == [{"token": "ghs_e2e-1", "repositories": ["acme/web"], "permissions": None}]
+    assert github.minted == [{"token": "ghs_e2e-1", "repositories": ["acme/web"], "permissions": {
+        "contents": "write", "pull_requests": "write", "issues": "write"}}]
     assert seen["GITHUB_TOKEN"] == seen["GH_TOKEN"] == "ghs_e2e-1"
     api = [r for r in github.requests if r["path"].startswith("/repos/")]
     assert api and all(r["headers"]["authorization"] == "Bearer ghs_e2e-1" for r in api)

@@ -6,9 +6,15 @@
     credential = client.job_credential(RepoRef("group/proj", project_id="42"))   # or ForgeFailure
     client.default_branch(ref, credential)                      # BranchHead(name, sha, protected, clone_url)
     client.post_comment(ref, "issue", 7, "Refused: ... Not run.")
+    client.pull_head(ref, 12, credential)                       # PullHead(number, sha, branch, same_repository,
+                                                                #          fetch_ref, open)
+    client.find_pull_request(ref, "pi/issue-7", "main", credential)          # PullRequest(number, url) or None
+    client.open_pull_request(ref, head_branch="pi/issue-7", base_branch="main", title=..., body=..., draft=True,
+                             issue_number=7, credential=credential)          # PullRequest (an open one reused)
 
 The receiver asks them who may start work and who "we" are; the worker mints a job's token, resolves and
-clones the default branch (apps/worker/forge_workspace.py) and posts status comments (apps/worker/comments.py).
+clones the default branch (apps/worker/forge_workspace.py), posts status comments (apps/worker/comments.py)
+and publishes a run's work through the pull request calls (within `max_comment_chars`, `max_file_bytes`).
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from .github_app import AppKeyError, GitHubApp, load_private_key
 from .gitlab import GitLabClient
 
 __all__ = ["Authority", "BranchHead", "Credential", "ForgeClient", "ForgeFailure", "Identity", "IdentityUnavailable",
-           "PullHead", "PullRequest", "RepoRef", "Subject", "forge_client", "forge_client_classes", "github_app_problem"]
+           "PullHead", "PullRequest", "RepoRef", "Subject", "forge_client", "forge_client_classes",
+           "github_app_problem"]
 
 
 def github_app_problem() -> str:
@@ -56,7 +63,7 @@ def _github_app(timeout: float) -> GitHubApp | None:
 
 
 def forge_client_classes() -> tuple[type[ForgeClient], ...]:
-    """Every forge's client class (their `token_variables` and `url_variable` name what a job's container gets)."""
+    """Every forge's client class (`token_variables` and `url_variable` name what a job's secrets may not be)."""
     return (GitHubClient, GitLabClient, ForgejoClient, AzureClient)
 
 

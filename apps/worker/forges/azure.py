@@ -1,6 +1,6 @@
 """Azure DevOps: is the actor a member of the project, who our own token belongs to, the default branch
-and its branch policies, and status comments (work item comments, pull request threads). A job acts with
-AZURE_TOKEN (a PAT).
+and its branch policies, status comments (work item comments, pull request threads), and pull requests (a
+head, finding and opening one, Git Pull Requests API 7.1). A job acts with AZURE_TOKEN (a PAT).
 
 Membership is answered by the Graph API on `vssps`: the actor's subject descriptor, the groups it belongs
 to (walked upwards a few levels, so membership through an Entra/AAD group counts), and which of the
@@ -17,7 +17,7 @@ import re
 from urllib.parse import quote, urlencode, urlsplit
 
 from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, IdentityUnavailable,
-    RepoRef, Response, Subject, TTLCache)
+    PullHead, PullRequest, RepoRef, Response, Subject, TTLCache, is_int_like)
 
 API_VERSION = "7.1-preview.1"
 GIT_API_VERSION = "7.1"
@@ -35,6 +35,8 @@ PROJECT_GROUPS_SECONDS = 600
 # localised names its own (AZURE_WRITER_GROUPS). Nothing else counts, whatever it is called.
 PROJECT_ADMINISTRATORS_SID = re.compile(r"^S-1-9-1551374245(?:-\d+){4}-0-0-0-0-1$")
 WRITER_GROUPS = ("Contributors", "Build Administrators")
+# A create refused because an active pull request joins the same two branches (409).
+PULL_REQUEST_EXISTS = ("TF401179", "GitPullRequestExistsException")
 
 
 def group_sid(descriptor: str) -> str:
@@ -78,6 +80,14 @@ class AzureClient(ForgeClient):
     token_variables = ("AZURE_DEVOPS_EXT_PAT",)  # the az devops CLI's name
     url_variable = "SYSTEM_COLLECTIONURI"  # the organisation URL, as Azure Pipelines names it
     git_user = ""  # a PAT goes with an empty user name
+    # Pull request thread comments: 150,000 characters (not confirmed in Microsoft's docs; work item comments,
+    # a long-text field, take 1M, learn.microsoft.com ".../settings/work/object-limits").
+    max_comment_chars = 150_000
+    # A pull request's description takes at most 4,000 characters (a longer one is refused, 400).
+    max_description_chars = 4_000
+    # learn.microsoft.com "Git limits" (azure/devops/repos/git/limits): files should be 100 MB or less;
+    # conservative, decimal megabytes.
+    max_file_bytes = 100_000_000
 
     def __init__(self, *, base_url: str, token: str, graph_url: str = "", writer_groups=WRITER_GROUPS, **kwargs):
         super().__init__(base_url=base_url, token=token, **kwargs)
@@ -262,3 +272,60 @@ class AzureClient(ForgeClient):
         url = f"{self._project_url(ref)}/_apis/wit/workItems/{number}/comments"
         return self._send("POST", f"{url}?api-version={WORK_ITEM_COMMENTS_API_VERSION}", {"text": text},
                           credential.token)
+
+    # --- pull requests ---
+
+    def _pull_head(self, ref: RepoRef, number: int, credential: Credential) -> PullHead:
+        pull = self._pull(self._get(f"{self._repository_url(ref)}/pullrequests/{number}?api-version={GIT_API_VERSION}",
+                                    credential.token))
+        source = pull.get("sourceRefName")
+        branch = source[len("refs/heads/"):] if isinstance(source, str) and source.startswith("refs/heads/") else None
+        commit = pull.get("lastMergeSourceCommit")
+        same = pull.get("forkSource") is None
+        # A fork's branch is not in this repository; Azure keeps the pull request's merge there.
+        fetch_ref = f"refs/heads/{branch}" if same else f"refs/pull/{number}/merge"
+        return self._pull_head_of(pull.get("pullRequestId"), asked=number,
+                                  sha=commit.get("commitId") if isinstance(commit, dict) else None, branch=branch,
+                                  same_repository=same, fetch_ref=fetch_ref, open=pull.get("status") == "active")
+
+    def _find_pull_request(self, ref: RepoRef, head_branch: str, base_branch: str,
+                           credential: Credential) -> PullRequest | None:
+        source, target = f"refs/heads/{head_branch}", f"refs/heads/{base_branch}"
+        query = urlencode({"searchCriteria.sourceRefName": source, "searchCriteria.targetRefName": target,
+                           "searchCriteria.status": "active", "$top": 100, "api-version": GIT_API_VERSION})
+        pulls = self._answer(self._get(f"{self._repository_url(ref)}/pullrequests?{query}", credential.token))
+        found = [pull for pull in pulls.get("value") or [] if isinstance(pull, dict) and pull.get("status") == "active"
+                 and pull.get("sourceRefName") == source and pull.get("targetRefName") == target
+                 and pull.get("forkSource") is None and is_int_like(pull.get("pullRequestId"))]
+        return self._opened(ref, min(found, key=lambda pull: pull["pullRequestId"])) if found else None
+
+    def _open_pull_request(self, ref: RepoRef, head_branch: str, base_branch: str, title: str, body: str,
+                           draft: bool, issue_number: int | None, credential: Credential) -> Response:
+        pull = {"sourceRefName": f"refs/heads/{head_branch}", "targetRefName": f"refs/heads/{base_branch}",
+                "title": title, "description": body, "isDraft": draft}
+        if issue_number is not None:
+            pull["workItemRefs"] = [{"id": str(issue_number)}]
+        return self._send("POST", f"{self._repository_url(ref)}/pullrequests?api-version={GIT_API_VERSION}", pull,
+                          credential.token)
+
+    def _opened(self, ref: RepoRef, data: dict) -> PullRequest:
+        """The pull request's web page, `<org>/<project>/_git/<repository>/pullrequest/<id>` (its `url` is the
+        API's), by the names the answer gives."""
+        repository = data.get("repository") if isinstance(data.get("repository"), dict) else {}
+        project = repository.get("project") if isinstance(repository.get("project"), dict) else {}
+        names = project.get("name"), repository.get("name")
+        if not all(isinstance(name, str) and name for name in names):
+            names = self._project_and_repository(ref)
+        number = data.get("pullRequestId")
+        page = f"{self.base_url}/{quote(names[0], safe='')}/_git/{quote(names[1], safe='')}/pullrequest/{number}"
+        return self._pull_request_of(number, page)
+
+    def _already_exists(self, response: Response) -> bool:
+        # 409 {"message": "TF401179: An active pull request for the source and target branch already exists.",
+        #      "typeKey": "GitPullRequestExistsException", ...}
+        data = response.data if isinstance(response.data, dict) else {}
+        said = f"{data.get('message')} {data.get('typeKey')}"
+        return response.status in (400, 409) and any(marker in said for marker in PULL_REQUEST_EXISTS)
+
+    def _issue_link(self, issue_number: int) -> str:
+        return ""  # the work item is linked by the create call's workItemRefs

@@ -4,9 +4,10 @@ Every answer distinguishes "no" from "could not tell": an authority lookup that 
 other than a determinate refusal is `Authority.unknown(...)`, never a silent `False`. Reasons are fixed
 tokens or `status-<n>`; a response body is never logged or carried (it can echo the token).
 
-The worker's calls (a job's token, the default branch, a comment) fail with `ForgeFailure`: `transient`
-(no answer, 5xx, a rate limit) is an infrastructure fault to retry; anything else (401/403/404, no
-credential) is a configuration refusal with its reason token.
+The worker's calls (a job's token, the default branch, a comment, a pull request's head, finding and
+opening a pull request) fail with `ForgeFailure`: `transient` (no answer, 5xx, a rate limit, an answer we
+cannot read) is an infrastructure fault to retry; anything else (401/403/404, no credential) is a
+configuration refusal with its reason token.
 """
 
 from __future__ import annotations
@@ -111,9 +112,12 @@ class PullHead:
     """A pull/merge request's head as the forge sees it now."""
 
     number: int
-    sha: str
-    branch: str
-    same_repository: bool
+    sha: str  # the head commit (40/64 hex, lowercased, checked like BranchHead.sha)
+    branch: str  # the head branch's name in the head repository
+    same_repository: bool  # the head branch lives in the base repository (the worker may push to it); False = a fork
+    # A ref OF THE BASE REPOSITORY that holds the head commit, for `git fetch origin <ref>`: GitHub/Forgejo
+    # refs/pull/<n>/head, GitLab refs/merge-requests/<iid>/head, Azure refs/heads/<source branch> for a
+    # same-repository PR, refs/pull/<id>/merge for a fork.
     fetch_ref: str
     open: bool
 
@@ -121,7 +125,7 @@ class PullHead:
 @dataclass(frozen=True)
 class PullRequest:
     number: int
-    url: str
+    url: str  # its web page (for the run record and the admin's link)
 
 
 class ForgeFailure(Exception):
@@ -219,6 +223,11 @@ def failure_for_unreachable(error: Unreachable) -> ForgeFailure:
     return ForgeFailure("forge-unreachable", transient=True)
 
 
+def fit(text: str, limit: int, mark: str) -> str:
+    """`text`, or its start with `mark` after it when it is longer than `limit` characters."""
+    return text if len(text) <= limit else text[:max(limit - len(mark), 0)] + mark
+
+
 def basic_authorization(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
@@ -263,15 +272,24 @@ class ForgeClient:
     Receiver: `authority` (may this actor start work?) and `self_identity` (who are we?); subclasses
     implement `_lookup_authority` and `_lookup_identity`, this class caches determinate answers.
     Worker: `job_credential` (the token a job acts with), `default_branch` (name, SHA, protection, clone
-    URL), `post_comment`, and what a job's container and `git` get of the credential.
+    URL), `post_comment`, the header `git` sends, and for publishing a run's work: `pull_head`,
+    `find_pull_request`, `open_pull_request` and the forge's size limits.
     """
 
     forge = ""
     authority_cache = TTLCache()
-    # The names the job's token has in its container (the forge's usual ones), and the instance URL's.
+    # The forge's usual names for a token and for the instance URL. No job's container gets them (it holds no
+    # forge credential); apps/worker/secrets.py reserves them so that a job's secrets cannot take them.
     token_variables: tuple[str, ...] = ()
     url_variable = ""
     git_user = "x-access-token"  # the user name git sends beside the token (HTTP basic)
+    # What the forge accepts, for the publisher (subclasses cite their source). Conservative defaults.
+    max_comment_chars = 65_535  # one comment's text
+    max_file_bytes = 50 * 1024 * 1024  # one file in a push
+    # Applied here to what open_pull_request sends: a longer title or description is cut, never refused.
+    max_title_chars = 255
+    max_description_chars = 65_535
+    draft_prefix = ""  # prepended to a draft's title where the forge marks drafts by their title
 
     def __init__(self, *, base_url: str, token: str, timeout: float = 3.0, cache_seconds: float = 60.0):
         self.base_url = base_url.rstrip("/")
@@ -338,11 +356,59 @@ class ForgeClient:
         if response.status not in (200, 201):
             raise failure_for(response)
 
-    def container_environment(self, credential: Credential) -> dict[str, str]:
-        environment = {name: credential.token for name in self.token_variables}
-        if self.url_variable:
-            environment[self.url_variable] = self.base_url
-        return environment
+    def pull_head(self, ref: RepoRef, number: int, credential: Credential) -> PullHead:
+        """The pull/merge request's head now: commit, branch, whether it is a fork's, a ref of the base
+        repository to fetch it by, open or not. Raises ForgeFailure (`pull-request-missing` when there is
+        no such pull request)."""
+        if not is_int_like(number) or number < 1:
+            raise ForgeFailure("pull-request-missing", transient=False)
+        try:
+            return self._pull_head(ref, number, credential)
+        except Unreachable as error:
+            raise failure_for_unreachable(error) from None
+
+    def find_pull_request(self, ref: RepoRef, head_branch: str, base_branch: str,
+                          credential: Credential) -> PullRequest | None:
+        """The OPEN pull/merge request from `head_branch` of this same repository into `base_branch`, or
+        None. Raises ForgeFailure."""
+        _check_branches(head_branch, base_branch)
+        try:
+            return self._find_pull_request(ref, head_branch, base_branch, credential)
+        except Unreachable as error:
+            raise failure_for_unreachable(error) from None
+
+    def open_pull_request(self, ref: RepoRef, *, head_branch: str, base_branch: str, title: str, body: str,
+                          draft: bool, issue_number: int | None, credential: Credential) -> PullRequest:
+        """Open a pull/merge request from `head_branch` (of this repository) into `base_branch`, linking
+        `issue_number` the forge's way. One that is already open for the two branches is the answer too,
+        so a retried publish never opens a second one. Raises ForgeFailure."""
+        _check_branches(head_branch, base_branch)
+        if head_branch == base_branch or not isinstance(title, str) or not title.strip() or not isinstance(body, str):
+            raise ForgeFailure("forge-request-refused", transient=False)
+        if issue_number is not None and (not is_int_like(issue_number) or issue_number < 1):
+            raise ForgeFailure("forge-request-refused", transient=False)
+        if draft and self.draft_prefix and not title.casefold().startswith(self.draft_prefix.strip().casefold()):
+            title = self.draft_prefix + title
+        title = fit(title, self.max_title_chars, "…")
+        link = self._issue_link(issue_number) if issue_number is not None else ""
+        separator = "\n\n" if link and body else ""
+        body = fit(body, self.max_description_chars - len(separator) - len(link), "\n\n… (cut to fit)")
+        try:
+            response = self._open_pull_request(ref, head_branch, base_branch, title, body + separator + link,
+                                                draft is True, issue_number, credential)
+            if response.status in (200, 201):
+                if not isinstance(response.data, dict):
+                    raise ForgeFailure("forge-malformed-answer", transient=True)
+                return self._opened(ref, response.data)
+            if not self._already_exists(response):
+                raise failure_for(response)
+            existing = self._find_pull_request(ref, head_branch, base_branch, credential)
+        except Unreachable as error:
+            raise failure_for_unreachable(error) from None
+        if existing is None:
+            # The forge says one is open, yet none is listed: closed in between (a retry opens a new one).
+            raise ForgeFailure("pull-request-conflict", transient=True)
+        return existing
 
     def git_authorization(self, credential: Credential) -> str:
         """The `Authorization` header git sends (never put into a URL, a config file or an argv)."""
@@ -382,6 +448,75 @@ class ForgeClient:
     def _post_comment(self, ref: RepoRef, target_type: str, number: int, text: str,
                       credential: Credential) -> Response:
         raise NotImplementedError
+
+    def _pull_head(self, ref: RepoRef, number: int, credential: Credential) -> PullHead:
+        raise NotImplementedError
+
+    def _find_pull_request(self, ref: RepoRef, head_branch: str, base_branch: str,
+                           credential: Credential) -> PullRequest | None:
+        raise NotImplementedError
+
+    def _open_pull_request(self, ref: RepoRef, head_branch: str, base_branch: str, title: str, body: str,
+                           draft: bool, issue_number: int | None, credential: Credential) -> Response:
+        raise NotImplementedError
+
+    def _opened(self, ref: RepoRef, data: dict) -> PullRequest:
+        """The pull request a successful create answered with."""
+        raise NotImplementedError
+
+    def _already_exists(self, response: Response) -> bool:
+        """Does this refusal of a create say an open one exists already for the two branches?"""
+        raise NotImplementedError
+
+    def _issue_link(self, issue_number: int) -> str:
+        """The text appended to the description that links (and on merge closes) the issue."""
+        return f"Closes #{issue_number}"
+
+    def _pull(self, response: Response) -> dict:
+        """A pull request object (404: there is none)."""
+        if response.status == 404:
+            raise ForgeFailure("pull-request-missing", transient=False)
+        return self._answer(response)
+
+    def _shared_shape_head(self, pull: dict, number: int, same_repository) -> PullHead:
+        """GitHub's and Forgejo's shape: `head` and `base` objects with `ref` and `sha`, `state` open or
+        closed, the head at refs/pull/<n>/head. `same_repository(head, base)` tells a fork's apart."""
+        head, base = part(pull, "head"), part(pull, "base")
+        return self._pull_head_of(pull.get("number"), asked=number, sha=head.get("sha"), branch=head.get("ref"),
+                                  same_repository=same_repository(head, base), fetch_ref=f"refs/pull/{number}/head",
+                                  open=pull.get("state") == "open")
+
+    @staticmethod
+    def _shared_shape_open(pulls: list, head_branch: str, base_branch: str, same_repository) -> list[dict]:
+        """Of GitHub- or Forgejo-shaped pull requests, the open ones from `head_branch` of this repository
+        into `base_branch`."""
+        return [pull for pull in pulls if isinstance(pull, dict) and pull.get("state") == "open"
+                and part(pull, "head").get("ref") == head_branch and part(pull, "base").get("ref") == base_branch
+                and same_repository(part(pull, "head"), part(pull, "base")) and is_int_like(pull.get("number"))]
+
+    def _oldest(self, found: list[dict], number_key: str, url_key: str) -> PullRequest | None:
+        """The lowest-numbered of the matching pull requests (a forge keeps one open; a race can make two)."""
+        if not found:
+            return None
+        first = min(found, key=lambda pull: pull[number_key])
+        return self._pull_request_of(first[number_key], first.get(url_key))
+
+    @staticmethod
+    def _pull_head_of(number, *, asked: int, sha, branch, same_repository: bool, fetch_ref: str,
+                      open: bool) -> PullHead:
+        """Check what the forge said about a pull request's head before anything fetches or pushes it."""
+        if number != asked or not isinstance(sha, str) or not SHA.fullmatch(sha) or not safe_branch(branch):
+            raise ForgeFailure("forge-malformed-answer", transient=True)
+        return PullHead(number=asked, sha=sha.lower(), branch=branch, same_repository=same_repository is True,
+                        fetch_ref=fetch_ref, open=open is True)
+
+    @staticmethod
+    def _pull_request_of(number, url) -> PullRequest:
+        parts = urlsplit(url) if isinstance(url, str) else None
+        if not is_int_like(number) or number < 1 or parts is None or parts.scheme not in ("https", "http") \
+                or not parts.hostname:
+            raise ForgeFailure("forge-malformed-answer", transient=True)
+        return PullRequest(number=number, url=url)
 
     def _branch(self, url: str, credential: Credential) -> tuple[dict, dict]:
         """A branch object and its `commit` (GitHub, GitLab and Forgejo answer alike); 404 = the default
@@ -452,6 +587,18 @@ class ForgeClient:
 
 
 SHA = re.compile(r"^(?:[0-9a-fA-F]{40}|[0-9a-fA-F]{64})$")
+# What `git check-ref-format --branch` refuses, and a leading `-` (an option to git).
+_BAD_BRANCH = re.compile(r"(?:^[-/.]|\.\.|@\{|//|[\x00-\x20\x7f~^:?*\[\\]|[/.]$|\.lock$|/\.|\.lock/|^@$)")
+
+
+def safe_branch(name) -> bool:
+    """A branch name git accepts, that no command line can take for an option."""
+    return isinstance(name, str) and 0 < len(name) <= 255 and not _BAD_BRANCH.search(name)
+
+
+def _check_branches(*names) -> None:
+    if not all(safe_branch(name) for name in names):
+        raise ForgeFailure("forge-request-refused", transient=False)
 
 
 def _host_port(host: str, port: int | None) -> str:
@@ -464,6 +611,12 @@ def repo_halves(ref: RepoRef) -> tuple[str, str]:
     if halves is None:
         raise ForgeFailure("forge-repo-not-found", transient=False)
     return halves
+
+
+def part(data: dict, key: str) -> dict:
+    """The object under `key` ({} when it is absent or not an object)."""
+    value = data.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 def is_int_like(value) -> bool:

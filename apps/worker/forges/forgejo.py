@@ -1,14 +1,19 @@
 """Forgejo / Gitea API (v1): a user's permission on a repository, who our own token belongs to, the
-default branch and its protection, and status comments. A job acts with FORGEJO_TOKEN."""
+default branch and its protection, status comments, and pull requests (a head, finding and opening one).
+A job acts with FORGEJO_TOKEN."""
 
 from __future__ import annotations
 
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
-from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, RepoRef, Response,
-    Subject, repo_halves)
+from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, PullHead, PullRequest,
+    RepoRef, Response, Subject, is_int_like, repo_halves)
 
 WRITE_PERMISSIONS = {"owner", "admin", "write"}
+# The pull request listing has no head/base filter: open ones are read a page at a time, most recently
+# updated first (a retried publish's own is near the top), up to this many pages.
+PAGE_SIZE = 50  # the default [api] MAX_RESPONSE_ITEMS; a server may answer with fewer per page
+MAX_PAGES = 20
 
 
 class ForgejoClient(ForgeClient):
@@ -16,6 +21,15 @@ class ForgejoClient(ForgeClient):
     token_variables = ("FORGEJO_TOKEN",)
     url_variable = "FORGEJO_URL"
     git_user = "pidispatch"  # Forgejo reads the token from the password; the user name is not checked
+    # Comments and descriptions are LONGTEXT columns with no limit in the API (models/issues/comment.go):
+    # conservative, a MySQL TEXT's 65,535. Titles are VARCHAR(255).
+    max_comment_chars = 65_535
+    max_description_chars = 65_535
+    # Git pushes have no default file size limit; the documented default for files added through the web
+    # ([repository.upload] FILE_MAX_SIZE, forgejo.org config cheat sheet) is 50 MB: conservative, that.
+    max_file_bytes = 50 * 1024 * 1024
+    # [repository.pull-request] WORK_IN_PROGRESS_PREFIXES defaults to `WIP:,[WIP]`: the title marks a draft.
+    draft_prefix = "WIP: "
 
     def _auth_headers(self, token: str) -> dict[str, str]:
         return {"Authorization": f"token {token}", "User-Agent": "pidispatch"}
@@ -49,3 +63,49 @@ class ForgejoClient(ForgeClient):
         owner, name = repo_halves(ref)
         return self._send("POST", f"{self.base_url}/api/v1/repos/{owner}/{name}/issues/{number}/comments",
                           {"body": text}, credential.token)
+
+    # --- pull requests ---
+
+    def _pulls_url(self, ref: RepoRef) -> str:
+        owner, name = repo_halves(ref)
+        return f"{self.base_url}/api/v1/repos/{owner}/{name}/pulls"
+
+    def _pull_head(self, ref: RepoRef, number: int, credential: Credential) -> PullHead:
+        pull = self._pull(self._get(f"{self._pulls_url(ref)}/{number}", credential.token))
+        return self._shared_shape_head(pull, number, _same_repository)
+
+    def _find_pull_request(self, ref: RepoRef, head_branch: str, base_branch: str,
+                           credential: Credential) -> PullRequest | None:
+        found, seen = [], 0
+        for page in range(1, MAX_PAGES + 1):
+            query = urlencode({"state": "open", "sort": "recentupdate", "page": page, "limit": PAGE_SIZE})
+            response = self._get(f"{self._pulls_url(ref)}?{query}", credential.token)
+            pulls = self._answer(response, list)
+            found += self._shared_shape_open(pulls, head_branch, base_branch, _same_repository)
+            seen += len(pulls)
+            total = response.headers.get("x-total-count", "")
+            if found or not pulls or (total.isdigit() and seen >= int(total)):
+                break
+        else:
+            # Not among the first pages: "none" could open a second one, so it is a refusal instead.
+            raise ForgeFailure("forge-listing-too-large", transient=False)
+        return self._oldest(found, "number", "html_url")
+
+    def _open_pull_request(self, ref: RepoRef, head_branch: str, base_branch: str, title: str, body: str,
+                           draft: bool, issue_number: int | None, credential: Credential) -> Response:
+        return self._send("POST", self._pulls_url(ref), {"head": head_branch, "base": base_branch, "title": title,
+                                                          "body": body}, credential.token)
+
+    def _opened(self, ref: RepoRef, data: dict) -> PullRequest:
+        return self._pull_request_of(data.get("number"), data.get("html_url"))
+
+    def _already_exists(self, response: Response) -> bool:
+        # 409 "pull request already exists for these targets [...]"
+        return response.status == 409
+
+
+
+def _same_repository(head: dict, base: dict) -> bool:
+    """`repo_id` of the head and base branch info; a fork's deleted repository is 0 or absent."""
+    head_id, base_id = head.get("repo_id"), base.get("repo_id")
+    return is_int_like(head_id) and head_id > 0 and head_id == base_id

@@ -1,29 +1,37 @@
 """GitHub REST API: an actor's repository permission (write access), who our own account is, a job's token, the default
-branch and its protection, and status comments.
+branch and its protection, status comments, and pull requests (a head, finding and opening one).
 
 Credentials: a GitHub App (GITHUB_APP_ID + GITHUB_APP_INSTALLATION_ID + private key), which mints a token
-per job scoped to the one repository, or else a personal access token (GITHUB_TOKEN) used as it is. When
-both are configured the App is used for everything (lookups, identity, jobs, comments).
+per job scoped to the one repository and to JOB_PERMISSIONS, or else a personal access token (GITHUB_TOKEN)
+used as it is. When both are configured the App is used for everything (lookups, identity, jobs, comments).
 """
 
 from __future__ import annotations
 
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, IdentityUnavailable,
-    RepoRef, Response, Subject, Unreachable, repo_halves)
+    PullHead, PullRequest, RepoRef, Response, Subject, Unreachable, is_int_like, repo_halves)
 from .github_app import GitHubApp
 
 # The legacy `permission` field folds `maintain` into `write`; both spellings count.
 WRITE_PERMISSIONS = {"admin", "maintain", "write"}
 # Ruleset rules that stop a token from landing unreviewed work on the branch by itself.
 PROTECTING_RULES = {"pull_request", "update"}
+# What a job's App token may do: push the work, open its pull request, comment. Never `workflows`: a token
+# without it cannot push a change under .github/workflows/.
+JOB_PERMISSIONS = {"contents": "write", "pull_requests": "write", "issues": "write"}
 
 
 class GitHubClient(ForgeClient):
     forge = "github"
     token_variables = ("GITHUB_TOKEN", "GH_TOKEN")
     url_variable = "GITHUB_API_URL"
+    # "body is too long (maximum is 65536 characters)", GitHub's 422 for an issue/PR comment or a PR body.
+    max_comment_chars = 65_536
+    max_description_chars = 65_536
+    # docs.github.com, "About large files on GitHub": files larger than 100 MiB are blocked.
+    max_file_bytes = 100 * 1024 * 1024
 
     def __init__(self, *, app: GitHubApp | None = None, **kwargs):
         super().__init__(**kwargs)
@@ -79,7 +87,7 @@ class GitHubClient(ForgeClient):
     def job_credential(self, ref: RepoRef) -> Credential:
         if self.app is not None:
             repo_halves(ref)
-            return self.app.installation_token(ref.repo)
+            return self.app.installation_token(ref.repo, JOB_PERMISSIONS)
         return super().job_credential(ref)
 
     def comment_credential(self, ref: RepoRef) -> Credential:
@@ -118,3 +126,51 @@ class GitHubClient(ForgeClient):
         owner, name = repo_halves(ref)
         return self._send("POST", f"{self.base_url}/repos/{owner}/{name}/issues/{number}/comments", {"body": text},
                           credential.token)
+
+    # --- pull requests ---
+
+    def _pulls_url(self, ref: RepoRef) -> str:
+        owner, name = repo_halves(ref)
+        return f"{self.base_url}/repos/{owner}/{name}/pulls"
+
+    def _pull_head(self, ref: RepoRef, number: int, credential: Credential) -> PullHead:
+        pull = self._pull(self._get(f"{self._pulls_url(ref)}/{number}", credential.token))
+        return self._shared_shape_head(pull, number, _same_repository)
+
+    def _find_pull_request(self, ref: RepoRef, head_branch: str, base_branch: str,
+                           credential: Credential) -> PullRequest | None:
+        owner, _ = repo_halves(ref)
+        # `head` is `owner:branch`: the branch of this repository (a fork's has its owner's name).
+        query = urlencode({"state": "open", "head": f"{owner}:{head_branch}", "base": base_branch, "per_page": 100})
+        pulls = self._answer(self._get(f"{self._pulls_url(ref)}?{query}", credential.token), list)
+        return self._oldest(self._shared_shape_open(pulls, head_branch, base_branch, _same_repository), "number",
+                            "html_url")
+
+    def _open_pull_request(self, ref: RepoRef, head_branch: str, base_branch: str, title: str, body: str,
+                           draft: bool, issue_number: int | None, credential: Credential) -> Response:
+        return self._send("POST", self._pulls_url(ref), {"title": title, "head": head_branch, "base": base_branch,
+                                                          "body": body, "draft": draft}, credential.token)
+
+    def _opened(self, ref: RepoRef, data: dict) -> PullRequest:
+        return self._pull_request_of(data.get("number"), data.get("html_url"))
+
+    def _already_exists(self, response: Response) -> bool:
+        # 422 {"message": "Validation Failed", "errors": [{"code": "custom", "message": "A pull request already
+        # exists for owner:branch."}]}
+        if response.status != 422 or not isinstance(response.data, dict):
+            return False
+        messages = [error.get("message") for error in response.data.get("errors") or [] if isinstance(error, dict)]
+        return any(isinstance(message, str) and message.startswith("A pull request already exists")
+                   for message in [*messages, response.data.get("message")])
+
+
+
+def _same_repository(head: dict, base: dict) -> bool:
+    """The head branch is in the base repository. A fork's repository that was deleted is `null`."""
+    head_repo, base_repo = head.get("repo"), base.get("repo")
+    if not isinstance(head_repo, dict) or not isinstance(base_repo, dict):
+        return False
+    if is_int_like(head_repo.get("id")) and is_int_like(base_repo.get("id")):
+        return head_repo["id"] == base_repo["id"]
+    names = [repo.get("full_name") for repo in (head_repo, base_repo)]
+    return all(isinstance(name, str) and name for name in names) and names[0].lower() == names[1].lower()

@@ -1,13 +1,13 @@
 """GitLab REST API (v4): a member's access level on a project, who our own token belongs to, the default
-branch and its protection, and status comments (notes). A job acts with GITLAB_TOKEN (a project, group or
-personal access token)."""
+branch and its protection, status comments (notes), and merge requests (a head, finding and opening one).
+A job acts with GITLAB_TOKEN (a project, group or personal access token)."""
 
 from __future__ import annotations
 
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
-from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, RepoRef, Response,
-    Subject, is_int_like)
+from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, PullHead, PullRequest,
+    RepoRef, Response, Subject, is_int_like)
 
 DEVELOPER_ACCESS = 30  # Developer and above may start work (Guest 10, Reporter 20, Maintainer 40, Owner 50)
 
@@ -26,6 +26,16 @@ class GitLabClient(ForgeClient):
     token_variables = ("GITLAB_TOKEN",)
     url_variable = "GITLAB_HOST"  # glab's name for the instance
     git_user = "oauth2"
+    # Notes and descriptions are validated to Gitlab::Database::MAX_TEXT_SIZE_LIMIT, 1,000,000 characters
+    # (gitlab-foss commit 5af535d9, "Limit the size of issuable description and comments"); titles to 255.
+    max_comment_chars = 1_000_000
+    max_description_chars = 1_000_000
+    # GitLab has no per-file default (push rules' max_file_size is off; self-managed has no default maximum
+    # push size, GitLab.com's is 5 GiB): conservative, GitHub's 100 MiB.
+    max_file_bytes = 100 * 1024 * 1024
+    # docs.gitlab.com, "Draft merge requests": a title starting with `Draft:` marks the merge request a draft;
+    # the create API has no draft attribute (its answer's `draft` reflects the title).
+    draft_prefix = "Draft: "
 
     def _auth_headers(self, token: str) -> dict[str, str]:
         return {"PRIVATE-TOKEN": token, "User-Agent": "pidispatch"}
@@ -74,3 +84,44 @@ class GitLabClient(ForgeClient):
         collection = "merge_requests" if target_type == "pull_request" else "issues"
         return self._send("POST", f"{self._project_url(ref)}/{collection}/{number}/notes", {"body": text},
                           credential.token)
+
+    # --- merge requests ---
+
+    def _pull_head(self, ref: RepoRef, number: int, credential: Credential) -> PullHead:
+        request = self._pull(self._get(f"{self._project_url(ref)}/merge_requests/{number}", credential.token))
+        source, target = request.get("source_project_id"), request.get("target_project_id")
+        same = is_int_like(source) and source == target
+        return self._pull_head_of(request.get("iid"), asked=number, sha=request.get("sha"),
+                                  branch=request.get("source_branch"), same_repository=same,
+                                  fetch_ref=f"refs/merge-requests/{number}/head", open=request.get("state") == "opened")
+
+    def _find_pull_request(self, ref: RepoRef, head_branch: str, base_branch: str,
+                           credential: Credential) -> PullRequest | None:
+        # The listing's `state` defaults to all; a fork's merge request into this project can have the same
+        # source branch name: only one whose source project is the target project counts.
+        query = urlencode({"state": "opened", "source_branch": head_branch, "target_branch": base_branch,
+                           "per_page": 100})
+        requests = self._answer(self._get(f"{self._project_url(ref)}/merge_requests?{query}", credential.token), list)
+        found = [request for request in requests if isinstance(request, dict) and request.get("state") == "opened"
+                 and request.get("source_branch") == head_branch and request.get("target_branch") == base_branch
+                 and is_int_like(request.get("source_project_id"))
+                 and request.get("source_project_id") == request.get("target_project_id")
+                 and (not ref.project_id.isdigit() or request.get("target_project_id") == int(ref.project_id))
+                 and is_int_like(request.get("iid"))]
+        return self._oldest(found, "iid", "web_url")
+
+    def _open_pull_request(self, ref: RepoRef, head_branch: str, base_branch: str, title: str, body: str,
+                           draft: bool, issue_number: int | None, credential: Credential) -> Response:
+        return self._send("POST", f"{self._project_url(ref)}/merge_requests",
+                          {"source_branch": head_branch, "target_branch": base_branch, "title": title,
+                           "description": body}, credential.token)
+
+    def _opened(self, ref: RepoRef, data: dict) -> PullRequest:
+        return self._pull_request_of(data.get("iid"), data.get("web_url"))
+
+    def _already_exists(self, response: Response) -> bool:
+        # 409 {"message": ["Another open merge request already exists for this source branch: !<iid>"]}; other
+        # branch validations (the same branch for source and target, ...) answer 409 too.
+        message = response.data.get("message") if isinstance(response.data, dict) else None
+        messages = message if isinstance(message, list) else [message]
+        return response.status == 409 and any(isinstance(text, str) and "already exists" in text for text in messages)

@@ -38,7 +38,8 @@ def clone(tmp_path):
 
 
 def gather(tmp_path, workspace, sha):
-    return collect(workspace, start_sha=sha, store=tmp_path / "job" / "publish.git", identity=BOT)
+    return collect(workspace, start_sha=sha, store=tmp_path / "job" / "publish.git", identity=BOT,
+                   finished_at=1_800_000_000)
 
 
 def test_nothing_done_is_nothing_to_publish(tmp_path, clone):

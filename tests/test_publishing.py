@@ -19,6 +19,7 @@ from tests.receiver_support import basic, commit_files, fake_forge, forges, make
 AZURE_PROJECT = "068d2409-14eb-4d8a-88bf-c8a9e7f5b4e2"
 AZURE_REPOSITORY = "3411ebc1-d5aa-464f-9615-0b527bc66719"
 FILES = {"README.md": "hello\n", "src/app.py": "print('hi')\n"}
+FINISHED_AT = 1_800_000_000.0  # when the agent's container ended
 SUMMARY = "Fix the footer overlap\n\nThe footer now sits below the button."
 
 
@@ -86,7 +87,7 @@ def start(tmp_path, spec):
 
 
 def publish(spec, dirs, workspace, summary=SUMMARY):
-    return publishing.publish_run(spec, workspace, dirs.root, dirs.workspace, summary)
+    return publishing.publish_run(spec, workspace, dirs.root, dirs.workspace, summary, FINISHED_AT)
 
 
 def comments_posted(forges):

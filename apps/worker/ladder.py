@@ -443,7 +443,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     # 14. Publish: the worker, not the agent, takes the work to the forge.
     if verdict.outcome == Outcome.COMPLETED and attempt.forge is not None:
         publication, reason = publishing.publish_run(spec, attempt.forge, dirs.root, dirs.workspace,
-                                                     parse_summary(result.output_tail))
+                                                     parse_summary(result.output_tail), result.ended_at)
         verdict = replace(verdict, publication=publication)
         if reason == publishing.UNAVAILABLE:
             verdict = replace(verdict, outcome=Outcome.FAILED, reason=reason, retryable=False)

@@ -121,7 +121,7 @@ def _rebuild(job_root: Path, destination, description: dict, client, credential)
     git(store, "init", "-q", "--bare")
     git(store, "fetch", "-q", "--depth=1", "--no-tags", destination.clone_url, destination.start_sha,
         authorization=client.git_authorization(credential))
-    git(store, "fetch", "-q", "--no-tags", str(job_root / BUNDLE),
+    git(store, "-c", "protocol.file.allow=always", "fetch", "-q", "--no-tags", str(job_root / BUNDLE),
         f"{work_module.PUBLISHED_REF}:{work_module.PUBLISHED_REF}")
     head = git(store, "rev-parse", work_module.PUBLISHED_REF).stdout.strip()
     if head != description["head"]:

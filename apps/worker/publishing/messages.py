@@ -10,6 +10,7 @@ import re
 
 from django.conf import settings
 
+from ..forges.base import fit
 from ..jobs import JobSpec
 
 TITLE_CHARS = 72
@@ -36,15 +37,8 @@ def title(spec: JobSpec, summary: str) -> str:
     return first if len(first) <= TITLE_CHARS else first[:TITLE_CHARS - 1].rstrip() + "…"
 
 
-def fit(text: str, limit: int) -> str:
-    """`text` within `limit` characters, cut with a marker when it had to be."""
-    if len(text) <= limit:
-        return text
-    return text[:max(0, limit - len(CUT_MARKER))].rstrip() + CUT_MARKER
-
-
 def body(spec: JobSpec, summary: str, limit: int, note: str = "") -> str:
     """The agent's summary (or a fixed line when it wrote none), a note of the worker's, and the footer."""
     tail = "\n\n".join(part for part in (note, "---\n" + footer(spec)) if part)
     text = _clean(summary) or "The agent finished without a summary of its work."
-    return fit(text, limit - len(tail) - 2) + "\n\n" + tail
+    return fit(text, limit - len(tail) - 2, CUT_MARKER) + "\n\n" + tail

@@ -93,13 +93,14 @@ def destination_for(spec, workspace) -> Destination:
                        allow_ci_changes=spec.allow_ci_changes)
 
 
-def publish_run(spec, workspace, job_root: Path, workspace_folder: Path, summary: str) -> tuple[Publication, str]:
+def publish_run(spec, workspace, job_root: Path, workspace_folder: Path, summary: str,
+                finished_at: float) -> tuple[Publication, str]:
     """Publish a completed run's work. Returns the publication and the run's reason: "" when the run stays
     completed, a refusal token (policy) or UNAVAILABLE (failed, not retried). Never raises for the forge."""
     destination = destination_for(spec, workspace)
     try:
         work = collect(workspace_folder, start_sha=destination.start_sha, store=job_root / "publish.git",
-                       identity=bot_identity())
+                       identity=bot_identity(), finished_at=finished_at)
     except WorkUnreadable as unreadable:
         logger.warning("publish_refused job=%s reason=%s", spec.job_id, unreadable.reason)
         return Publication(unreadable.reason), unreadable.reason
@@ -169,7 +170,7 @@ def _publish(spec, destination: Destination, work: Work, client, credential, sum
     if existing is None:
         existing = _forge_call(
             client.open_pull_request, destination.ref, head_branch=branch, base_branch=destination.base_branch,
-            title=messages.title(spec, summary), body=messages.body(spec, summary, client.max_comment_chars),
+            title=messages.title(spec, summary), body=messages.body(spec, summary, client.max_description_chars),
             draft=settings.PI_PR_DRAFT, issue_number=destination.number if destination.target_type == "issue" else None,
             credential=credential)
     return Publication(PUBLISHED, pull_request=existing.number, pushed_commits=work.commits, url=existing.url)

@@ -16,6 +16,7 @@ commits' authors, what is published names the bot:
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,9 +44,12 @@ class Identity:
     name: str
     email: str
 
-    def environment(self) -> dict[str, str]:
-        return {"GIT_AUTHOR_NAME": self.name, "GIT_AUTHOR_EMAIL": self.email,
-                "GIT_COMMITTER_NAME": self.name, "GIT_COMMITTER_EMAIL": self.email}
+    def environment(self, when: str = "") -> dict[str, str]:
+        """Author and committer; `when` ("<unix seconds> +0000") fixes both dates, so the same work written again
+        is the same commit (a retried publish then finds its branch as it left it)."""
+        names = {"GIT_AUTHOR_NAME": self.name, "GIT_AUTHOR_EMAIL": self.email,
+                 "GIT_COMMITTER_NAME": self.name, "GIT_COMMITTER_EMAIL": self.email}
+        return {**names, "GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when} if when else names
 
 
 def bot_identity() -> Identity:
@@ -105,39 +109,45 @@ def _check_agents_repository(workspace: Path) -> None:
                 raise WorkUnreadable("workspace-repo-unsafe")
 
 
-def collect(workspace: Path, *, start_sha: str, store: Path, identity: Identity) -> Work:
+def collect(workspace: Path, *, start_sha: str, store: Path, identity: Identity, finished_at: float) -> Work:
+    """`finished_at` (when the agent's container ended) dates the commit of what it left uncommitted."""
     _check_agents_repository(workspace)
     if store.exists():
-        subprocess.run(["rm", "-rf", str(store)], check=True)
+        shutil.rmtree(store)
     store.mkdir(mode=0o700, parents=True)
     git(store, "init", "-q", "--bare")
     # The agent's HEAD, whatever it points at. A clone at depth 1 is shallow: its start commit is a root here too.
-    fetched = git(store, "-c", "protocol.file.allow=always", "fetch", "-q", "--no-tags", "--update-shallow",
-                  str(workspace), f"+HEAD:{AGENT_REF}", check=False)
-    if fetched.returncode != 0:
+    if _fetch_workspace(store, workspace, f"+HEAD:{AGENT_REF}").returncode != 0:
         raise WorkUnreadable("work-unreadable")
     if git(store, "cat-file", "-e", f"{start_sha}^{{commit}}", check=False).returncode != 0:
         # The agent's HEAD does not build on the start: the start still is in the clone's own refs.
-        git(store, "-c", "protocol.file.allow=always", "fetch", "-q", "--no-tags", "--update-shallow",
-            str(workspace), "+refs/*:refs/pi/workspace/*", check=False)
+        _fetch_workspace(store, workspace, "+refs/*:refs/pi/workspace/*")
         if git(store, "cat-file", "-e", f"{start_sha}^{{commit}}", check=False).returncode != 0:
             raise WorkUnreadable("work-unreadable")
     agent_head = git(store, "rev-parse", AGENT_REF).stdout.strip()
     descends = git(store, "merge-base", "--is-ancestor", start_sha, agent_head, check=False).returncode == 0
     # Commits that do not build on the start (a rewritten history) are not taken; the work tree still is.
-    base = agent_head if descends else start_sha
     commits = (git(store, "rev-list", "--reverse", "--topo-order", f"{start_sha}..{agent_head}").stdout.split()
                if descends else [])
     head = _rewrite(store, start_sha, commits, identity)
-    head = _commit_work_tree(store, workspace, base_tree_of=base, parent=head, identity=identity)
+    head = _commit_work_tree(store, workspace, parent=head, identity=identity, when=f"{int(finished_at)} +0000")
     count = int(git(store, "rev-list", "--count", f"{start_sha}..{head}").stdout.strip() or 0)
     git(store, "update-ref", PUBLISHED_REF, head)
     return Work(store=store, start=start_sha, head=head, commits=count,
                 changes=changes_between(store, start_sha, head) if count else [])
 
 
+def _fetch_workspace(store: Path, workspace: Path, refspec: str) -> subprocess.CompletedProcess:
+    """Fetch from the agent's clone, which belongs to the job's user. Its upload-pack is a process of its own,
+    which git starts without our `-c` settings, so it is told to read a repository it does not own; it runs
+    nothing the repository's own config names (its pack-objects hook is read only from the system and global
+    config, which run_git leaves empty)."""
+    return git(store, "-c", "protocol.file.allow=always", "fetch", "--upload-pack=git -c safe.directory=* upload-pack",
+               "-q", "--no-tags", "--update-shallow", str(workspace), refspec, check=False)
+
+
 def _rewrite(store: Path, start: str, commits: list[str], identity: Identity) -> str:
-    """The agent's commits again, same trees, messages and shape, with the bot as author and committer."""
+    """The agent's commits again, same trees, messages, dates and shape, with the bot as author and committer."""
     mapped = {start: start}
     head = start
     for commit in commits:
@@ -146,13 +156,14 @@ def _rewrite(store: Path, start: str, commits: list[str], identity: Identity) ->
         if any(parent not in mapped for parent in parents):
             raise WorkUnreadable("work-unreadable")  # history from outside the clone: nothing of it is published
         message = git(store, "log", "-1", "--format=%B", commit).stdout
+        when = git(store, "log", "-1", "--format=%at +0000", commit).stdout.strip()
         arguments = [argument for parent in parents for argument in ("-p", mapped[parent])]
         head = mapped[commit] = git(store, "commit-tree", tree, *arguments, stdin=message.encode(),
-                                    env=identity.environment()).stdout.strip()
+                                    env=identity.environment(when)).stdout.strip()
     return head
 
 
-def _commit_work_tree(store: Path, workspace: Path, *, base_tree_of: str, parent: str, identity: Identity) -> str:
+def _commit_work_tree(store: Path, workspace: Path, *, parent: str, identity: Identity, when: str) -> str:
     """What the work tree holds beyond `parent`, as one commit; `parent` itself when it holds nothing more.
     The index lives in the worker's repository and git reads the tree with that repository's configuration."""
     index = store / "pi-index"
@@ -164,7 +175,7 @@ def _commit_work_tree(store: Path, workspace: Path, *, base_tree_of: str, parent
     if tree == git(store, "rev-parse", f"{parent}^{{tree}}").stdout.strip():
         return parent
     return git(store, "commit-tree", tree, "-p", parent, stdin=f"{UNCOMMITTED_MESSAGE}\n".encode(),
-               env=identity.environment()).stdout.strip()
+               env=identity.environment(when)).stdout.strip()
 
 
 def changes_between(store: Path, start: str, head: str) -> list[Change]:

@@ -71,13 +71,17 @@ def docker_cli_command(docker_host: str, workdir: Path) -> tuple[list[str], dict
     return command, {**os.environ, "DOCKER_HOST": docker_host}
 
 
-def read_phases(stream, sink: dict):
-    """The worker logs `job_phases job=<id> gates_ms=<n> workspace_ms=<n> container_ms=<n>` per container."""
+def read_phases(stream, sink: dict, published: dict):
+    """The worker logs `job_phases job=<id> gates_ms=<n> workspace_ms=<n> container_ms=<n>` per container, and
+    `publish job=<id> outcome=<o> ... publish_ms=<n>` per published forge run (the push and the PR call)."""
     for line in stream:
-        if "job_phases" in line:
+        if "job_phases" in line or "pidispatch.publish publish " in line:
             fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+        if "job_phases" in line:
             sink[fields["job"]] = (float(fields["gates_ms"]) / 1000, float(fields["container_ms"]) / 1000,
                                    float(fields.get("workspace_ms", 0)) / 1000)
+        elif "pidispatch.publish publish " in line:
+            published[fields["job"]] = (fields["outcome"], float(fields["publish_ms"]) / 1000)
 
 
 def local_repository(folder: Path) -> Path:
@@ -253,7 +257,8 @@ def main() -> int:
                                       start_new_session=True)  # Service.stop signals its process group
             stack.append(services.Service("worker", worker))
             phases: dict = {}
-            threading.Thread(target=read_phases, args=(worker.stderr, phases), daemon=True).start()
+            published: dict = {}
+            threading.Thread(target=read_phases, args=(worker.stderr, phases, published), daemon=True).start()
             time.sleep(2)  # let it register
             queue = Queue("pi-jobs", connection=get_redis())
             events: dict = {}
@@ -334,6 +339,10 @@ def main() -> int:
         print(f"{'real-pi job, enqueue -> run record':52} {median_ms(real.full):10.1f}")
         if real.added:
             print(f"{'real-pi job, all the worker adds':52} {median_ms(real.added):10.1f}")
+    publish = [seconds for outcome, seconds in published.values() if outcome == "published"]
+    if publish:
+        print(f"{'publish step (push + pull request), forge jobs':52} {median_ms(publish):10.1f}   "
+              f"({len(publish)} published; inside enqueue -> run record above)")
     print(f"{'provider call, direct':52} {median_ms(direct):10.2f}")
     print(f"{'provider call, through the gateway':52} {median_ms(gated):10.2f}")
     print(f"{'the gateway adds per call':52} {median_ms(gated) - median_ms(direct):10.2f}   target < 2 ms")

@@ -765,5 +765,15 @@ def github_for_any_repository(root: Path, token: str, files: dict) -> FakeForge:
     server.route("GET", rf"{repo}/rules/branches/main", (200, []))
     server.route("POST", rf"{repo}/issues/\d+/comments", (201, {"id": 1}))
     server.any_git_name = "any"
+
+    def forget_published():
+        """Back to the repository's first state: no branch but main, no pull request (tests share one)."""
+        bare = root / "any.git"
+        for ref in git(bare, "for-each-ref", "--format=%(refname)", "refs/heads", "refs/pull").split():
+            if ref != "refs/heads/main":
+                git(bare, "update-ref", "-d", ref)
+        server.pull_requests.clear()
+
+    server.forget_published = forget_published
     server._github_pull_routes(r"[^/]+/[^/]+")  # pull requests of any repository
     return server

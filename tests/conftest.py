@@ -124,7 +124,9 @@ def database_url(host: str = "", port: int = 0) -> str:
 @pytest.fixture
 def worker_env(settings, tmp_path, github_stand_in):
     """Environment for a real `manage.py rqworker` subprocess that shares this test's database. Its GitHub
-    is the local stand-in (a forge job clones a protected default branch with a token of its own)."""
+    is the local stand-in (a forge job clones a protected default branch with a token of its own, and its
+    completed runs publish there: each test starts with none of the earlier tests' branches and pull requests)."""
+    github_stand_in.forget_published()
     env = {
         **os.environ,
         "DATABASE_URL": database_url(),

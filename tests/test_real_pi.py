@@ -16,7 +16,7 @@ import pytest
 
 from apps.worker.models import Outcome, Run
 from devtools.scripted_provider import ScriptedProvider, Status, Text, ToolCall
-from tests.conftest import ROOT, github_payload, wait_for
+from tests.conftest import FORGE_TOKEN_NAMES, ROOT, github_payload, wait_for
 from tests.egress_support import Listener
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
@@ -51,12 +51,13 @@ def expected_cost(model: ScriptedProvider) -> Decimal:
     return ((Decimal(3) * prompt + Decimal(15) * completion) / 1_000_000).quantize(Decimal("0.000001"))
 
 
-def test_a_labelled_issue_is_worked_on_by_the_real_pi_through_its_gateway(
-        post_github, label_trigger, run_worker, real_pi, model, settings):
+def test_a_labelled_issue_is_worked_on_by_the_real_pi_and_becomes_a_pull_request(
+        post_github, label_trigger, run_worker, real_pi, model, settings, github_stand_in):
     model.scenarios["edit-readme"] = [
         ToolCall("edit", {"path": "README.md", "edits": [{"oldText": README_BEFORE, "newText": "Fixed by pi."}]}),
-        ToolCall("bash", {"command": "env | sort; cat /job/pi-agent/models.json"}),
-        Text("I edited README.md."),
+        ToolCall("bash", {"command": "env | sort; cat /job/pi-agent/models.json; "
+                                     "git add -A && git commit -qm 'Fix the README' && git log --oneline -1"}),
+        Text("Fix the README\n\nThe README now says what the repository is."),
     ]
     job_id = deliver(post_github, "real-1", "The README is wrong. scripted:edit-readme")
     seen = {}
@@ -98,6 +99,17 @@ def test_a_labelled_issue_is_worked_on_by_the_real_pi_through_its_gateway(
     assert "PI_JOB_ID=" in tool_output and "127.0.0.1:8080" in tool_output  # the env and models.json it saw
     assert MODEL_KEY not in tool_output
     assert seen["attrs"]["HostConfig"]["NetworkMode"] == "none"
+    assert not any(entry.split("=", 1)[0] in FORGE_TOKEN_NAMES for entry in environment)  # nor a forge token
+
+    # The worker, not the agent, took the agent's commit to the forge: a branch and one draft pull request.
+    assert (run.publish_outcome, run.pushed_commits) == ("published", 1)
+    (pull,) = [pr for pr in github_stand_in.created_pull_requests if pr["number"] == run.pull_request]
+    assert pull["head"].startswith("pi/7-fix-bug") and pull["base"] == "main" and pull["draft"] is True
+    assert pull["title"] == "Fix the README" and "The README now says what the repository is." in pull["body"]
+    assert pull["issues"] == [7] and job_id in pull["body"] and run.publish_url
+    pushed = subprocess.run(["git", "-C", str(github_stand_in.git_root / "any.git"), "log", "-1",
+                             "--format=%an|%s", pull["sha"]], capture_output=True, text=True, check=True).stdout
+    assert pushed.strip() == "pidispatch|Fix the README"  # the agent's commit, written again as the bot's
 
 
 def test_a_dispatch_run_local_job_runs_the_real_pi(worker_env, run_worker, real_pi, model):

@@ -81,8 +81,21 @@ def failure_reasons(job_ids) -> dict[str, str]:
     return reasons
 
 
+RECENT_PUBLICATIONS = 8
+
+
+def recent_publications():
+    """The latest runs whose work reached the forge as a pull/merge request, newest first (their links)."""
+    from apps.worker.models import Run
+
+    return list(Run.objects.filter(publish_outcome="published").exclude(publish_url="").order_by("-started_at")
+                .values("job_id", "target", "publish_outcome", "pull_request", "publish_url", "ended_at")
+                [:RECENT_PUBLICATIONS])  # run_published_idx: a long history costs no scan
+
+
 def context(redis) -> dict:
-    data: dict = {"snapshot": None, "spend": None, "redis_error": "", "db_error": "", "reasons": {}}
+    data: dict = {"snapshot": None, "spend": None, "redis_error": "", "db_error": "", "reasons": {},
+                  "publications": []}
     try:
         data["snapshot"] = status.snapshot(redis)
     except RedisError as exc:
@@ -91,6 +104,7 @@ def context(redis) -> dict:
         data["spend"] = spend(redis)
         if data["snapshot"]:
             data["reasons"] = failure_reasons(f.job_id for f in data["snapshot"].failed)
+        data["publications"] = recent_publications()
     except (DatabaseError, RedisError) as exc:
         data["db_error"] = f"spend and run history unreadable ({type(exc).__name__})"
     return data

@@ -97,7 +97,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         ("Why", {"fields": ("trigger", "trigger_type", "delivery_id")}),
         ("Spend", {"fields": ("turns", "tokens_in", "tokens_out", "tokens_total", "cost", "usage",
                               "budget_reserved")}),
-        ("Published", {"fields": ("publish_outcome", "pull_request", "pushed_commits", "publish_link")}),
+        ("Published", {"fields": ("publish_outcome", "pull_request", "pushed_commits", "publish_url")}),
     )
 
     @admin.display(description="published", ordering="publish_outcome")
@@ -105,10 +105,6 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         if run.publish_url:
             return format_html('<a href="{}">{} #{}</a>', run.publish_url, run.publish_outcome, run.pull_request)
         return run.publish_outcome
-
-    @admin.display(description="link")
-    def publish_link(self, run: Run) -> str:
-        return format_html('<a href="{0}">{0}</a>', run.publish_url) if run.publish_url else "-"
 
     @admin.action(description="Publish again (work kept on this host after a failed publish)",
                   permissions=["publish_again"])
@@ -137,7 +133,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
     def get_readonly_fields(self, request, obj=None):
-        return [field.name for field in self.model._meta.fields] + ["duration_display", "publish_link"]
+        return [field.name for field in self.model._meta.fields] + ["duration_display"]
 
 
 @admin.register(PauseWindow)

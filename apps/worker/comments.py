@@ -84,6 +84,7 @@ REFUSED = {
     "workspace-too-large": "Refused: the repository takes more disk than this deployment lets a job use. Not run.",
 }
 
+NOT_PUBLISHED = "Stopped: nothing was published: "
 KEPT = " The work is kept on the worker for the operator."
 STOPPED = {
     "operator-cancel": "Stopped: the operator cancelled this run. Partial work may exist. Not retried.",
@@ -106,18 +107,19 @@ STOPPED = {
     "egress-denied": "Stopped: the run failed after the job's network gateway refused a connection it is not "
                      "allowed to make. Not retried.",
     # The publish step's refusals: the agent finished, the worker did not push.
-    "ci-change-refused": "Not published: the change touches CI definitions, which this trigger may not change." + KEPT,
-    "push-too-many-files": "Not published: the change touches more files than this deployment pushes." + KEPT,
-    "push-too-large": "Not published: the change is larger than this deployment pushes." + KEPT,
-    "file-too-large": "Not published: a file is larger than the forge accepts." + KEPT,
-    "symlink-escapes": "Not published: the change adds a link that points outside the repository." + KEPT,
-    "submodule-change-refused": "Not published: the change adds, changes or removes a submodule." + KEPT,
-    "workspace-repo-unsafe": "Not published: the agent left its repository in a state the worker does not read.",
-    "work-unreadable": "Not published: the worker could not read the agent's work.",
-    "push-refused": "Not published: the forge refused the push (a protected branch, or a hook)." + KEPT,
-    "forge-auth-refused": "Not published: the forge refused this deployment's credential." + KEPT,
-    "forge-repo-not-found": "Not published: this deployment's credential cannot see this repository." + KEPT,
-    "forge-request-refused": "Not published: the forge refused a request to open the pull request." + KEPT,
+    "ci-change-refused": NOT_PUBLISHED + "the change touches CI definitions, which this trigger may not change."
+                         + KEPT,
+    "push-too-many-files": NOT_PUBLISHED + "the change touches more files than this deployment pushes." + KEPT,
+    "push-too-large": NOT_PUBLISHED + "the change is larger than this deployment pushes." + KEPT,
+    "file-too-large": NOT_PUBLISHED + "a file is larger than the forge accepts." + KEPT,
+    "symlink-escapes": NOT_PUBLISHED + "the change adds a link that points outside the repository." + KEPT,
+    "submodule-change-refused": NOT_PUBLISHED + "the change adds, changes or removes a submodule." + KEPT,
+    "workspace-repo-unsafe": NOT_PUBLISHED + "the agent left its repository in a state the worker does not read.",
+    "work-unreadable": NOT_PUBLISHED + "the worker could not read the agent's work.",
+    "push-refused": NOT_PUBLISHED + "the forge refused the push (a protected branch, or a hook)." + KEPT,
+    "forge-auth-refused": NOT_PUBLISHED + "the forge refused this deployment's credential." + KEPT,
+    "forge-repo-not-found": NOT_PUBLISHED + "this deployment's credential cannot see this repository." + KEPT,
+    "forge-request-refused": NOT_PUBLISHED + "the forge refused a request to open the pull request." + KEPT,
     "runner-config": "Stopped: the job image refused its configuration. Not retried.",
     "workspace-too-large": "Stopped: the run's workspace outgrew the disk this deployment lets a job use. "
                            "Partial work may exist. Not retried.",
@@ -127,8 +129,8 @@ FAILED = {
     "worker-lost": "Failed: the worker running this job stopped unexpectedly. Partial work may exist. Not retried.",
     "secret-resolver-unreachable": "Failed: the worker's resolver did not answer, on every attempt. Nothing was "
                                    "spent. Ask the operator to check the resolver on the worker host.",
-    "publish-unavailable": "Failed to publish: the forge did not answer, on every try. The agent's work is kept on "
-                           "the worker; the operator can publish it again. Not re-run.",
+    "publish-unavailable": "Failed: the forge did not answer the publish step, on every try. The agent's work "
+                           "is kept on the worker; the operator can publish it again. Not re-run.",
     "disk-full": "Failed: the worker host's disk was full while the job was prepared, on every attempt. Nothing "
                  "was spent. Ask the operator to free space on the worker host.",
 }

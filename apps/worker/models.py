@@ -69,6 +69,7 @@ class Run(models.Model):
             models.Index(fields=["scope", "-started_at"], name="run_scope_idx"),
             models.Index(fields=["host", "-started_at"], name="run_host_idx"),
             models.Index(fields=["job_id"], name="run_job_idx"),
+            models.Index(fields=["publish_outcome", "-started_at"], name="run_published_idx"),
         ]
 
     def __str__(self):

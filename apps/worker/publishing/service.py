@@ -43,7 +43,8 @@ BRANCH_MOVED = "branch-moved"  # the pull request's branch moved while the agent
 MOVED = ("non-fast-forward", "fetch first", "[rejected]")
 REFUSED_BY_REMOTE = ("[remote rejected]", "protected branch", "pre-receive hook declined", "denied")
 BRANCH_CHARS = re.compile(r"[^a-z0-9._-]+")
-FORK_NOTE = "This pull request comes from a fork: nothing is pushed to a fork, so the agent's {n} commit(s) stay unpublished."
+FORK_NOTE = ("This pull request comes from a fork: nothing is pushed to a fork, so the agent's {n} commit(s) stay "
+             "unpublished.")
 MOVED_NOTE = ("The pull request's branch moved while the agent worked, so its {n} commit(s) were not pushed "
               "(never a force push). The operator can publish them again.")
 

@@ -293,7 +293,12 @@ def run_platform(args) -> int:
         detail = f" ({run.reason})" if run.reason else ""
         spend = (f"{run.tokens_total} tokens" if run.tokens_total is not None else "no tokens metered") + (
             f", ${run.cost}" if run.cost is not None else "")
-        print(f"\ndemo run {job_id} {run.outcome}{detail} ({demo_model}; {spend}): {url}\n", flush=True)
+        print(f"\ndemo run {job_id} {run.outcome}{detail} ({demo_model}; {spend}): {url}", flush=True)
+        if run.publish_outcome:
+            where = f" #{run.pull_request}" if run.pull_request else ""
+            print(f"published by the worker: {run.publish_outcome}{where}"
+                  + (" on the local stand-in GitHub (var/demo-forge)" if not os.environ.get("GITHUB_API_URL") else "")
+                  + "\n", flush=True)
         say(f"admin: {base_url}/admin/  (user '{os.environ.get('PI_ADMIN_USER', 'admin')}')")
         say("everything keeps running; press Ctrl-C to stop it all")
 

@@ -100,7 +100,8 @@ def checkout_pull_head(folder: Path, pull: PullHead, authorization: str) -> None
     """The pull request's head commit, fetched from the base repository's own ref for it, checked out on top
     of the default branch's clone (its `.pi/` was read from the default branch, which stays in the object
     store). A head that moved since the forge named it is `sha-gone`."""
-    fetched = git(folder, "fetch", "-q", "--depth=1", "--no-tags", "origin", f"+{pull.fetch_ref}:refs/pi/pull",
+    # Depth 2: where the ref is a merge commit (Azure DevOps, a fork), the head is its second parent.
+    fetched = git(folder, "fetch", "-q", "--depth=2", "--no-tags", "origin", f"+{pull.fetch_ref}:refs/pi/pull",
                   authorization=authorization, check=False)
     if fetched.returncode != 0:
         raise classify(fetched.stderr) or ForgeFailure("sha-gone", transient=False)

@@ -42,6 +42,8 @@ UNAVAILABLE = "publish-unavailable"  # every attempt met a transient forge error
 BRANCH_MOVED = "branch-moved"  # the pull request's branch moved while the agent worked: commented instead
 MOVED = ("non-fast-forward", "fetch first", "[rejected]")
 REFUSED_BY_REMOTE = ("[remote rejected]", "protected branch", "pre-receive hook declined", "denied")
+# A ref another push was updating at the same moment: try again (it is then taken, or ours).
+RACED = ("failed to update ref", "cannot lock ref", "failed to lock", "unable to lock")
 BRANCH_CHARS = re.compile(r"[^a-z0-9._-]+")
 FORK_NOTE = ("This pull request comes from a fork: nothing is pushed to a fork, so the agent's {n} commit(s) stay "
              "unpublished.")
@@ -198,6 +200,8 @@ def _push(work: Work, clone_url: str, branch: str, client, credential) -> str:
     output = (result.stdout + result.stderr).decode("utf-8", "replace").lower()
     if result.returncode == 0:
         return "ok"
+    if any(marker in output for marker in RACED):
+        raise PublishDeferred("push-raced")
     if any(marker in output for marker in REFUSED_BY_REMOTE):
         raise PublishRefused("push-refused")
     if any(marker in output for marker in MOVED):

@@ -251,7 +251,8 @@ def run_platform(args) -> int:
             jobimage.ensure_image(docker_host, jobimage.DEFAULT_TAG)  # the real pi (about a minute, once)
         demo_model = _demo_provider(env, stack)
 
-        if not os.environ.get("GITHUB_API_URL"):
+        local_github = not os.environ.get("GITHUB_API_URL")
+        if local_github:
             # No GitHub can be reached from here: a local stand-in answers the demo job's API calls (token,
             # default branch, protection, the status comment) and serves the repository it clones.
             demo_forge = fake_forge.github_for_any_repository(VAR / "demo-forge", DEMO_FORGE_TOKEN, DEMO_REPOSITORY)
@@ -297,7 +298,7 @@ def run_platform(args) -> int:
         if run.publish_outcome:
             where = f" #{run.pull_request}" if run.pull_request else ""
             print(f"published by the worker: {run.publish_outcome}{where}"
-                  + (" on the local stand-in GitHub (var/demo-forge)" if not os.environ.get("GITHUB_API_URL") else "")
+                  + (" on the local stand-in GitHub (var/demo-forge)" if local_github else "")
                   + "\n", flush=True)
         say(f"admin: {base_url}/admin/  (user '{os.environ.get('PI_ADMIN_USER', 'admin')}')")
         say("everything keeps running; press Ctrl-C to stop it all")

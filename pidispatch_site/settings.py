@@ -44,9 +44,13 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "django_rq",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",  # the API docs page's assets, served from here (no CDN)
     "apps.fleet",
     "apps.worker",
     "apps.receiver",
+    "apps.access",
 ]
 
 MIDDLEWARE = [
@@ -300,4 +304,41 @@ LOGGING = {
         "pidispatch": {"handlers": ["console"], "level": env("PI_LOG_LEVEL", default="INFO"), "propagate": False},
         "django": {"handlers": ["console"], "level": "WARNING"},
     },
+}
+
+
+# --- The REST API (/api/v1/, pidispatch_site/api.py) ------------------------------------------------------
+
+PI_API_RATE = env("PI_API_RATE", default="600/min")  # requests per token (or session user)
+PI_API_PAGE_SIZE = 50
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "apps.access.authentication.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["apps.access.permissions.ScopeAndPermissions"],
+    "DEFAULT_THROTTLE_CLASSES": ["apps.access.throttling.TokenRateThrottle"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer",
+                                 "rest_framework.renderers.BrowsableAPIRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "pidispatch_site.api_errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "pidispatch API",
+    "DESCRIPTION": "Runs, jobs, triggers, deliveries, the fleet and spend: everything an operator does in the admin.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    # Shared by every web process: the API's per-token request counts.
+    "api": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+            "KEY_PREFIX": "pidispatch:api", "TIMEOUT": 120,
+            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1}},
 }

@@ -1,6 +1,6 @@
 from django.conf import settings
 from django.contrib import admin
-from django.urls import path, re_path
+from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
 from apps.receiver import views as receiver_views
@@ -22,4 +22,5 @@ if not settings.PI_PUBLIC_EDGE:
         # The fleet panel is the fleet app's page in the admin.
         path("admin/fleet/", RedirectView.as_view(pattern_name="admin:fleet_fleetpanel_changelist"), name="fleet-panel"),
         path("admin/", admin.site.urls),
+        path("api/v1/", include(("pidispatch_site.api", "api"), namespace="api")),
     ]

@@ -21,12 +21,15 @@ HOST = {"PI_WORKER_NAME": "hostA", "PI_KEEP_JOB_DIRS": "0"}
 QUEUES = ("pi-jobs", "pi-jobs@hostA")
 
 
-def prepared_in_a_process(job_id, root, *, stays=False) -> int:
-    """The job's folder as a work horse prepares it, in a child process that then exits (or stays, holding it)."""
+def prepared_in_a_process(job_id, root, *, stays=False, keep_until=None) -> int:
+    """The job's folder as a work horse prepares it, in a child process that then exits (or stays, holding it).
+    A KEEP_UNTIL is written while the child still holds the folder: a sweep may run the moment it lets go."""
     pid = os.fork()
     if pid == 0:
         try:
             jobfiles.prepare(forge_spec(job_id), root, owner=container.job_user())
+            if keep_until is not None:
+                (root / job_id / "KEEP_UNTIL").write_text(keep_until)
             while stays:
                 time.sleep(1)
         finally:
@@ -42,12 +45,11 @@ def test_the_sweep_removes_job_folders_no_live_process_holds_and_keeps_the_rest(
     wait_for(lambda: "Listening on" in worker.output(), timeout=60, what="the worker to take work")
     root = settings.PI_JOB_ROOT
     now = datetime.now(timezone.utc)
-    for job_id in ("gh-abandoned", "gh-kept", "gh-expired", "gh-garbled", "gh-naive"):
-        prepared_in_a_process(job_id, root)
-    (root / "gh-kept" / "KEEP_UNTIL").write_text((now + timedelta(hours=1)).isoformat())
-    (root / "gh-expired" / "KEEP_UNTIL").write_text((now - timedelta(minutes=1)).isoformat())
-    (root / "gh-garbled" / "KEEP_UNTIL").write_text("tomorrow-ish")
-    (root / "gh-naive" / "KEEP_UNTIL").write_text((now + timedelta(hours=1)).replace(tzinfo=None).isoformat())
+    prepared_in_a_process("gh-abandoned", root)
+    prepared_in_a_process("gh-kept", root, keep_until=(now + timedelta(hours=1)).isoformat())
+    prepared_in_a_process("gh-expired", root, keep_until=(now - timedelta(minutes=1)).isoformat())
+    prepared_in_a_process("gh-garbled", root, keep_until="tomorrow-ish")
+    prepared_in_a_process("gh-naive", root, keep_until=(now + timedelta(hours=1)).replace(tzinfo=None).isoformat())
     holder = prepared_in_a_process("gh-held", root, stays=True)
     wait_for(lambda: (root / "gh-held" / "job" / "prompt.md").exists(), timeout=10, what="the live holder")
     # Not job folders of ours: an operator's repository, a link out of the root, a folder with a foreign holder.

@@ -52,6 +52,10 @@ return 0
 """
 
 
+def is_job_id(job_id) -> bool:
+    return isinstance(job_id, str) and bool(job_id) and len(job_id) <= 200 and set(job_id) <= JOB_ID_CHARS
+
+
 def request_key(job_id: str) -> str:
     return f"pidispatch:cancel:{job_id}"
 
@@ -80,7 +84,7 @@ class CancelResult:
 
 
 def cancel_job(redis, job_id: str, *, by: str, ack_seconds: float | None = None) -> CancelResult:
-    if not job_id or not set(job_id) <= JOB_ID_CHARS:
+    if not is_job_id(job_id):
         raise ValueError(f"{job_id!r} is not a job id (letters, digits, '_' and '-')")
     try:
         job = Job.fetch(job_id, connection=redis)

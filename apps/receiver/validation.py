@@ -20,7 +20,7 @@ from croniter import croniter
 from django.core.exceptions import ValidationError
 
 from apps.worker.secrets import is_reserved as secret_name_is_reserved
-from apps.worker.validation import FLOW_PATTERN
+from apps.worker.validation import FLOW_PATTERN, MODEL_PATTERN, PROVIDER_PATTERN
 
 # --- vocabulary ------------------------------------------------------------------------------------------
 
@@ -42,8 +42,6 @@ EXCLUDABLE_TOOLS = ("read", "bash", "powershell", "edit", "write", "grep", "find
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 CRON_ID_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-PROVIDER_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-MODEL_PATTERN = re.compile(r"^(?:[~@]?[A-Za-z0-9])[A-Za-z0-9._:/@-]{0,62}$")
 SECRET_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ISO_INSTANT = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:\d{2})$")
 

@@ -61,7 +61,8 @@ class Run(models.Model):
     class Meta:
         ordering = ["-started_at", "-id"]
         constraints = [models.UniqueConstraint(fields=["job_id", "attempt"], name="run_job_attempt_unique")]
-        permissions = [("publish_run", "Can publish a run's kept work again")]
+        permissions = [("publish_run", "Can publish a run's kept work again"),
+                       ("start_run", "Can start a run by hand (a folder on a worker host, or a forge's issue)")]
         indexes = [
             models.Index(fields=["-started_at"], name="run_started_idx"),
             models.Index(fields=["outcome", "-started_at"], name="run_outcome_idx"),

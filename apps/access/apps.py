@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class AccessConfig(AppConfig):
+    name = "apps.access"
+    label = "access"
+    verbose_name = "API access"

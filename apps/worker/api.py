@@ -1,0 +1,292 @@
+"""Runs, manual runs, limits, pause windows, settings and spend over the API.
+
+A manual run goes through apps/worker/manual_runs.py (as `dispatch_run` and the admin's "Start a run" do); the
+CRUD resources validate as their admin forms do (each model's `clean`)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.conf import settings
+from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view, inline_serializer
+from redis.exceptions import RedisError
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.exceptions import ValidationError
+from rest_framework.pagination import CursorPagination
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.fleet.api import RedisUnavailable
+from apps.fleet.connection import get_redis
+
+from .manual_runs import ManualRunRefused, start_forge_run, start_local_run
+from .models import DispatchSettings, PauseWindow, Run, ScopedLimit
+
+
+class StrictSerializer(serializers.Serializer):
+    """Unknown fields are refused, not ignored (a typo must not silently change what happens)."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise ValidationError({name: ["unknown field"] for name in unknown})
+        return super().to_internal_value(data)
+
+
+class StrictModelSerializer(StrictSerializer, serializers.ModelSerializer):
+    """A model's fields, validated by the model's own `clean` (the admin form's rules)."""
+
+    def validate(self, attrs):
+        instance = self.instance or self.Meta.model()
+        for name, value in attrs.items():
+            setattr(instance, name, value)
+        try:
+            instance.full_clean(validate_unique=True)
+        except DjangoValidationError as error:
+            raise ValidationError(error.message_dict if hasattr(error, "error_dict") else
+                                  {"non_field_errors": error.messages}) from None
+        return attrs
+
+
+# --- runs ------------------------------------------------------------------------------------------------------
+
+class RunSerializer(serializers.ModelSerializer):
+    trigger = serializers.IntegerField(source="trigger_id", allow_null=True, read_only=True)
+    duration_seconds = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Run
+        fields = "__all__"
+
+    def get_duration_seconds(self, run: Run) -> float:
+        return round(run.duration.total_seconds(), 3)
+
+
+def run_summaries(job_id: str) -> list[dict]:
+    """A job's run records, first attempt first, for a job's whereabouts."""
+    return [{"attempt": run.attempt, "outcome": run.outcome, "reason": run.reason, "ended_at": run.ended_at,
+             "publish_outcome": run.publish_outcome, "pull_request": run.pull_request, "id": run.pk}
+            for run in Run.objects.for_job(job_id)]
+
+
+class NewestFirst(CursorPagination):
+    ordering = ("-started_at", "-id")
+    page_size_query_param = "page_size"
+    max_page_size = 200
+
+    def get_page_size(self, request):
+        self.page_size = settings.PI_API_PAGE_SIZE
+        return super().get_page_size(request)
+
+
+RUN_FILTERS = {"outcome": "outcome", "reason": "reason", "kind": "kind", "host": "host", "trigger": "trigger_id",
+               "target": "target", "flow": "flow", "job_id": "job_id"}
+PAGINATION_PARAMETERS = {"cursor", "page_size", "format"}
+
+
+class StartRunSerializer(StrictSerializer):
+    """A local folder on a host, or a forge's issue/pull request; what to do and how."""
+
+    folder = serializers.CharField(required=False, help_text="A git repository on the worker host (absolute path).")
+    host = serializers.CharField(required=False, default="", help_text="The worker host holding the folder.")
+    forge = serializers.ChoiceField(choices=["github", "gitlab", "forgejo", "azure"], required=False)
+    repository = serializers.CharField(required=False, help_text="As the forge names it, e.g. acme/web.")
+    number = serializers.IntegerField(required=False, min_value=1)
+    target_type = serializers.ChoiceField(choices=["issue", "pull_request"], required=False, default="issue")
+    project_id = serializers.CharField(required=False, default="")
+    repository_id = serializers.CharField(required=False, default="")
+    task = serializers.CharField(required=False, default="", allow_blank=True, trim_whitespace=False)
+    flow = serializers.CharField(required=False, default="")
+    command = serializers.CharField(required=False, default="")
+    image = serializers.CharField(required=False, default="")
+    provider = serializers.CharField(required=False, default="")
+    model = serializers.CharField(required=False, default="")
+    max_turns = serializers.IntegerField(required=False, allow_null=True, default=None)
+    force = serializers.BooleanField(required=False, default=False)
+
+    def validate(self, attrs):
+        local, forge = "folder" in attrs, "forge" in attrs
+        if local == forge:
+            raise ValidationError({"non_field_errors": ["give a folder (a local run) or a forge with its repository "
+                                                        "and number (a forge run)"]})
+        if forge and not ("repository" in attrs and "number" in attrs):
+            raise ValidationError({name: ["required for a forge run"] for name in ("repository", "number")
+                                   if name not in attrs})
+        return attrs
+
+
+QUEUED_RUN = inline_serializer("QueuedRun", {"job_id": serializers.CharField(), "queue": serializers.CharField(),
+                                            "target": serializers.CharField(), "note": serializers.CharField(),
+                                            "job_url": serializers.CharField()})
+
+
+@extend_schema_view(
+    list=extend_schema(parameters=[OpenApiParameter(name, str, description=f"exactly this {name}")
+                                   for name in RUN_FILTERS] + [
+        OpenApiParameter("since", OpenApiTypes.DATETIME, description="started at or after"),
+        OpenApiParameter("until", OpenApiTypes.DATETIME, description="started before")]),
+    create=extend_schema(request=StartRunSerializer, responses={202: QUEUED_RUN}),
+)
+class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):
+    """Run records (newest first, cursor pages) and starting a manual run."""
+
+    serializer_class = RunSerializer
+    pagination_class = NewestFirst
+    scopes = {"create": "operate"}
+    required_permissions = {"list": ("worker.view_run",), "retrieve": ("worker.view_run",),
+                            "create": ("worker.start_run",)}
+
+    def get_queryset(self):
+        runs = Run.objects.all()
+        if self.action != "list":
+            return runs
+        query = self.request.query_params
+        unknown = sorted(set(query) - set(RUN_FILTERS) - {"since", "until"} - PAGINATION_PARAMETERS)
+        if unknown:
+            raise ValidationError({name: ["unknown filter"] for name in unknown})
+        for name, field in RUN_FILTERS.items():
+            if name in query:
+                value = query[name]
+                if name == "trigger" and not value.isdigit():
+                    raise ValidationError({"trigger": ["a trigger id"]})
+                runs = runs.filter(**{field: value})
+        for name, lookup in (("since", "started_at__gte"), ("until", "started_at__lt")):
+            if name in query:
+                runs = runs.filter(**{lookup: _instant(name, query[name])})
+        return runs
+
+    def create(self, request, *args, **kwargs):
+        serializer = StartRunSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        values = dict(serializer.validated_data)
+        execution = {name: values.pop(name) for name in ("task", "flow", "command", "image", "provider", "model",
+                                                         "max_turns")}
+        try:
+            if "folder" in values:
+                queued = start_local_run(values["folder"], host=values["host"], force=values["force"], **execution)
+            else:
+                queued = start_forge_run(values["forge"], values["repository"], values["number"],
+                                         target_type=values["target_type"], project_id=values["project_id"],
+                                         repository_id=values["repository_id"], **execution)
+        except ManualRunRefused as refused:
+            if not refused.field:
+                raise RedisUnavailable(refused.message) from None
+            raise ValidationError({refused.field: [refused.message]}) from None
+        return Response({"job_id": queued.job_id, "queue": queued.queue, "target": queued.target, "note": queued.note,
+                         "job_url": f"/api/v1/jobs/{queued.job_id}"}, status=status.HTTP_202_ACCEPTED)
+
+
+def _instant(name: str, text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise ValidationError({name: ["an ISO 8601 instant with a zone, e.g. 2026-12-01T00:00:00Z"]})
+    return moment
+
+
+# --- limits, pause windows, settings ----------------------------------------------------------------------------
+
+class ScopedLimitSerializer(StrictModelSerializer):
+    class Meta:
+        model = ScopedLimit
+        fields = ["id", "scope", "day", "week", "month", "concurrent", "note"]
+
+
+class PauseWindowSerializer(StrictModelSerializer):
+    class Meta:
+        model = PauseWindow
+        fields = ["id", "scope", "starts", "ends", "tz", "days", "date_from", "date_to", "enabled", "note"]
+
+
+class DispatchSettingsSerializer(StrictModelSerializer):
+    class Meta:
+        model = DispatchSettings
+        exclude = ["id"]
+        read_only_fields = ["updated_at"]
+
+
+class ScopedLimitViewSet(viewsets.ModelViewSet):
+    """Caps and concurrency for one repository or folder (what `import_limits` reads)."""
+
+    queryset = ScopedLimit.objects.all()
+    serializer_class = ScopedLimitSerializer
+    pagination_class = None
+    scopes = {action: "admin" for action in ("create", "update", "partial_update", "destroy")}
+    required_permissions = {"list": ("worker.view_scopedlimit",), "retrieve": ("worker.view_scopedlimit",),
+                            **{action: ("worker.manage_limits",) for action in scopes}}
+
+
+class PauseWindowViewSet(viewsets.ModelViewSet):
+    """Quiet hours: jobs in scope wait until the window ends."""
+
+    queryset = PauseWindow.objects.all()
+    serializer_class = PauseWindowSerializer
+    pagination_class = None
+    scopes = {action: "admin" for action in ("create", "update", "partial_update", "destroy")}
+    required_permissions = {"list": ("worker.view_pausewindow",), "retrieve": ("worker.view_pausewindow",),
+                            "create": ("worker.add_pausewindow",), "update": ("worker.change_pausewindow",),
+                            "partial_update": ("worker.change_pausewindow",),
+                            "destroy": ("worker.delete_pausewindow",)}
+
+
+class SettingsView(APIView):
+    """The live settings row over the environment: blank fields fall back to the environment's values."""
+
+    scopes = {"put": "admin", "patch": "admin"}
+    required_permissions = {"get": ("worker.view_dispatchsettings",), "put": ("worker.manage_settings",),
+                            "patch": ("worker.manage_settings",)}
+
+    def _row(self) -> DispatchSettings:
+        return DispatchSettings.objects.filter(pk=1).first() or DispatchSettings()  # never created by a read
+
+    @extend_schema(responses={200: DispatchSettingsSerializer}, operation_id="settings_read")
+    def get(self, request):
+        return Response(DispatchSettingsSerializer(self._row()).data)
+
+    def _write(self, request, partial: bool):
+        row = self._row()
+        serializer = DispatchSettingsSerializer(row, data=request.data, partial=partial)
+        serializer.is_valid(raise_exception=True)
+        serializer.save()
+        return Response(serializer.data)
+
+    @extend_schema(request=DispatchSettingsSerializer, responses={200: DispatchSettingsSerializer},
+                   operation_id="settings_replace")
+    def put(self, request):
+        return self._write(request, partial=False)
+
+    @extend_schema(request=DispatchSettingsSerializer, responses={200: DispatchSettingsSerializer},
+                   operation_id="settings_update")
+    def patch(self, request):
+        return self._write(request, partial=True)
+
+
+# --- spend ------------------------------------------------------------------------------------------------------
+
+class SpendView(APIView):
+    """Today's, this week's and this month's job counts against their caps, today's tokens and cost."""
+
+    required_permissions = {"get": ("worker.view_run",)}
+
+    @extend_schema(responses={200: inline_serializer("Spend", {
+        "windows": serializers.ListField(child=serializers.DictField()), "tokens_today": serializers.IntegerField(),
+        "token_cap": serializers.IntegerField(allow_null=True), "cost_today": serializers.CharField(),
+        "caps_error": serializers.CharField()})}, operation_id="spend")
+    def get(self, request):
+        from apps.fleet.panel import spend
+
+        try:
+            current = spend(get_redis())
+        except RedisError:
+            raise RedisUnavailable() from None
+        return Response({
+            "windows": [{"window": meter.window, "used": meter.used, "cap": meter.cap, "state": meter.state}
+                        for meter in current.meters],
+            "tokens_today": current.tokens_today, "token_cap": current.token_cap,
+            "cost_today": str(current.cost_today), "caps_error": current.caps_error,
+        })

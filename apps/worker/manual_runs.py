@@ -1,0 +1,146 @@
+"""Starting a run by hand: the one service `dispatch_run`, the API's `POST /api/v1/runs` and the admin's
+"Start a run" page call.
+
+    queued = start_local_run("/srv/code/app", task="Upgrade the linter config", host="hostA")
+    queued = start_forge_run("github", "acme/web", 7, flow="fix-bug", task="Look at the footer too.")
+    queued.job_id, queued.queue
+
+A local run names a folder on a worker host: on this host it is checked now (a dirty tree or a missing folder
+is refused here, with what to do); on another host its own worker checks it at gate 10. A forge run names an
+issue or pull request; the worker resolves, clones and publishes it as it does a webhook's job. Every refusal is
+`ManualRunRefused(field, message)`, the message fit for a form, a 400 or a CLI error.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from redis.exceptions import RedisError
+
+from apps.fleet.hosts import HOST_NAME_PATTERN, this_host
+from apps.fleet.queues import SHARED_QUEUE, host_queue
+
+from .forges import forge_client
+from .jobs import FORGE_KINDS, JobSpec, enqueue
+from .validation import FLOW_PATTERN, IMAGE_PATTERN, MODEL_PATTERN, PROVIDER_PATTERN
+from .workspace import WorkspaceRefused, check_local_folder
+
+MAX_TASK_CHARS = 100_000
+COMMAND_PATTERN = FLOW_PATTERN
+
+
+class ManualRunRefused(Exception):
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class QueuedRun:
+    job_id: str
+    queue: str
+    target: str
+    note: str = ""  # what the person starting it should know (an undeclared host, say)
+
+
+def _execution(flow: str, command: str, image: str, provider: str, model: str, max_turns: int | None) -> dict:
+    if flow and command:
+        raise ManualRunRefused("flow", "give a flow or a command, not both")
+    if flow and not FLOW_PATTERN.fullmatch(flow):
+        raise ManualRunRefused("flow", f"{flow!r}: use 1-64 lowercase letters, digits, '-' or '_' (e.g. fix-bug)")
+    if command and not COMMAND_PATTERN.fullmatch(command):
+        raise ManualRunRefused("command", f"{command!r}: use 1-64 lowercase letters, digits, '-' or '_'")
+    if image and not IMAGE_PATTERN.fullmatch(image):
+        raise ManualRunRefused("image", f"{image!r} is not an image reference (e.g. pi-job:latest)")
+    if provider and not PROVIDER_PATTERN.fullmatch(provider):
+        raise ManualRunRefused("provider", f"{provider!r} is not a provider name (e.g. anthropic)")
+    if model and not MODEL_PATTERN.fullmatch(model):
+        raise ManualRunRefused("model", f"{model!r} is not a model name (e.g. claude-sonnet-4-5)")
+    if max_turns is not None and (not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1):
+        raise ManualRunRefused("max_turns", "a whole number of turns, at least 1")
+    return {"flow": flow if flow or command else "task", "command": command, "image": image, "provider": provider,
+            "model": model, "max_turns": max_turns}
+
+
+def _task(task: str, required: bool) -> str:
+    if not isinstance(task, str):
+        raise ManualRunRefused("task", "must be text")
+    if required and not task.strip():
+        raise ManualRunRefused("task", "is empty: say what the agent should do")
+    if len(task) > MAX_TASK_CHARS:
+        raise ManualRunRefused("task", f"is longer than {MAX_TASK_CHARS} characters")
+    return task
+
+
+def _enqueue(spec: JobSpec, queue: str) -> None:
+    try:
+        enqueue(spec, queue)
+    except RedisError:
+        raise ManualRunRefused("", "Redis did not answer (REDIS_URL); nothing was queued. Start Redis and retry.") \
+            from None
+
+
+def start_local_run(folder: str, *, task: str, host: str = "", flow: str = "", command: str = "", image: str = "",
+                    provider: str = "", model: str = "", max_turns: int | None = None,
+                    force: bool = False) -> QueuedRun:
+    """A run on a local git folder of a worker host (this one when `host` is empty or names this host)."""
+    here = this_host()
+    if host and not HOST_NAME_PATTERN.fullmatch(host):
+        raise ManualRunRefused("host", f"{host!r} is not a host name (letters, digits, '.', '_' or '-')")
+    if not isinstance(folder, str) or not folder.strip():
+        raise ManualRunRefused("folder", "name the folder: an absolute path on the worker host")
+    local = not host or host == here.name
+    if local:
+        path = str(Path(folder).expanduser().resolve())
+        try:
+            check_local_folder(path, force=force)
+        except WorkspaceRefused as refused:
+            hint = " Commit or stash them, or run it forced." if refused.reason == "workspace-dirty" else ""
+            raise ManualRunRefused("folder", f"{path}: {refused.hint}.{hint}") from None
+    else:
+        if not folder.startswith("/"):
+            raise ManualRunRefused("folder", "a folder on another host is named by its absolute path")
+        path = folder
+    execution = _execution(flow, command, image, provider, model, max_turns)
+    spec = JobSpec(job_id=f"run-{uuid.uuid4().hex}", kind="local", folder=path, target_type="local",
+                   task=_task(task, required=True), force=force, **execution)
+    if local:
+        queue = host_queue(here.name) if here.declared else SHARED_QUEUE
+    else:
+        queue = host_queue(host)
+    _enqueue(spec, queue)
+    note = "" if not local or here.declared else (
+        "this host has no PI_WORKER_NAME, so the job waits on the shared queue and any worker may take it; "
+        "declare PI_WORKER_NAME on hosts that hold local folders.")
+    return QueuedRun(job_id=spec.job_id, queue=queue, target=spec.target, note=note)
+
+
+def start_forge_run(forge: str, repository: str, number: int, *, target_type: str = "issue", task: str = "",
+                    flow: str = "", command: str = "", image: str = "", provider: str = "", model: str = "",
+                    max_turns: int | None = None, project_id: str = "", repository_id: str = "") -> QueuedRun:
+    """A run on a forge's issue or pull request, as if a trigger had fired on it (cloned, published)."""
+    if forge not in FORGE_KINDS:
+        raise ManualRunRefused("forge", f"{forge!r}: one of {', '.join(FORGE_KINDS)}")
+    client = forge_client(forge)
+    if not client.base_url or not (client.token or getattr(client, "app", None)):
+        raise ManualRunRefused("forge", f"this deployment has no {forge} credential its workers could act with")
+    if not isinstance(repository, str) or not repository.strip() or len(repository) > 300 or any(
+            ch.isspace() for ch in repository):
+        raise ManualRunRefused("repository", "the repository as the forge names it (e.g. acme/web)")
+    if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+        raise ManualRunRefused("number", "the issue or pull request number, at least 1")
+    if target_type not in ("issue", "pull_request"):
+        raise ManualRunRefused("target_type", "issue or pull_request")
+    if forge == "gitlab" and project_id and not project_id.isdigit():
+        raise ManualRunRefused("project_id", "GitLab's numeric project id")
+    if forge == "azure" and not (project_id and repository_id):
+        raise ManualRunRefused("project_id", "Azure DevOps needs the project and repository ids")
+    execution = _execution(flow, command, image, provider, model, max_turns)
+    spec = JobSpec(job_id=f"run-{uuid.uuid4().hex}", kind=forge, repo=repository.strip(), number=number,
+                   target_type=target_type, task=_task(task, required=False), project_id=project_id,
+                   repository_id=repository_id, trigger_type="manual", **execution)
+    _enqueue(spec, SHARED_QUEUE)
+    return QueuedRun(job_id=spec.job_id, queue=SHARED_QUEUE, target=spec.target)

@@ -1,0 +1,37 @@
+"""The REST API's routes (/api/v1/), its OpenAPI schema and its docs page (served from here: no CDN).
+
+The views live beside what they show (apps/<app>/api.py); authentication, scopes and throttling are
+apps/access/. Every state change a view makes goes through the one service the admin and the commands call.
+"""
+
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
+
+from apps.fleet import api as fleet
+from apps.receiver import api as receiver
+from apps.worker import api as worker
+
+router = DefaultRouter(trailing_slash=False)
+router.register("runs", worker.RunViewSet, basename="run")
+router.register("limits", worker.ScopedLimitViewSet, basename="limit")
+router.register("pause-windows", worker.PauseWindowViewSet, basename="pause-window")
+router.register("triggers", receiver.TriggerViewSet, basename="trigger")
+router.register("deliveries", receiver.DeliveryViewSet, basename="delivery")
+
+urlpatterns = [
+    path("", include(router.urls)),
+    path("settings", worker.SettingsView.as_view(), name="settings"),
+    path("spend", worker.SpendView.as_view(), name="spend"),
+    path("jobs/<str:job_id>", fleet.JobView.as_view(), name="job"),
+    path("jobs/<str:job_id>/cancel", fleet.CancelView.as_view(), name="job-cancel"),
+    path("fleet", fleet.FleetStatusView.as_view(), name="fleet"),
+    path("fleet/hosts", fleet.HostsView.as_view(), name="fleet-hosts"),
+    path("fleet/queues", fleet.QueuesView.as_view(), name="fleet-queues"),
+    path("fleet/queues/<str:name>/pause", fleet.SwitchView.as_view(action_name="pause"), name="queue-pause"),
+    path("fleet/queues/<str:name>/resume", fleet.SwitchView.as_view(action_name="resume"), name="queue-resume"),
+    path("fleet/pause-all", fleet.SwitchView.as_view(action_name="pause", every_queue=True), name="pause-all"),
+    path("fleet/resume-all", fleet.SwitchView.as_view(action_name="resume", every_queue=True), name="resume-all"),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
+]

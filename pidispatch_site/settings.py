@@ -157,6 +157,9 @@ PI_JOB_ROOT = Path(env("PI_JOB_ROOT", default=str(VAR_DIR / "jobs"))).resolve()
 PI_KEEP_JOB_DIRS = env.bool("PI_KEEP_JOB_DIRS", default=False)
 PI_JOB_MEMORY = env("PI_JOB_MEMORY", default="4g")
 PI_JOB_CPUS = env.float("PI_JOB_CPUS", default=2.0)
+# The most containers one host runs at once, below its number of worker processes (unset: one per process);
+# the admin's settings row overrides it live (apps/worker/host_slots.py).
+PI_CONCURRENCY = env.int("PI_CONCURRENCY", default=0) or None
 PI_JOB_PIDS_LIMIT = 512
 # The uid:gid a job runs as when the worker itself runs as root (never root inside the container).
 PI_JOB_USER = env("PI_JOB_USER", default="1000:1000")
@@ -210,6 +213,10 @@ PI_WAIT_MAX_SECONDS = env.int("PI_WAIT_MAX_SECONDS", default=24 * 3600)
 PI_WAIT_MAX_FAULTS = env.int("PI_WAIT_MAX_FAULTS", default=5)
 PI_WAIT_CHECK_TIMEOUT_SECONDS = env.int("PI_WAIT_CHECK_TIMEOUT_SECONDS", default=10)
 PI_WAIT_AFTER_MAX_DAYS = 30
+# Wait checks at once per host and, for a declared host, fleet-wide (apps/worker/wait_slots.py); a job denied
+# one looks again after at least PI_WAIT_THROTTLE_SECONDS.
+PI_WAIT_CHECK_SLOTS = env.int("PI_WAIT_CHECK_SLOTS", default=1)
+PI_WAIT_THROTTLE_SECONDS = env.float("PI_WAIT_THROTTLE_SECONDS", default=11)
 # How long one secret resolver call (one `run.secrets` reference) may take before it counts as unreachable.
 PI_SECRET_RESOLVE_TIMEOUT_MS = env.int("PI_SECRET_RESOLVE_TIMEOUT_MS", default=10000)
 # How long a job that found its scope's slots (or its folder) busy waits before it looks again.

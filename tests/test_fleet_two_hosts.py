@@ -7,18 +7,14 @@ import time
 import pytest
 from rq import Queue
 
-from apps.fleet import registry
 from apps.worker.models import Outcome, Run
 from tests.conftest import wait_for
 from tests.jobspecs import enqueue_spec, forge_spec
+from tests.process_support import host_row
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
 QUIET_SECONDS = 3  # long enough for several pause checks of a worker (each about a second)
-
-
-def host_row(redis_conn, name):
-    return next((h for h in registry.read_hosts(redis_conn) if h.name == name), None)
 
 
 def status(fleet_command) -> dict:

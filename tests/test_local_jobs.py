@@ -102,7 +102,7 @@ def test_a_repository_without_a_commit_is_refused(owner_space, run_worker):
 
 
 def test_one_job_per_folder_at_a_time(repo, start_worker):
-    from tests.test_scope_concurrency import ContainerLifetimes, assert_no_overlap
+    from tests.process_support import ContainerLifetimes, assert_no_overlap
 
     lifetimes = ContainerLifetimes()
     for index in range(2):

@@ -1,52 +1,15 @@
 """A scoped limit's `concurrent` holds across worker processes (deferral, never refusal), the local
 folder mutex serialises one folder, and a crashed holder does not keep its slot."""
 
-import threading
-
-import docker
 import pytest
 
 from apps.worker import leases
 from apps.worker.models import Outcome, Run, ScopedLimit
 from tests.conftest import wait_for
 from tests.jobspecs import enqueue_spec, forge_spec
+from tests.process_support import ContainerLifetimes, assert_no_overlap
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class ContainerLifetimes:
-    """Start and stop instants of job containers, from the engine's own event stream."""
-
-    def __init__(self):
-        self.engine = docker.from_env()
-        self.events = []
-        self._stream = self.engine.events(decode=True, filters={"label": "pidispatch.job", "type": "container"})
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-
-    def _read(self):
-        try:
-            for event in self._stream:
-                if event.get("status") in ("start", "die"):
-                    self.events.append((event["Actor"]["Attributes"]["pidispatch.job"], event["status"],
-                                        int(event["timeNano"])))
-        except Exception:  # the stream closes when the test ends
-            pass
-
-    def intervals(self):
-        spans = {}
-        for job, status, at in self.events:
-            spans.setdefault(job, {})[status] = at
-        return {job: (span["start"], span["die"]) for job, span in spans.items() if len(span) == 2}
-
-    def close(self):
-        self._stream.close()
-
-
-def assert_no_overlap(intervals):
-    ordered = sorted(intervals.values())
-    for (_, first_end), (second_start, _) in zip(ordered, ordered[1:]):
-        assert second_start >= first_end, "two containers of one scope ran at the same time"
 
 
 def test_concurrent_one_never_overlaps_across_two_workers(start_worker):

@@ -92,7 +92,7 @@ def test_not_yet_holds_with_backoff_and_is_listed(redis_conn, check):
     assert outcome.detail["checks"] == 1 and outcome.detail["faults"] == 0
     (row,) = waitfor.held_jobs(redis_conn, now + timedelta(seconds=90))
     assert row == {"job_id": "gh-w2", "target": "acme/web#7", "waiting_on": "profile ci-green",
-                   "held_seconds": 90, "checks": 1, "faults": 0}
+                   "held_seconds": 90, "checks": 1, "faults": 0, "denials": 0}
 
     check.answer(0)
     assert gate(redis_conn, spec, now + timedelta(seconds=61)).go

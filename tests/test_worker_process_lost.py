@@ -4,7 +4,6 @@ it ended, the copy RQ keeps of the job holds none of its texts."""
 
 import os
 import time
-from pathlib import Path
 
 import pytest
 from rq.command import send_stop_job_command
@@ -13,6 +12,7 @@ from rq.job import Job
 from apps.worker.models import Outcome, Run
 from tests.conftest import wait_for
 from tests.jobspecs import enqueue_spec, forge_spec, keys_holding, marked_spec
+from tests.process_support import horse_of
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
@@ -30,14 +30,6 @@ def group_alive(pgid: int) -> bool:
         return True
     except ProcessLookupError:
         return False
-
-
-def horse_of(worker_pid: int) -> int:
-    """The work horse: the worker's child that leads its own process group (RQ's scheduler does not)."""
-    children = Path(f"/proc/{worker_pid}/task/{worker_pid}/children").read_text().split()
-    horses = [int(pid) for pid in children if os.getpgid(int(pid)) == int(pid)]
-    assert len(horses) == 1, children
-    return horses[0]
 
 
 def test_a_worker_killed_mid_job_is_reaped_and_recorded_at_restart_and_nothing_reruns(

@@ -5,16 +5,13 @@ import time
 
 import pytest
 
-from apps.fleet import pauses, registry
+from apps.fleet import pauses
 from apps.worker.models import Outcome, Run
 from tests.conftest import wait_for
 from tests.jobspecs import enqueue_spec, forge_spec
+from tests.process_support import host_row
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
-
-
-def host_row(redis_conn, name):
-    return next((h for h in registry.read_hosts(redis_conn) if h.name == name), None)
 
 
 def test_a_pool_of_two_processes_drains_the_host_queue_and_honours_pauses(start_worker, redis_conn, fast_fleet):

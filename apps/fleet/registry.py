@@ -8,7 +8,8 @@ from the index for a day so a dead host's queue stays explainable).
 Redis keys (values are names, numbers and flags only: never paths, titles or logins):
     pidispatch:hosts                    ZSET host name -> last beat (unix seconds); the index readers walk
     pidispatch:host:<name>              HASH the host row: name, declared (1 = routes), version, image,
-                                             capabilities (comma-joined names), beat_at; expires
+                                             capabilities (comma-joined names), concurrency (the live
+                                             PI_CONCURRENCY, "" for none), beat_at; expires
     pidispatch:host:<name>:workers      SET  RQ worker names of the host's worker processes; expires
     pidispatch:worker:<rq worker name>  HASH one worker process: host, pid, proc (liveness identity), queues,
                                              started_at, beat_at, and while busy job, job_started_at,
@@ -68,6 +69,7 @@ class HostFacts:
     version: str
     image: str
     capabilities: tuple[str, ...] = ()
+    concurrency: int | None = None  # the cap on containers at once; None: one per worker process
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ class HostRow:
     version: str = ""
     image: str = ""
     capabilities: tuple[str, ...] = ()
+    concurrency: int | None = None
     processes: tuple[WorkerProcess, ...] = field(default_factory=tuple)
 
     @property
@@ -158,7 +161,8 @@ def publish(redis, host: HostFacts, process: ProcessFacts, now: float | None = N
     pipe = redis.pipeline(transaction=False)
     pipe.hset(host_key(host.name), mapping={
         "name": host.name, "declared": int(host.declared), "version": host.version, "image": host.image,
-        "capabilities": ",".join(host.capabilities), "beat_at": f"{now:.3f}",
+        "capabilities": ",".join(host.capabilities), "concurrency": host.concurrency or "",
+        "beat_at": f"{now:.3f}",
     })
     pipe.expire(host_key(host.name), ttl)
     pipe.sadd(host_workers_key(host.name), process.worker_name)
@@ -210,6 +214,15 @@ def _process(worker_name: str, raw: dict) -> WorkerProcess | None:
     )
 
 
+def process_count(redis, host_name: str) -> int:
+    """How many worker processes the host has now (an entry goes with its process, at the latest by its TTL)."""
+    members = [text(name) for name in redis.smembers(host_workers_key(host_name))]
+    pipe = redis.pipeline(transaction=False)
+    for worker_name in members:
+        pipe.exists(worker_key(worker_name))
+    return sum(pipe.execute()) if members else 0
+
+
 def read_process(redis, worker_name: str) -> WorkerProcess | None:
     raw = redis.hgetall(worker_key(worker_name))
     return _process(worker_name, raw) if raw else None
@@ -249,6 +262,7 @@ def read_hosts(redis, now: float | None = None) -> list[HostRow]:
                 processes.append(process)
         row = {text(k): text(v) for k, v in raw.items()}
         beat_at = _number(row.get("beat_at")) if row else indexed_beat
+        concurrency = _number(row.get("concurrency"))
         if now - indexed_beat > GONE_KEPT_SECONDS:
             continue
         hosts.append(HostRow(
@@ -259,6 +273,7 @@ def read_hosts(redis, now: float | None = None) -> list[HostRow]:
             version=row.get("version", ""),
             image=row.get("image", ""),
             capabilities=_names(row.get("capabilities"), lambda c: ":" in c),
+            concurrency=int(concurrency) if concurrency else None,
             processes=tuple(processes) if row else (),
         ))
     return sorted(hosts, key=lambda h: h.name)

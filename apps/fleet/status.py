@@ -84,7 +84,7 @@ class FleetSnapshot:
                 "name": h.name, "liveness": h.liveness, "beat_at": instant(h.beat_at),
                 "beat_age_seconds": None if h.beat_at is None else round(h.beat_age(self.taken_at), 1),
                 "started_at": instant(h.started_at), "version": h.version, "declared": h.declared, "routes": h.routes,
-                "processes": len(h.processes), "busy": h.busy, "queues": list(h.queues),
+                "processes": len(h.processes), "busy": h.busy, "concurrency": h.concurrency, "queues": list(h.queues),
                 "capabilities": list(h.capabilities), "image": h.image,
                 "running": [{"job_id": j.job_id, "started_at": instant(j.started_at), "target": j.target,
                              "queue": j.queue} for j in h.running],

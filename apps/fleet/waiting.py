@@ -21,7 +21,8 @@ from rq.registry import ScheduledJobRegistry
 
 from .connection import text
 
-HELD_REASONS = ("wait-for",)
+# The kind of wait a deferral's reason is; any other reason is `deferred`, none at all a retry's backoff.
+KINDS = {"wait-for": "held", "wait-throttled": "throttled"}  # throttled: held, denied a check slot (denials=n)
 DETAIL_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
 DETAIL_TEXT = re.compile(r"^[A-Za-z0-9 ._:+#!/@,=-]{0,120}$")
 DETAIL_MAX_KEYS = 8
@@ -36,7 +37,8 @@ def note_key(job_id: str) -> str:
 class WaitingJob:
     job_id: str
     queue: str
-    kind: str  # held (wait-for) | deferred (pause window, busy scope, ...) | retry (backoff after a fault)
+    kind: str  # held (wait-for) | throttled (held, no check slot) | deferred (pause window, busy scope, ...) |
+    #            retry (backoff after a fault)
     reason: str
     until: float | None
     since: float | None = None
@@ -109,7 +111,7 @@ def list_waiting(redis, queues, limit: int = 200) -> list[WaitingJob]:
             detail = {}
         waiting.append(WaitingJob(
             job_id=job_id, queue=queue,
-            kind=("held" if reason in HELD_REASONS else "deferred") if reason else "retry",
+            kind=KINDS.get(reason, "deferred") if reason else "retry",
             reason=reason or "retry-backoff", until=score,
             since=float(data["since"]) if data.get("since") else None,
             target=data.get("target", ""), detail=detail if isinstance(detail, dict) else {},

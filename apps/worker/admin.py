@@ -183,6 +183,7 @@ class DispatchSettingsAdmin(ManagedChangesAdmin, admin.ModelAdmin):
          {"fields": ("daily_cap", "weekly_cap", "monthly_cap", "soft_hold_pct")}),
         ("Per run", {"fields": ("max_turns", "max_tokens", "job_memory", "job_cpus")}),
         ("Tokens", {"fields": ("daily_token_cap",)}),
+        ("Per worker host", {"fields": ("concurrency",)}),
     )
 
     @admin.display(description="values jobs run under")

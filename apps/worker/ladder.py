@@ -4,8 +4,9 @@ no attempt, no record), or ends it with a `Verdict` (refused, or an infrastructu
 
     1 cancelled before start -> operator-cancel (no container)
     2 pause windows          -> defer to the latest window end
-    3 wait-for               -> defer / wait-refused / wait-expired / wait-unanswerable / ...
-    4 scope concurrency, folder mutex -> defer (PI_SCOPE_BUSY_RECHECK_SECONDS)
+    3 wait-for               -> defer (wait-for; wait-throttled: no check slot) / wait-refused / wait-expired / ...
+    4 host slot (PI_CONCURRENCY), scope concurrency, folder mutex
+                             -> defer host-busy / scope-busy (PI_SCOPE_BUSY_RECHECK_SECONDS)
     5 settings overlay       -> settings-overlay-invalid
     6 one-shot spent         -> once-already-spent
     7 image preflight        -> job-image-missing / job-image-unlabelled / job-image-protocol-mismatch;
@@ -54,6 +55,7 @@ from . import (
     container,
     disk,
     forge_workspace,
+    host_slots,
     jobfiles,
     leases,
     quiet_hours,
@@ -102,11 +104,7 @@ class Attempt:
 
     def let_go(self, redis) -> None:
         """Whatever the climb ended in: leases back, a minted token revoked, the job's folders removed."""
-        for lease in reversed(self.held_leases):
-            try:
-                leases.release(redis, lease)
-            except RedisError:  # the lease's TTL frees it
-                logger.warning("lease_release_failed job=%s", self.spec.job_id)
+        leases.release_all(redis, self.held_leases, self.spec.job_id)
         if self.forge is not None:
             try:
                 self.forge.release()
@@ -265,9 +263,12 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     if waited.refuse:
         return Verdict.refused(waited.refuse)
     if waited.defer_until is not None:
-        return Deferred(waited.defer_until, "wait-for", waited.detail or {})
+        return Deferred(waited.defer_until, waited.reason, waited.detail or {})
 
-    # 4. Scope concurrency (fleet-wide) and the local-folder mutex (per host).
+    # 4. The host's slot (PI_CONCURRENCY), scope concurrency (fleet-wide) and the local-folder mutex (per host).
+    host_busy = host_slots.take(redis, attempt)
+    if host_busy is not None:
+        return host_busy
     limit = budget.limit_for(spec)
     lease_ttl = job_time_budget_seconds()
     slots = []

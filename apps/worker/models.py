@@ -163,6 +163,11 @@ class DispatchSettings(models.Model):
     job_cpus = models.DecimalField(
         max_digits=5, decimal_places=2, null=True, blank=True, help_text="Per-container CPUs (PI_JOB_CPUS)."
     )
+    concurrency = models.PositiveSmallIntegerField(
+        null=True, blank=True,
+        help_text="Containers one worker host runs at once, below its number of worker processes (PI_CONCURRENCY). "
+                  "Every host applies a change to the next job it takes; running jobs finish.",
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -31,11 +31,13 @@ class RuntimeSettings:
     daily_token_cap: int | None
     job_memory: str
     job_cpus: float
+    concurrency: int | None  # containers one host runs at once; None: one per worker process
 
 
 def validate_overlay(row) -> None:
     errors = {}
-    for name in ("daily_cap", "weekly_cap", "monthly_cap", "max_turns", "max_tokens", "daily_token_cap"):
+    for name in ("daily_cap", "weekly_cap", "monthly_cap", "max_turns", "max_tokens", "daily_token_cap",
+                 "concurrency"):
         value = getattr(row, name)
         if value is not None and value < 1:
             errors[name] = "must be at least 1 (leave it blank to use the environment's value)."
@@ -77,4 +79,14 @@ def current() -> RuntimeSettings:
         daily_token_cap=_pick(row.daily_token_cap, settings.PI_DAILY_TOKEN_CAP),
         job_memory=_pick(row.job_memory, settings.PI_JOB_MEMORY),
         job_cpus=float(_pick(row.job_cpus, settings.PI_JOB_CPUS)),
+        concurrency=_pick(row.concurrency, settings.PI_CONCURRENCY),
     )
+
+
+def live_concurrency() -> int | None:
+    """PI_CONCURRENCY as it applies now. Read before the settings gate (the host slot is gate 4): an
+    unusable row gives the environment's value here, and gate 5 then refuses the job before it spends."""
+    try:
+        return current().concurrency
+    except SettingsInvalid:
+        return settings.PI_CONCURRENCY

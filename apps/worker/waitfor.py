@@ -6,13 +6,18 @@ argument, no shell, 10 s timeout. Its exit code: 0 go, 3 not yet, 2 never (`wait
 anything else a fault. Checks back off from PI_WAIT_INTERVAL_SECONDS to 15 minutes; a job gives up after
 96 checks or 24 hours (`wait-expired`) or 5 faults in a row (`wait-unanswerable`).
 
+The checks run under check slots (apps/worker/wait_slots.py: PI_WAIT_CHECK_SLOTS per host and
+fleet-wide). A job denied one is throttled, not refused: it looks again after max(PI_WAIT_THROTTLE_SECONDS,
+backoff / 4) plus up to 10% jitter, its denials in a row are counted on its hold (the fifth logs one
+`wait_capacity_exceeded` line), and past PI_WAIT_MAX_SECONDS it is `wait-expired` (max-wait-unchecked).
+
 Redis keys (every one expires):
-    pidispatch:wait:job:<job id>     HASH since, checks, faults, target, label  (the hold's state)
+    pidispatch:wait:job:<job id>     HASH since, checks, faults, denials, target, label  (the hold's state)
     pidispatch:wait:held             ZSET job id -> since  (the index `held_jobs` lists; pruned on read)
     pidispatch:wait:lease:<hash>     job id holding the wait for a target+flow+conditions
     pidispatch:wait:done:<hash>      job id that finished waiting (15 minutes)
 A second delivery for the same target, flow and conditions while one waits, or just after it cleared,
-is `wait-superseded`.
+is `wait-superseded`; while the waiting one's state cannot be read, it looks again in 15 s.
 """
 
 from __future__ import annotations
@@ -21,14 +26,17 @@ import hashlib
 import json
 import logging
 import os
+import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 
 from apps.fleet.capabilities import parse_profiles
 
+from . import wait_slots
 from .hostscripts import run_script
 from .jobs import JobSpec
 
@@ -37,6 +45,8 @@ logger = logging.getLogger("pidispatch.waitfor")
 PREFIX = "pidispatch:wait"
 HELD_INDEX = f"{PREFIX}:held"
 DONE_SECONDS = 15 * 60
+SUPERSEDE_RECHECK_SECONDS = 15
+THROTTLE_ALARM_DENIALS = 5
 GO, NOT_YET, NEVER = 0, 3, 2
 LIVE_STATUSES = {JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.STARTED, JobStatus.DEFERRED}
 
@@ -61,6 +71,7 @@ class WaitOutcome:
     defer_until: datetime | None = None
     refuse: str = ""
     detail: dict | None = None
+    reason: str = "wait-for"  # a deferral's: `wait-throttled` when the job found no check slot
 
 
 GO_ON = WaitOutcome(go=True)
@@ -104,11 +115,15 @@ def backoff_seconds(held_seconds: float) -> float:
     return min(ceiling, base * 2 ** int(held_seconds // (10 * base)))
 
 
-def _job_is_live(redis, job_id: str) -> bool:
+def _job_is_live(redis, job_id: str) -> bool | None:
+    """Whether the job is queued, scheduled or running; None when its state cannot be read."""
     try:
-        return Job.fetch(job_id, connection=redis).get_status(refresh=False) in LIVE_STATUSES
-    except Exception:  # no such job any more
+        job = Job.fetch(job_id, connection=redis)
+    except NoSuchJobError:
         return False
+    except Exception:  # unreadable: neither a live holder nor a gone one
+        return None
+    return job.get_status(refresh=False) in LIVE_STATUSES
 
 
 def run_check(path: str, target: str) -> int | None:
@@ -142,6 +157,13 @@ class WaitState:
             pipe.hget(self.key, "faults")
             checks, *_, faults = pipe.execute()
         return int(checks), int(faults or 0)
+
+    def deny(self) -> int:
+        """One more check slot denied; the denials in a row so far."""
+        return int(self.redis.hincrby(self.key, "denials", 1))
+
+    def grant(self) -> None:
+        self.redis.hset(self.key, "denials", 0)
 
     def clear(self) -> None:
         with self.redis.pipeline(transaction=True) as pipe:
@@ -178,8 +200,13 @@ def gate(redis, spec: JobSpec, now: datetime) -> WaitOutcome:
     lease_ttl = int(max_seconds + 3600)
     if not redis.set(lease_key, spec.job_id, nx=True, ex=lease_ttl):
         holder = (redis.get(lease_key) or b"").decode()
-        if holder and holder != spec.job_id and _job_is_live(redis, holder):
+        live = holder and holder != spec.job_id and _job_is_live(redis, holder)
+        if live:
             return WaitOutcome(refuse="wait-superseded")
+        if live is None:  # taking over a holder that may still wait would let both run
+            logger.warning("wait_supersede_unverified job=%s holder=%s", spec.job_id, holder)
+            return WaitOutcome(defer_until=now + timedelta(seconds=SUPERSEDE_RECHECK_SECONDS),
+                               detail={"waitingOn": conditions.label, "holder": "unverified"})
         redis.set(lease_key, spec.job_id, ex=lease_ttl)
 
     values = state.hold(now, spec.target, conditions.label, ttl_seconds=lease_ttl)
@@ -189,29 +216,55 @@ def gate(redis, spec: JobSpec, now: datetime) -> WaitOutcome:
     if conditions.after and conditions.after > now + timedelta(seconds=1):
         return WaitOutcome(defer_until=conditions.after, detail=detail)
 
-    for name in conditions.profiles:
-        code = run_check(paths[name], spec.target)
-        logger.info("wait_check job=%s profile=%s code=%s", spec.job_id, name, code)
-        if code == GO:
-            continue
-        if code == NEVER:
-            _finish(redis, state, lease_key, spec.job_id)
-            return WaitOutcome(refuse="wait-refused")
-        checks, faults = state.count(fault=code != NOT_YET)
-        detail.update(checks=checks, faults=faults, profile=name)
-        if faults >= settings.PI_WAIT_MAX_FAULTS:
-            _finish(redis, state, lease_key, spec.job_id)
-            return WaitOutcome(refuse="wait-unanswerable")
-        if checks >= settings.PI_WAIT_MAX_CHECKS or held_seconds >= max_seconds:
-            _finish(redis, state, lease_key, spec.job_id)
-            return WaitOutcome(refuse="wait-expired")
-        delay = min(backoff_seconds(held_seconds), max(1.0, max_seconds - held_seconds))
-        return WaitOutcome(defer_until=now + timedelta(seconds=delay), detail=detail)
+    # The target was claimed before a check slot is asked for: a superseded delivery never waits for one.
+    with wait_slots.check_slots(redis, spec.job_id, len(conditions.profiles)) as denied:
+        if denied:
+            return _throttled(redis, state, lease_key, spec.job_id, denied, held_seconds, now, detail)
+        if int(values.get("denials", 0)):
+            state.grant()  # the run of denials ends here
+        for name in conditions.profiles:
+            code = run_check(paths[name], spec.target)
+            logger.info("wait_check job=%s profile=%s code=%s", spec.job_id, name, code)
+            if code == GO:
+                continue
+            if code == NEVER:
+                _finish(redis, state, lease_key, spec.job_id)
+                return WaitOutcome(refuse="wait-refused")
+            checks, faults = state.count(fault=code != NOT_YET)
+            detail.update(checks=checks, faults=faults, profile=name)
+            if faults >= settings.PI_WAIT_MAX_FAULTS:
+                _finish(redis, state, lease_key, spec.job_id)
+                return WaitOutcome(refuse="wait-unanswerable")
+            if checks >= settings.PI_WAIT_MAX_CHECKS or held_seconds >= max_seconds:
+                _finish(redis, state, lease_key, spec.job_id)
+                return WaitOutcome(refuse="wait-expired")
+            delay = min(backoff_seconds(held_seconds), max(1.0, max_seconds - held_seconds))
+            return WaitOutcome(defer_until=now + timedelta(seconds=delay), detail=detail)
 
     _finish(redis, state, lease_key, spec.job_id)
     redis.set(f"{PREFIX}:done:{identity}", spec.job_id, ex=DONE_SECONDS)
     logger.info("wait_cleared job=%s held_seconds=%d", spec.job_id, held_seconds)
     return GO_ON
+
+
+def _throttled(redis, state: WaitState, lease_key: str, job_id: str, denied: wait_slots.Denied,
+               held_seconds: float, now: datetime, detail: dict) -> WaitOutcome:
+    """No check slot: the job comes back soon, uncounted as a check, until it is past its longest wait."""
+    denials = state.deny()
+    if denials == THROTTLE_ALARM_DENIALS:
+        logger.warning("wait_capacity_exceeded job=%s where=%s denials=%d slots=%d concurrency=%d interval=%d "
+                       "knobs=PI_WAIT_CHECK_SLOTS,PI_CONCURRENCY,PI_WAIT_INTERVAL_SECONDS", job_id, denied.where,
+                       denials, denied.slots, denied.concurrency, settings.PI_WAIT_INTERVAL_SECONDS)
+    if held_seconds >= settings.PI_WAIT_MAX_SECONDS:
+        _finish(redis, state, lease_key, job_id)
+        logger.info("wait_expired job=%s detail=max-wait-unchecked denials=%d", job_id, denials)
+        return WaitOutcome(refuse="wait-expired", detail={"why": "max-wait-unchecked"})
+    wait = max(settings.PI_WAIT_THROTTLE_SECONDS, backoff_seconds(held_seconds) / 4)
+    delay = wait * (1 + 0.1 * random.random())  # jitter: throttled jobs do not all come back at once
+    logger.info("wait_check_throttled job=%s where=%s slots=%d denials=%d delay_s=%.1f", job_id, denied.where,
+                denied.slots, denials, delay)
+    return WaitOutcome(defer_until=now + timedelta(seconds=delay), reason="wait-throttled",
+                       detail={**detail, "denials": denials, "where": denied.where})
 
 
 def _finish(redis, state: WaitState, lease_key: str, job_id: str) -> None:
@@ -226,7 +279,7 @@ def held_jobs(redis, now: datetime) -> list[dict]:
     for raw_id, since in redis.zrange(HELD_INDEX, 0, -1, withscores=True):
         job_id = raw_id.decode()
         values = redis.hgetall(f"{PREFIX}:job:{job_id}")
-        if not values or not _job_is_live(redis, job_id):
+        if not values or _job_is_live(redis, job_id) is False:
             redis.zrem(HELD_INDEX, job_id)  # the job ran, was cancelled, or its state expired
             continue
         values = {key.decode(): value.decode() for key, value in values.items()}
@@ -237,5 +290,6 @@ def held_jobs(redis, now: datetime) -> list[dict]:
             "held_seconds": int(now.timestamp() - since),
             "checks": int(values.get("checks", 0)),
             "faults": int(values.get("faults", 0)),
+            "denials": int(values.get("denials", 0)),
         })
     return rows

@@ -1,12 +1,13 @@
 """A worker process's presence in the host registry: published at boot, on every job start and end,
-and every PI_FLEET_BEAT_SECONDS; withdrawn on a clean shutdown (the keys are described in
-apps/fleet/registry.py)."""
+and every PI_FLEET_BEAT_SECONDS (with the host's cap as it applies now, so the panel follows an edit in
+the admin within a beat); withdrawn on a clean shutdown (the keys are described in apps/fleet/registry.py)."""
 
 from __future__ import annotations
 
 import logging
 import os
 import time
+from dataclasses import replace
 
 from django.conf import settings
 from redis.exceptions import RedisError
@@ -15,6 +16,7 @@ from apps.fleet import registry
 from apps.fleet.capabilities import declared_capabilities
 from apps.fleet.hosts import code_version, this_host
 
+from . import runtime_settings
 from .jobs import JobSpec, JobSpecError
 
 logger = logging.getLogger("pidispatch.worker")
@@ -48,6 +50,7 @@ class Presence:
 
     def beat(self) -> None:
         """Never raises: a Redis blip must not stop the worker (the next beat repairs the row)."""
+        self.host = replace(self.host, concurrency=runtime_settings.live_concurrency())  # the admin may change it
         try:
             registry.publish(self.redis, self.host, self.process())
         except RedisError as exc:

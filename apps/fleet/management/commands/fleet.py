@@ -127,14 +127,14 @@ class Command(BaseCommand):
         elif not snap.hosts:
             out("hosts: no worker host has published a registry row")
         else:
-            rows = [["HOST", "LIVENESS", "BEAT", "PROCS", "BUSY", "ROUTES", "QUEUES", "CAPABILITIES", "RUNNING",
-                     "IMAGE", "VERSION"]]
+            rows = [["HOST", "LIVENESS", "BEAT", "PROCS", "BUSY", "CAP", "ROUTES", "QUEUES", "CAPABILITIES",
+                     "RUNNING", "IMAGE", "VERSION"]]
             for h in snap.hosts:
                 running = ", ".join(f"{j.job_id} ({age(snap.taken_at - j.started_at)}{' ' + j.target if j.target else ''})"
                                     for j in h.running)
                 rows.append([h.name, h.liveness, f"{age(h.beat_age(snap.taken_at))} ago", len(h.processes), h.busy,
-                             "yes" if h.routes else "no", ",".join(h.queues) or "-", ",".join(h.capabilities) or "-",
-                             running or "-", h.image or "-", h.version or "-"])
+                             h.concurrency or "-", "yes" if h.routes else "no", ",".join(h.queues) or "-",
+                             ",".join(h.capabilities) or "-", running or "-", h.image or "-", h.version or "-"])
             out("\n".join(table(rows)))
         if snap.waiting:
             out("")

@@ -15,7 +15,8 @@ def _duration(seconds: int) -> str:
 
 
 class Command(BaseCommand):
-    help = "List jobs held on wait-for conditions (target, conditions, time held, checks, faults)."
+    help = ("List jobs held on wait-for conditions (target, conditions, time held, checks, faults, and the "
+            "check slots denied in a row to a throttled one).")
 
     def add_arguments(self, parser):
         parser.add_argument("--json", action="store_true", help="one JSON document instead of a table")
@@ -32,5 +33,6 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"{row['job_id']}  {row['target']}  waits on {row['waiting_on']}  for {_duration(row['held_seconds'])}"
                 f"  checks={row['checks']} faults={row['faults']}"
+                + (f" throttled denials={row['denials']}" if row["denials"] else "")
             )
         self.stdout.write(f"{len(rows)} held; cancel one with `python manage.py fleet cancel <job id>`")

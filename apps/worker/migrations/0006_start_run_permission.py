@@ -6,7 +6,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('worker', '0004_publish_outcome'),
+        ('worker', '0005_host_concurrency'),
     ]
 
     operations = [

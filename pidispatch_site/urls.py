@@ -7,6 +7,8 @@ from apps.receiver import views as receiver_views
 
 from .health import healthz
 
+handler404 = "pidispatch_site.api_errors.page_not_found"
+
 # The public edge (PI_PUBLIC_EDGE) serves exactly these: the webhook intake and the health check.
 urlpatterns = [
     re_path(r"^hooks/github/?$", receiver_views.github_hook, name="hook-github"),

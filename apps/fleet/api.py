@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from redis.exceptions import RedisError
 from rest_framework import serializers, status
 from rest_framework.exceptions import APIException, ValidationError
@@ -14,6 +14,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
+
+from pidispatch_site.api_base import StrictSerializer
 
 from . import cancel, pauses, registry, waiting
 from .connection import get_redis
@@ -34,10 +36,17 @@ def api_actor(request) -> str:
     return f"api:{request.user.get_username()}" + (f"({token})" if token else "")
 
 
-class PauseSerializer(serializers.Serializer):
-    note = serializers.CharField(required=False, allow_blank=True, max_length=500, default="")
+class PauseSerializer(StrictSerializer):
+    note = serializers.CharField(required=False, allow_blank=True, max_length=pauses.NOTE_MAX, default="",
+                                 trim_whitespace=False)
     until = serializers.DateTimeField(required=False, allow_null=True, default=None,
                                       help_text="Resume by itself at this instant (ISO 8601 with a zone).")
+
+    def validate_until(self, until):
+        try:  # the CLI's rule: in the future, with a zone
+            return pauses.parse_until(until.isoformat()) if until is not None else None
+        except ValueError as error:
+            raise serializers.ValidationError(str(error).replace("--until ", "")) from None
 
 
 SWITCH_RESULT = inline_serializer("SwitchResult", {
@@ -104,36 +113,47 @@ class QueuesView(APIView):
 class SwitchView(APIView):
     """Pause or resume one queue (`queues/<name>/pause`) or the whole union (`pause-all`)."""
 
-    action_name = "pause"
     every_queue = False
     scopes = {"post": "operate"}
     required_permissions = {"post": PAUSE}
 
-    @extend_schema(request=PauseSerializer, responses={200: SWITCH_RESULT, 207: SWITCH_RESULT})
+    def switch(self, redis, queues, degraded, request):
+        raise NotImplementedError
+
     def post(self, request, name: str | None = None):
-        values = {}
-        if self.action_name == "pause":
-            serializer = PauseSerializer(data=request.data)
-            serializer.is_valid(raise_exception=True)
-            values = serializer.validated_data
-        elif request.data:
-            raise ValidationError({"non_field_errors": ["resume takes no fields"]})
         try:
             redis = get_redis()
             queues, degraded = resolve_scope(redis, queue=name, all_queues=self.every_queue)
-            if self.action_name == "pause":
-                until = values.get("until")
-                if until is not None:
-                    until = pauses.parse_until(until.isoformat())
-                result = pauses.pause(redis, queues, by=api_actor(request), note=values.get("note", ""), until=until,
-                                      degraded=degraded)
-            else:
-                result = pauses.resume(redis, queues, by=api_actor(request), degraded=degraded)
+            result = self.switch(redis, queues, degraded, request)
         except ValueError as error:
             raise ValidationError({"queue": [str(error)]}) from None
         except RedisError:
             raise RedisUnavailable() from None
         return switch_answer(result)
+
+
+class PauseView(SwitchView):
+    def switch(self, redis, queues, degraded, request):
+        serializer = PauseSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        values = serializer.validated_data
+        return pauses.pause(redis, queues, by=api_actor(request), note=values["note"], until=values["until"],
+                            degraded=degraded)
+
+    @extend_schema(request=PauseSerializer, responses={200: SWITCH_RESULT, 207: SWITCH_RESULT})
+    def post(self, request, name: str | None = None):
+        return super().post(request, name)
+
+
+class ResumeView(SwitchView):
+    def switch(self, redis, queues, degraded, request):
+        if request.body and request.data not in ({}, None):
+            raise ValidationError({"non_field_errors": ["resume takes no fields"]})
+        return pauses.resume(redis, queues, by=api_actor(request), degraded=degraded)
+
+    @extend_schema(request=None, responses={200: SWITCH_RESULT, 207: SWITCH_RESULT})
+    def post(self, request, name: str | None = None):
+        return super().post(request, name)
 
 
 JOB_STATE = inline_serializer("JobState", {
@@ -170,10 +190,17 @@ def locate(redis, job_id: str) -> dict:
     return where
 
 
+JOB_ID = OpenApiParameter("job_id", str, OpenApiParameter.PATH, pattern=r"^[A-Za-z0-9_-]+$",
+                          description="a job id, as the worker, the fleet and the run record name it")
+CANCEL_RESULT = inline_serializer("CancelResult", {
+    "job_id": serializers.CharField(), "outcome": serializers.CharField(), "message": serializers.CharField(),
+    "changed": serializers.BooleanField(), "audit_error": serializers.CharField()})
+
+
 class JobView(APIView):
     required_permissions = {"get": VIEW}
 
-    @extend_schema(responses={200: JOB_STATE}, operation_id="job_state")
+    @extend_schema(responses={200: JOB_STATE}, operation_id="job_state", parameters=[JOB_ID])
     def get(self, request, job_id: str):
         from apps.worker.api import run_summaries
 
@@ -193,9 +220,8 @@ class CancelView(APIView):
     scopes = {"post": "operate"}
     required_permissions = {"post": CANCEL}
 
-    @extend_schema(request=None, responses={200: inline_serializer("CancelResult", {
-        "job_id": serializers.CharField(), "outcome": serializers.CharField(), "message": serializers.CharField(),
-        "changed": serializers.BooleanField(), "audit_error": serializers.CharField()})}, operation_id="job_cancel")
+    @extend_schema(request=None, responses={200: CANCEL_RESULT, 404: CANCEL_RESULT}, operation_id="job_cancel",
+                   parameters=[JOB_ID])
     def post(self, request, job_id: str):
         try:
             result = cancel.cancel_job(get_redis(), job_id, by=api_actor(request))

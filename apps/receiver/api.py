@@ -15,7 +15,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
-from rest_framework.pagination import CursorPagination
+from pidispatch_site.api_base import StrictCursorPagination
 from rest_framework.response import Response
 
 from . import intake, triggerfile, triggers
@@ -185,11 +185,9 @@ class DeliverySerializer(serializers.ModelSerializer):
         return delivery.payload is not None
 
 
-class DeliveryPages(CursorPagination):
+class DeliveryPages(StrictCursorPagination):
     ordering = ("-received_at", "-id")
     page_size = 50
-    page_size_query_param = "page_size"
-    max_page_size = 200
 
 
 INBOX = ("receiver.view_delivery",)

@@ -14,7 +14,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema
 from redis.exceptions import RedisError
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.exceptions import ValidationError
-from rest_framework.pagination import CursorPagination
+from pidispatch_site.api_base import StrictCursorPagination, StrictSerializer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -23,17 +23,6 @@ from apps.fleet.connection import get_redis
 
 from .manual_runs import ManualRunRefused, start_forge_run, start_local_run
 from .models import DispatchSettings, PauseWindow, Run, ScopedLimit
-
-
-class StrictSerializer(serializers.Serializer):
-    """Unknown fields are refused, not ignored (a typo must not silently change what happens)."""
-
-    def to_internal_value(self, data):
-        if isinstance(data, dict):
-            unknown = sorted(set(data) - set(self.fields))
-            if unknown:
-                raise ValidationError({name: ["unknown field"] for name in unknown})
-        return super().to_internal_value(data)
 
 
 class StrictModelSerializer(StrictSerializer, serializers.ModelSerializer):
@@ -72,10 +61,8 @@ def run_summaries(job_id: str) -> list[dict]:
             for run in Run.objects.for_job(job_id)]
 
 
-class NewestFirst(CursorPagination):
+class NewestFirst(StrictCursorPagination):
     ordering = ("-started_at", "-id")
-    page_size_query_param = "page_size"
-    max_page_size = 200
 
     def get_page_size(self, request):
         self.page_size = settings.PI_API_PAGE_SIZE
@@ -208,6 +195,7 @@ class DispatchSettingsSerializer(StrictModelSerializer):
         model = DispatchSettings
         exclude = ["id"]
         read_only_fields = ["updated_at"]
+        extra_kwargs = {"updated_at": {"allow_null": True}}  # null until the row is first saved
 
 
 class ScopedLimitViewSet(viewsets.ModelViewSet):

@@ -80,6 +80,21 @@ def report(name: str, measured: tuple[float, float], baseline_name: str, baselin
     return ok
 
 
+# How the seeded rows vary (SQL over n = 1..count); every other column takes its field's default, so a field
+# added to Run later never breaks the seeding.
+SEEDED_COLUMNS = {
+    "job_id": "'gh-bench-' || n", "attempt": "1", "kind": "'github'", "target": "'acme/web#' || (n % 500)",
+    "scope": "'github:acme/web'", "flow": "'fix-bug'", "trigger_type": "'label'", "delivery_id": "'bench-' || n",
+    "host": "'host' || (n % 100)", "queue": "'pi-jobs'", "image": "'pi-job:latest'",
+    "started_at": "now() - (n * interval '1 second' * (365 * 86400.0 / {count}))",
+    "ended_at": "now() - (n * interval '1 second' * (365 * 86400.0 / {count})) + interval '5 minutes'",
+    "outcome": "CASE WHEN n % 10 = 0 THEN 'policy' WHEN n % 17 = 0 THEN 'failed' ELSE 'completed' END",
+    "reason": "CASE WHEN n % 10 = 0 THEN 'over-budget' WHEN n % 17 = 0 THEN 'runner-infra' ELSE '' END",
+    "exit_code": "0", "turns": "12", "tokens_in": "20000", "tokens_out": "3000", "tokens_total": "23000",
+    "cost": "0.05", "budget_reserved": "n % 10 <> 0",
+}
+
+
 def seed_runs(count: int) -> None:
     from django.db import connection
 
@@ -89,22 +104,20 @@ def seed_runs(count: int) -> None:
         return
     print(f"seeding {count:,} run rows (a year of history) ...", flush=True)
     started = time.perf_counter()
+    columns, expressions, params = [], [], []
+    for field in Run._meta.concrete_fields:
+        if field.primary_key:
+            continue
+        columns.append(field.column)
+        if field.name in SEEDED_COLUMNS:
+            expressions.append(SEEDED_COLUMNS[field.name].format(count=int(count)).replace("%", "%%"))
+        else:
+            expressions.append("%s")
+            params.append(field.get_db_prep_save(field.get_default(), connection))
     with connection.cursor() as cursor:
         cursor.execute(f"TRUNCATE {Run._meta.db_table} RESTART IDENTITY")
-        cursor.execute(f"""
-            INSERT INTO {Run._meta.db_table}
-                (job_id, attempt, kind, target, scope, flow, command, trigger_type, delivery_id, host, queue, image,
-                 started_at, ended_at, outcome, reason, exit_code, turns, tokens_in, tokens_out, tokens_total, cost,
-                 budget_reserved, parent_job_id)
-            SELECT 'gh-bench-' || n, 1, 'github', 'acme/web#' || (n %% 500), 'github:acme/web', 'fix-bug', '',
-                   'label', 'bench-' || n, 'host' || (n %% 100), 'pi-jobs', 'pi-job:latest',
-                   now() - (n * interval '1 second' * (365 * 86400.0 / %s)),
-                   now() - (n * interval '1 second' * (365 * 86400.0 / %s)) + interval '5 minutes',
-                   CASE WHEN n %% 10 = 0 THEN 'policy' WHEN n %% 17 = 0 THEN 'failed' ELSE 'completed' END,
-                   CASE WHEN n %% 10 = 0 THEN 'over-budget' WHEN n %% 17 = 0 THEN 'runner-infra' ELSE '' END,
-                   0, 12, 20000, 3000, 23000, 0.05, n %% 10 <> 0, ''
-            FROM generate_series(1, %s) AS n
-        """, [count, count, count])
+        cursor.execute(f"INSERT INTO {Run._meta.db_table} ({', '.join(columns)}) "
+                       f"SELECT {', '.join(expressions)} FROM generate_series(1, %s) AS n", [*params, count])
         cursor.execute(f"ANALYZE {Run._meta.db_table}")
     print(f"seeded in {time.perf_counter() - started:.1f} s")
 

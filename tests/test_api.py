@@ -71,6 +71,27 @@ ENDPOINTS = [
     ("post", "/api/v1/triggers", LABEL_RULE, "admin"),
     ("post", "/api/v1/limits", {"scope": "acme/web", "day": 3}, "admin"),
     ("patch", "/api/v1/settings", {"daily_cap": 9}, "admin"),
+    # Objects that do not exist: the scope and permissions are checked first, so the allowed get 404, not 403.
+    ("get", "/api/v1/runs/999", None, "read"),
+    ("get", "/api/v1/triggers/999", None, "read"),
+    ("get", "/api/v1/deliveries/999", None, "read"),
+    ("get", "/api/v1/limits/999", None, "read"),
+    ("get", "/api/v1/pause-windows/999", None, "read"),
+    ("post", "/api/v1/deliveries/999/replay", {}, "operate"),
+    ("post", "/api/v1/deliveries/999/discard", {}, "operate"),
+    ("post", "/api/v1/fleet/pause-all", {"note": "matrix"}, "operate"),
+    ("post", "/api/v1/fleet/resume-all", {}, "operate"),
+    ("put", "/api/v1/triggers/999", LABEL_RULE, "admin"),
+    ("patch", "/api/v1/triggers/999", {"enabled": False}, "admin"),
+    ("delete", "/api/v1/triggers/999", None, "admin"),
+    ("post", "/api/v1/triggers/999/enable", {}, "admin"),
+    ("post", "/api/v1/triggers/999/disable", {}, "admin"),
+    ("post", "/api/v1/triggers/import?dry_run=true", {"triggers": [LABEL_RULE]}, "admin"),
+    ("patch", "/api/v1/limits/999", {"day": 4}, "admin"),
+    ("delete", "/api/v1/limits/999", None, "admin"),
+    ("post", "/api/v1/pause-windows", {"name": "night", "start": "22:00", "end": "06:00"}, "admin"),
+    ("delete", "/api/v1/pause-windows/999", None, "admin"),
+    ("put", "/api/v1/settings", {"daily_cap": 9}, "admin"),
 ]
 RANK = {"read": 1, "operate": 2, "admin": 3}
 

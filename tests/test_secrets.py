@@ -229,6 +229,16 @@ def test_every_name_the_container_is_given_is_reserved():
     assert all(secrets.is_reserved(name) for name in given)
 
 
+@pytest.mark.django_db
+def test_a_jobs_max_turns_lowers_the_deployments_cap_and_never_raises_it():
+    from apps.worker import ladder, runtime_settings
+
+    runtime = replace(runtime_settings.current(), max_turns=30)
+    turns = {given: ladder.container_environment(forge_spec("gh-turns", max_turns=given), runtime, "anthropic",
+                                                  {})["PI_MAX_TURNS"] for given in (None, 5, 90)}
+    assert turns == {None: "30", 5: "5", 90: "30"}
+
+
 # --- logs, comments, settings check ------------------------------------------------------------------------
 
 def test_logs_name_the_count_profile_and_reason_never_the_reference_value_or_path(resolver, caplog, tmp_path):

@@ -119,6 +119,13 @@ class Attempt:
             jobfiles.remove(self.dirs)
 
 
+def job_max_turns(spec: JobSpec, runtime: runtime_settings.RuntimeSettings) -> int:
+    """A trigger's (or a manual run's) `maxTurns` lowers the deployment's cap, never raises it."""
+    if spec.max_turns and runtime.max_turns:
+        return min(spec.max_turns, runtime.max_turns)
+    return spec.max_turns or runtime.max_turns
+
+
 def container_environment(spec: JobSpec, runtime: runtime_settings.RuntimeSettings, provider: str,
                           egress: dict[str, str], secret_values: dict[str, str] | None = None) -> dict[str, str]:
     """The container's whole environment, from a closed list: nothing of the worker's is inherited, and no
@@ -128,7 +135,7 @@ def container_environment(spec: JobSpec, runtime: runtime_settings.RuntimeSettin
     environment = {
         "HOME": "/home/pi",
         "PI_JOB_ID": spec.job_id,
-        "PI_MAX_TURNS": str(spec.max_turns or runtime.max_turns),
+        "PI_MAX_TURNS": str(job_max_turns(spec, runtime)),
         "PI_PROVIDER": provider,
     }
     if spec.flow:

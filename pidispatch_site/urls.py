@@ -11,10 +11,7 @@ handler404 = "pidispatch_site.api_errors.page_not_found"
 
 # The public edge (PI_PUBLIC_EDGE) serves exactly these: the webhook intake and the health check.
 urlpatterns = [
-    re_path(r"^hooks/github/?$", receiver_views.github_hook, name="hook-github"),
-    re_path(r"^hooks/gitlab/?$", receiver_views.gitlab_hook, name="hook-gitlab"),
-    re_path(r"^hooks/forgejo/?$", receiver_views.forgejo_hook, name="hook-forgejo"),
-    re_path(r"^hooks/azure/?$", receiver_views.azure_hook, name="hook-azure"),
+    *(re_path(rf"^hooks/{name}/?$", view, name=f"hook-{name}") for name, view in receiver_views.HOOK_VIEWS.items()),
     re_path(r"^hooks/(?P<name>[^/]*)/?$", receiver_views.unknown_hook, name="hook-unknown"),
     path("healthz", healthz, name="healthz"),
 ]

@@ -6,17 +6,13 @@ tri-state: allowed, refused, or "could not tell" (the delivery then stays pendin
 
 from __future__ import annotations
 
+from apps import forge_registry
 from apps.worker.forges import Authority, Subject, forge_client
 
 from .hooks.base import ForgeEvent
 
 # The inbox reason of a delivery whose lookup could not be answered (the ancestor's 503 tokens).
-PENDING_REASONS = {
-    "github": "permission-lookup-failed",
-    "gitlab": "access-lookup-failed",
-    "forgejo": "permission-lookup-failed",
-    "azure": "membership-lookup-failed",
-}
+PENDING_REASONS = {forge.name: forge.lookup_pending_reason for forge in forge_registry.FORGES}
 
 
 def subject_of(event: ForgeEvent, whom: str = "actor") -> Subject:

@@ -25,11 +25,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from apps import forge_registry
 from apps.worker.forges import Identity, IdentityUnavailable, forge_client
 
 logger = logging.getLogger("pidispatch.receiver")
 
-FORGES = ("github", "gitlab", "forgejo", "azure")
+FORGES = forge_registry.NAMES
 GITLAB_MODES = ("token", "signature")
 AZURE_MODES = ("basic", "header")
 IDENTITY_RETRY_SECONDS = 30

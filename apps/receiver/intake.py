@@ -39,6 +39,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from redis.exceptions import RedisError
 
+from apps import forge_registry
 from apps.fleet.connection import get_redis
 from apps.worker.jobs import delivery_part
 from apps.worker.models import Run
@@ -47,19 +48,13 @@ from pidispatch_site import rowwrites
 from . import authority, rulebook
 from .dispatch import dispatch, job_specs
 from .forge_config import identity_at_hand, self_identity
-from .hooks import azure, forgejo, github, gitlab
 from .hooks.base import HookRefused, parse_json_object
 from .matching import decide
 from .models import Delivery, DeliveryStatus
 
 logger = logging.getLogger("pidispatch.receiver")
 
-NORMALISERS = {
-    "github": github.normalise,
-    "gitlab": gitlab.normalise,
-    "forgejo": forgejo.normalise,
-    "azure": azure.normalise,
-}
+NORMALISERS = {name: forge_registry.hook(name).normalise for name in forge_registry.NAMES}
 SPOOL_KEY = "pidispatch:inbox:spool"
 REDIS_UNAVAILABLE = "redis-unavailable"
 STALE_RECEIVED = timedelta(minutes=2)  # a "received" row this old lost its process (crash, killed worker)

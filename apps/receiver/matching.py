@@ -14,12 +14,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from apps import forge_registry
 from apps.worker.forges import Identity
 
 from .hooks.base import ForgeEvent
 from .validation import CLOSE_WORDS, PR_LABEL_ACTIONS, REVIEW_ACTION
 
-API_GATED_FORGES = {"gitlab", "forgejo", "azure"}
+API_GATED_FORGES = {forge.name for forge in forge_registry.FORGES if forge.api_gated}
 AUTO_PR_ACTIONS = {"opened", "synchronize", "reopened"}
 # GitHub: applying a label needs triage or write access, so `labeled` is the approval. An issue opened (say,
 # from a template that carries the label) or reopened with the label already on is its author's doing, as

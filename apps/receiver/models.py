@@ -2,6 +2,8 @@ from django.db import models
 from django.utils import timezone
 from django.db.models import Q
 
+from apps import forge_registry
+
 from .validation import validate_trigger_fields
 
 
@@ -13,12 +15,8 @@ class TriggerType(models.TextChoices):
     ISSUE = "issue", "issue (close)"
 
 
-class RunKind(models.TextChoices):
-    LOCAL = "local", "local folder (cron)"
-    GITHUB = "github", "GitHub"
-    GITLAB = "gitlab", "GitLab"
-    FORGEJO = "forgejo", "Forgejo / Gitea"
-    AZURE = "azure", "Azure DevOps"
+RunKind = models.TextChoices("RunKind", [("LOCAL", ("local", "local folder (cron)")), *(
+    (forge.name.upper(), (forge.name, forge.label)) for forge in forge_registry.FORGES)])
 
 
 JSON_LIST_FIELDS = ("label_any", "label_all", "label_none", "actions", "review_states", "wait_for", "exclude_tools")

@@ -19,23 +19,19 @@ from datetime import timezone as dt_timezone
 from croniter import croniter
 from django.core.exceptions import ValidationError
 
+from apps import forge_registry
 from apps.worker.secrets import is_reserved as secret_name_is_reserved
 from apps.worker.validation import FLOW_PATTERN, MODEL_PATTERN, PROVIDER_PATTERN
 
 # --- vocabulary ------------------------------------------------------------------------------------------
 
 TRIGGER_TYPES = ("cron", "label", "comment", "pull_request", "issue")
-RUN_KINDS = ("local", "github", "gitlab", "forgejo", "azure")
-FORGE_KINDS = ("github", "gitlab", "forgejo", "azure")
+FORGE_KINDS = forge_registry.NAMES
+RUN_KINDS = ("local", *FORGE_KINDS)
 
-PR_ACTIONS = {
-    "github": ("labeled", "opened", "synchronize", "reopened", "review_submitted", "closed"),
-    "gitlab": ("open", "update", "reopen", "approved", "close"),
-    "forgejo": ("label_updated", "opened", "synchronized", "reopened", "closed"),
-    "azure": ("created", "updated"),
-}
-CLOSE_WORDS = {"github": "closed", "gitlab": "close", "forgejo": "closed"}  # Azure has no close triggers
-PR_LABEL_ACTIONS = {"github": "labeled", "forgejo": "label_updated"}  # GitLab and Azure have none
+PR_ACTIONS = {forge.name: forge.pr_actions for forge in forge_registry.FORGES}
+CLOSE_WORDS = {forge.name: forge.close_word for forge in forge_registry.FORGES if forge.close_word}
+PR_LABEL_ACTIONS = {forge.name: forge.pr_label_action for forge in forge_registry.FORGES if forge.pr_label_action}
 REVIEW_ACTION = "review_submitted"
 REVIEW_STATES = ("approved", "changes_requested", "commented")
 EXCLUDABLE_TOOLS = ("read", "bash", "powershell", "edit", "write", "grep", "find", "ls")

@@ -14,12 +14,13 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema
 from redis.exceptions import RedisError
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.exceptions import ValidationError
-from pidispatch_site.api_base import StrictCursorPagination, StrictSerializer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps import forge_registry
 from apps.fleet.api import RedisUnavailable
 from apps.fleet.connection import get_redis
+from pidispatch_site.api_base import StrictCursorPagination, StrictSerializer
 
 from .manual_runs import ManualRunRefused, start_forge_run, start_local_run
 from .models import DispatchSettings, PauseWindow, Run, ScopedLimit
@@ -79,7 +80,7 @@ class StartRunSerializer(StrictSerializer):
 
     folder = serializers.CharField(required=False, help_text="A git repository on the worker host (absolute path).")
     host = serializers.CharField(required=False, default="", help_text="The worker host holding the folder.")
-    forge = serializers.ChoiceField(choices=["github", "gitlab", "forgejo", "azure"], required=False)
+    forge = serializers.ChoiceField(choices=forge_registry.NAMES, required=False)
     repository = serializers.CharField(required=False, help_text="As the forge names it, e.g. acme/web.")
     number = serializers.IntegerField(required=False, min_value=1)
     target_type = serializers.ChoiceField(choices=["issue", "pull_request"], required=False, default="issue")

@@ -21,6 +21,7 @@ from rq import Queue
 from rq.exceptions import DeserializationError
 from rq.scripts import _build_hset_args
 
+from apps import forge_registry
 from apps.fleet.connection import get_redis, text
 
 logger = logging.getLogger("pidispatch.jobs")
@@ -29,11 +30,11 @@ JOB_SPEC_VERSION = 1
 JOB_FUNCTION = "apps.worker.tasks.execute_job"
 JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
 
-FORGE_KINDS = ("github", "gitlab", "forgejo", "azure")
+FORGE_KINDS = forge_registry.NAMES
 KINDS = FORGE_KINDS + ("local",)
-DELIVERY_PREFIXES = {"github": "gh", "gitlab": "gl", "forgejo": "fj", "azure": "az"}
+DELIVERY_PREFIXES = {forge.name: forge.job_prefix for forge in forge_registry.FORGES}
 # Merge/pull requests have their own number sequence on these forges, written `!n` instead of `#n`.
-SEPARATE_PR_NUMBERING = {"gitlab", "azure"}
+SEPARATE_PR_NUMBERING = {forge.name for forge in forge_registry.FORGES if forge.separate_pr_numbering}
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _MAX_DELIVERY_PART = 80

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from django.conf import settings
 
+from apps import forge_registry
+
 from .azure import AzureClient
 from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, IdentityUnavailable,
     PullHead, PullRequest, RepoRef, Subject)
@@ -50,7 +52,7 @@ def github_app_problem() -> str:
     return ""
 
 
-def _github_app(timeout: float) -> GitHubApp | None:
+def github_app_from_settings(timeout: float) -> GitHubApp | None:
     if not str(settings.GITHUB_APP_ID).strip():
         return None
     # An incomplete App is still an App: every use of it fails as `forge-unconfigured` (and logs why), so a
@@ -64,20 +66,14 @@ def _github_app(timeout: float) -> GitHubApp | None:
 
 def forge_client_classes() -> tuple[type[ForgeClient], ...]:
     """Every forge's client class (`token_variables` and `url_variable` name what a job's secrets may not be)."""
-    return (GitHubClient, GitLabClient, ForgejoClient, AzureClient)
+    return tuple(forge_registry.client_class(name) for name in forge_registry.NAMES)
 
 
 def forge_client(forge: str) -> ForgeClient:
     """A client for `forge` built from the current settings (cheap; the answer caches are shared)."""
-    common = {"timeout": settings.PI_FORGE_API_TIMEOUT_SECONDS, "cache_seconds": settings.PI_AUTHORITY_CACHE_SECONDS}
-    if forge == "github":
-        return GitHubClient(base_url=settings.GITHUB_API_URL, token=settings.GITHUB_TOKEN,
-                            app=_github_app(common["timeout"]), **common)
-    if forge == "gitlab":
-        return GitLabClient(base_url=settings.GITLAB_URL, token=settings.GITLAB_TOKEN, **common)
-    if forge == "forgejo":
-        return ForgejoClient(base_url=settings.FORGEJO_URL, token=settings.FORGEJO_TOKEN, **common)
-    if forge == "azure":
-        return AzureClient(base_url=settings.AZURE_ORG_URL, token=settings.AZURE_TOKEN,
-                           graph_url=settings.AZURE_GRAPH_URL, writer_groups=settings.AZURE_WRITER_GROUPS, **common)
-    raise ValueError(f"no API client for forge {forge!r}")
+    try:
+        client_class = forge_registry.client_class(forge)
+    except ValueError:
+        raise ValueError(f"no API client for forge {forge!r}") from None
+    return client_class.from_settings(timeout=settings.PI_FORGE_API_TIMEOUT_SECONDS,
+                                      cache_seconds=settings.PI_AUTHORITY_CACHE_SECONDS)

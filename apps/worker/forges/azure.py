@@ -16,6 +16,8 @@ import binascii
 import re
 from urllib.parse import quote, urlencode, urlsplit
 
+from django.conf import settings
+
 from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, IdentityUnavailable,
     PullHead, PullRequest, RepoRef, Response, Subject, TTLCache, is_int_like)
 
@@ -88,6 +90,11 @@ class AzureClient(ForgeClient):
     # learn.microsoft.com "Git limits" (azure/devops/repos/git/limits): files should be 100 MB or less;
     # conservative, decimal megabytes.
     max_file_bytes = 100_000_000
+
+    @classmethod
+    def from_settings(cls, **common) -> AzureClient:
+        return cls(base_url=settings.AZURE_ORG_URL, token=settings.AZURE_TOKEN, graph_url=settings.AZURE_GRAPH_URL,
+                   writer_groups=settings.AZURE_WRITER_GROUPS, **common)
 
     def __init__(self, *, base_url: str, token: str, graph_url: str = "", writer_groups=WRITER_GROUPS, **kwargs):
         super().__init__(base_url=base_url, token=token, **kwargs)

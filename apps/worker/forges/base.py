@@ -291,6 +291,11 @@ class ForgeClient:
     max_description_chars = 65_535
     draft_prefix = ""  # prepended to a draft's title where the forge marks drafts by their title
 
+    @classmethod
+    def from_settings(cls, **common) -> ForgeClient:
+        """The client this deployment's settings configure (`common`: timeout, cache_seconds)."""
+        raise NotImplementedError
+
     def __init__(self, *, base_url: str, token: str, timeout: float = 3.0, cache_seconds: float = 60.0):
         self.base_url = base_url.rstrip("/")
         self.token = token

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from urllib.parse import quote, urlencode
 
+from django.conf import settings
+
 from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, PullHead, PullRequest,
     RepoRef, Response, Subject, is_int_like, repo_halves)
 
@@ -18,6 +20,10 @@ MAX_PAGES = 20
 
 class ForgejoClient(ForgeClient):
     forge = "forgejo"
+
+    @classmethod
+    def from_settings(cls, **common) -> ForgejoClient:
+        return cls(base_url=settings.FORGEJO_URL, token=settings.FORGEJO_TOKEN, **common)
     token_variables = ("FORGEJO_TOKEN",)
     url_variable = "FORGEJO_URL"
     git_user = "pidispatch"  # Forgejo reads the token from the password; the user name is not checked

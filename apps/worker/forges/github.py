@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from urllib.parse import quote, urlencode
 
+from django.conf import settings
+
 from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, IdentityUnavailable,
     PullHead, PullRequest, RepoRef, Response, Subject, Unreachable, is_int_like, repo_halves)
 from .github_app import GitHubApp
@@ -32,6 +34,13 @@ class GitHubClient(ForgeClient):
     max_description_chars = 65_536
     # docs.github.com, "About large files on GitHub": files larger than 100 MiB are blocked.
     max_file_bytes = 100 * 1024 * 1024
+
+    @classmethod
+    def from_settings(cls, **common) -> GitHubClient:
+        from . import github_app_from_settings
+
+        return cls(base_url=settings.GITHUB_API_URL, token=settings.GITHUB_TOKEN,
+                   app=github_app_from_settings(common["timeout"]), **common)
 
     def __init__(self, *, app: GitHubApp | None = None, **kwargs):
         super().__init__(**kwargs)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from urllib.parse import quote, urlencode
 
+from django.conf import settings
+
 from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, PullHead, PullRequest,
     RepoRef, Response, Subject, is_int_like)
 
@@ -23,6 +25,10 @@ def project_ref(project_id: str, path: str) -> str | None:
 
 class GitLabClient(ForgeClient):
     forge = "gitlab"
+
+    @classmethod
+    def from_settings(cls, **common) -> GitLabClient:
+        return cls(base_url=settings.GITLAB_URL, token=settings.GITLAB_TOKEN, **common)
     token_variables = ("GITLAB_TOKEN",)
     url_variable = "GITLAB_HOST"  # glab's name for the instance
     git_user = "oauth2"

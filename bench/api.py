@@ -15,10 +15,7 @@ and removes both at the end.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -26,8 +23,7 @@ from urllib.parse import parse_qs, urlparse
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.fleet import seed_runs, start_postgres  # noqa: E402
-from devtools import services  # noqa: E402
+from bench import harness  # noqa: E402
 
 
 def percentiles(function, repeat: int) -> tuple[float, float]:
@@ -57,23 +53,8 @@ def main() -> int:
     parser.add_argument("--database-url", help="a PostgreSQL URL to use (its database is created/reused)")
     args = parser.parse_args()
 
-    scratch = Path(tempfile.mkdtemp(prefix="pidispatch-bench-"))
-    stops = []
-    try:
-        redis_service = services.start_redis(scratch / "redis", services.free_port(), persistent=False)
-        stops.append(redis_service.stop)
-        database_url = args.database_url
-        if not database_url:
-            database_url, stop_pg = start_postgres()
-            stops.append(stop_pg)
-        os.environ.update(REDIS_URL=redis_service.env["REDIS_URL"], DATABASE_URL=database_url,
-                          DJANGO_SETTINGS_MODULE="pidispatch_site.settings", PI_LOG_LEVEL="WARNING",
-                          DJANGO_ALLOWED_HOSTS="testserver", PI_API_RATE="1000000/min")
+    with harness.private_services(args.database_url, DJANGO_ALLOWED_HOSTS="testserver", PI_API_RATE="1000000/min"):
         return run(args)
-    finally:
-        for stop in reversed(stops):
-            stop()
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def run(args) -> int:
@@ -81,8 +62,6 @@ def run(args) -> int:
 
     django.setup()
     from django.contrib.auth.models import User
-    from django.core.management import call_command
-    from django.db import connection
     from rest_framework import generics, serializers
     from rest_framework.pagination import Cursor, CursorPagination
     from rest_framework.permissions import AllowAny
@@ -92,13 +71,8 @@ def run(args) -> int:
     from apps.worker.api import NewestFirst, RunViewSet
     from apps.worker.models import Run
 
-    dbname = connection.settings_dict["NAME"]
-    with connection._nodb_cursor() as cursor:
-        cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [dbname])
-        if not cursor.fetchone():
-            cursor.execute(f'CREATE DATABASE "{dbname}"')
-    call_command("migrate", verbosity=0)
-    seed_runs(args.runs)
+    harness.migrated_database()
+    harness.seed_runs(args.runs)
 
     class BareRunSerializer(serializers.ModelSerializer):
         class Meta:

@@ -10,6 +10,7 @@ import environ
 from django.core.exceptions import ImproperlyConfigured
 
 from apps.fleet.queues import QueueConfigMap
+from pidispatch_site import dev_env
 from pidispatch_site.private_files import persistent_secret_key, private_file, private_folder
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -19,6 +20,11 @@ environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 VAR_DIR = Path(env("PI_VAR_DIR", default=str(BASE_DIR / "var"))).resolve()
 private_folder(VAR_DIR)  # the key, the database, job folders, Redis's and Docker's data: this user's only
+# Beside `make run`: its demo secrets and, while it runs, the services it started (its private Redis listens on
+# a port it picked), so `manage.py fleet status` in a second shell finds them. The environment and `.env` win.
+# The tests' stack never reads it: their services and config are their own.
+if not env.bool("PIDISPATCH_TEST_STACK", default=False):
+    dev_env.apply(VAR_DIR / "dev.env")
 
 SECRET_KEY = env("DJANGO_SECRET_KEY", default=None) or persistent_secret_key(VAR_DIR / "secret_key")
 DEBUG = env.bool("DJANGO_DEBUG", default=False)

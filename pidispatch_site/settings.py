@@ -174,6 +174,8 @@ PI_JOB_TIMEOUT_SECONDS = env.int("PI_JOB_TIMEOUT_SECONDS", default=30 * 60)
 # runs (apps/worker/disk.py); 0 turns it off.
 PI_JOB_DISK_MB = env.int("PI_JOB_DISK_MB", default=10 * 1024)
 PI_JOB_DISK_POLL_SECONDS = env.float("PI_JOB_DISK_POLL_SECONDS", default=5)
+# `manage.py doctor` FAILs this host below this much free space under PI_JOB_ROOT (a clone would fail disk-full).
+PI_DOCTOR_MIN_FREE_MB = env.int("PI_DOCTOR_MIN_FREE_MB", default=1024)
 PI_MAX_TURNS = env.int("PI_MAX_TURNS", default=30)
 PI_MAX_TOKENS = env.int("PI_MAX_TOKENS", default=0) or None
 PI_PROVIDER = env("PI_PROVIDER", default="anthropic")

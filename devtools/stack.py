@@ -203,6 +203,12 @@ def _setup_django(env: dict) -> None:
     django.setup()
 
 
+def _python() -> str:
+    """How the person running make run starts this checkout's Python, for the commands it suggests."""
+    executable = Path(sys.executable)
+    return str(executable.relative_to(ROOT)) if executable.is_relative_to(ROOT) else "python"
+
+
 def _ensure_admin() -> str:
     """The admin user, created on the first run. Returns how to log in, for the summary at the end (where
     it is seen, not scrolled away among the setup lines)."""
@@ -210,7 +216,7 @@ def _ensure_admin() -> str:
 
     User = get_user_model()
     username = os.environ.get("PI_ADMIN_USER", "admin")
-    reset = f"reset it with `python manage.py changepassword {username}`"
+    reset = f"reset it with `{_python()} manage.py changepassword {username}`"
     if User.objects.filter(username=username).exists():
         say(f"admin user '{username}' exists")
         return f"user '{username}', the password it was given when it was created ({reset})"
@@ -354,7 +360,7 @@ def run_platform(args) -> int:
                   + "\n", flush=True)
         say(f"admin: {base_url}/admin/  {login}")
         say("commands beside it, in another shell, find its services through var/dev.env: "
-            "`.venv/bin/python manage.py fleet status`")
+            f"`{_python()} manage.py fleet status`, `{_python()} manage.py doctor`")
         say("everything keeps running; press Ctrl-C (or send SIGTERM) to stop it all")
 
         while True:

@@ -186,7 +186,7 @@ def test_other_live_hosts_as_they_last_reported(doctor, redis_conn):
     result = doctor()
     assert result.returncode == 0
     section = result.stdout[result.stdout.index("== hostB (live, as it reported"):]
-    assert "1 worker processes, 0 busy, cap 2, capabilities wait:ci" in line(section, "ok", "registry")
+    assert "1 worker process, 0 busy, cap 2, capabilities wait:ci" in line(section, "ok", "registry")
     assert "runs pidispatch 0.0.1-old" in line(section, "warn", "version")
     assert "runs pi-job:other" in line(section, "warn", "job-image")
     report = json.loads(doctor("--json").stdout)

@@ -115,7 +115,7 @@ def test_make_run_beside_a_second_shell_and_its_stop(make_run):
     # The summary at the end says how to log in, and how to reset the password; it is shown only there.
     summary = output[output.index("\ndemo run "):]
     login = re.search(r"admin: http://127\.0\.0\.1:\d+/admin/  user 'admin', password (\S+)  "
-                      r"\(shown this once; reset it with `python manage.py changepassword admin`\)", summary)
+                      r"\(shown this once; reset it with `\S*python manage.py changepassword admin`\)", summary)
     assert login, summary
     assert output.count(login.group(1)) == 1
     # pidispatch's worker lines show; RQ's own chatter does not.

@@ -64,6 +64,10 @@ def safe_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+def processes(count: int) -> str:
+    return f"{count} worker process" + ("" if count == 1 else "es")
+
+
 def secret_state(name: str, value: str) -> str:
     """How a finding speaks of a secret: whether it is set, and how long it is. Never any of it."""
     value = (value or "").strip()
@@ -381,8 +385,8 @@ def _forge_live(forge: str) -> Finding:
     if response.status in (401, 403):
         return Finding(FAIL, check, f"the forge refused {token_name} (HTTP {response.status})",
                        f"create a new token and set {token_name}")
-    if response.status != 200:
-        return Finding(FAIL, check, f"the forge answered HTTP {response.status} for its own user",
+    if response.status != 200:  # the token was not refused; jobs may well work (a proxy, a stand-in, an old server)
+        return Finding(WARN, check, f"the forge answered HTTP {response.status} when asked who the token is",
                        "check the forge's API URL setting")
     data = response.data if isinstance(response.data, dict) else {}
     who = data.get("login") or data.get("username") or (data.get("authenticatedUser") or {}).get("providerDisplayName") or "?"
@@ -501,7 +505,7 @@ def check_workers(redis, hosts) -> list[Finding]:
     if row is None or row.liveness != "live" or not row.processes:
         return [Finding(WARN, "workers", f"no worker process of this host ({me}) is in the registry",
                         "start one: python manage.py rqworker pi-jobs (jobs wait in the queue until then)")]
-    return [Finding(OK, "workers", f"{len(row.processes)} worker processes ({', '.join(row.queues)}), "
+    return [Finding(OK, "workers", f"{processes(len(row.processes))} ({', '.join(row.queues)}), "
                     f"{row.busy} busy" + (f", cap {row.concurrency}" if row.concurrency else ""))]
 
 
@@ -536,7 +540,7 @@ def other_hosts(hosts, now: float) -> list[HostReport]:
                                            f"check the worker processes on {host.name} (the row expires by itself)"))
             reports.append(report)
             continue
-        report.findings.append(Finding(OK, "registry", f"{len(host.processes)} worker processes, {host.busy} busy"
+        report.findings.append(Finding(OK, "registry", f"{processes(len(host.processes))}, {host.busy} busy"
                                        + (f", cap {host.concurrency}" if host.concurrency else "")
                                        + (f", capabilities {', '.join(host.capabilities)}" if host.capabilities else "")))
         if host.version != code_version():
@@ -569,7 +573,7 @@ def diagnose(live: bool = False) -> list[HostReport]:
 
     redis = get_redis()
     identity = this_host()
-    here = HostReport(identity.name, True, "this host" + ("" if identity.declared else " (undeclared)"))
+    here = HostReport(identity.name, True, "this host" + ("" if identity.declared else ", undeclared"))
     here.findings += _guarded(check_database)
     here.findings += _guarded(check_redis, redis)
     redis_ok = all(f.status != FAIL for f in here.findings if f.check == "redis")

@@ -222,12 +222,11 @@ def storage_driver(data_root: Path) -> str:
             ["mount", "-t", "overlay", "overlay", "-o",
              f"lowerdir={probe / 'lower'},upperdir={probe / 'upper'},workdir={probe / 'work'}", str(probe / "merged")],
             capture_output=True).returncode == 0
-        if mounted:
-            readable = (probe / "merged" / "file").exists()
-            subprocess.run(["umount", str(probe / "merged")], capture_output=True)
-            return "overlay2" if readable else "vfs"
-        return "vfs"
+        return "overlay2" if mounted and (probe / "merged" / "file").exists() else "vfs"
     finally:
+        # Here, not after the check: a stop signal in between must not leave the probe mounted.
+        if os.path.ismount(probe / "merged"):
+            subprocess.run(["umount", str(probe / "merged")], capture_output=True)
         shutil.rmtree(probe, ignore_errors=True)
 
 

@@ -5,6 +5,7 @@ that it never prints a secret."""
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -66,7 +67,8 @@ def test_a_working_host_can_run_a_job_and_says_what_to_improve(doctor, redis_con
     assert "GITHUB_TOKEN set" in line(out, "ok", "forge-github")
     assert "GiB free under" in line(out, "ok", "disk")
     assert "python manage.py rqworker pi-jobs" in line(out, "warn", "workers")  # no worker runs now
-    assert out.rstrip().endswith("a job can run on this host (2 warnings)")
+    assert "nothing else" in line(out, "ok", "settings")
+    assert re.search(r"a job can run on this host \(\d+ warnings\)$", out.rstrip())
 
     # An append-only file synced on every write is what a queued job needs: then it is ok.
     redis_conn.config_set("appendfsync", "always")
@@ -149,6 +151,11 @@ def test_profiles_and_forge_config_are_validated(doctor, tmp_path):
     assert result.returncode == 1
     assert "GITHUB_SELF_ID is required" in line(result.stdout, "FAIL", "forges")
     assert "-> fix PI_EGRESS_ALLOW" in line(result.stdout, "FAIL", "egress-allowlist")
+
+    # What else `manage.py check` refuses, the worker would refuse to start with.
+    result = doctor(PI_JOB_DISK_MB=-1)
+    assert result.returncode == 1
+    assert "PI_JOB_DISK_MB must be at least 0" in line(result.stdout, "FAIL", "settings")
 
 
 def test_live_calls_the_provider_through_a_gateway_and_reads_the_token_scopes(doctor, fake_forge):

@@ -189,3 +189,22 @@ def test_settings_read_the_addresses_only_while_their_make_run_lives(tmp_path):
         stand_in.wait()
     # Gone (killed without its cleanup): its address is ignored, the default applies.
     assert settings_redis_url(var) == "redis://127.0.0.1:6379/0"
+
+
+def test_a_stop_while_it_starts_its_engine_leaves_nothing_running(make_run):
+    """Ctrl-C while the private dockerd comes up (seconds, the likeliest moment to give up waiting): the engine
+    it has just started is stopped too, and the signals that follow change nothing."""
+    make_run.wait_for_line("the engine stores images with", timeout=120)
+    time.sleep(0.3)  # dockerd is spawned now, and not answering yet
+    port = re.search(r"starting a private redis-server on 127\.0\.0\.1:(\d+)", make_run.output).group(1)
+    run_dir = services._short_run_dir(make_run.var / "docker")
+    assert processes_matching(b"dockerd", str(run_dir).encode())
+    make_run.process.send_signal(signal.SIGINT)
+    make_run.process.send_signal(signal.SIGINT)
+    make_run.process.send_signal(signal.SIGTERM)
+    assert make_run.process.wait(120) == 0
+    make_run._reader.join(5)
+    assert "SIGINT received: stopping" in make_run.output and "Traceback" not in make_run.output, make_run.output
+    assert processes_matching(str(run_dir).encode()) == []  # dockerd and its containerd
+    assert processes_matching(b"redis-server", f"127.0.0.1:{port}".encode()) == []
+    assert dev_env.read(make_run.var / "dev.env").services == {}

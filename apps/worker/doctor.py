@@ -19,7 +19,7 @@ import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from django.conf import settings
 
@@ -56,12 +56,9 @@ class HostReport:
 def safe_url(url: str) -> str:
     """A URL without its user and password (a Redis or database URL may carry one)."""
     parts = urlsplit(url)
-    if not parts.scheme:
-        return url
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc += f":{parts.port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    if not parts.scheme or ("@" not in parts.netloc and not parts.query):
+        return url  # nothing to hide (and unix:///path stays as it is)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
 
 
 def processes(count: int) -> str:
@@ -129,7 +126,7 @@ def check_redis(redis) -> list[Finding]:
 def check_engine() -> tuple[list[Finding], object | None]:
     from .container import engine
 
-    where = os.environ.get("DOCKER_HOST") or "the default socket"
+    where = safe_url(os.environ.get("DOCKER_HOST", "")) or "the default socket"
     try:
         client = engine()
         client.ping()
@@ -477,6 +474,25 @@ def check_profiles() -> list[Finding]:
     return found
 
 
+# `manage.py check` findings the checks above already say in their own words.
+COVERED_CHECK_IDS = {"pidispatch.E001", "worker.W001", *(f"worker.E00{n}" for n in range(1, 9))}
+
+
+def check_settings() -> list[Finding]:
+    """Everything else `manage.py check` names (a setting out of bounds, ...): the worker refuses to start on
+    an error, so it is a FAIL here too."""
+    from django.core import checks
+
+    found = []
+    for message in checks.run_checks():
+        if message.id in COVERED_CHECK_IDS or message.level < checks.WARNING:
+            continue
+        failed = message.level >= checks.ERROR
+        found.append(Finding(FAIL if failed else WARN, "settings", f"{message.id}: {message.msg}",
+                             message.hint or "see `python manage.py check`"))
+    return found or [Finding(OK, "settings", "`manage.py check` finds nothing else")]
+
+
 def check_disk() -> list[Finding]:
     root = Path(settings.PI_JOB_ROOT)
     probe = root
@@ -584,6 +600,7 @@ def diagnose(live: bool = False) -> list[HostReport]:
     here.findings += _guarded(check_forges, live)
     here.findings += _guarded(check_egress)
     here.findings += _guarded(check_profiles)
+    here.findings += _guarded(check_settings)
     here.findings += _guarded(check_disk)
     reports = [here]
     if redis_ok:
@@ -605,7 +622,7 @@ def exit_code(reports: list[HostReport]) -> int:
 
 
 def as_json(reports: list[HostReport]) -> dict:
-    return {"job_could_run": exit_code(reports) == 0,
+    return {"job_could_run": exit_code(reports) == 0, "exit_code": exit_code(reports),
             "hosts": [{"name": r.name, "this_host": r.this_host, "note": r.note,
                        "checks": [asdict(f) for f in r.findings]} for r in reports]}
 

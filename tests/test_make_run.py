@@ -144,6 +144,13 @@ def test_make_run_beside_a_second_shell_and_its_stop(make_run):
                             timeout=60)
     assert status.returncode != 0 and f"could not reach Redis at {elsewhere}" in status.stderr
 
+    # A second make run in the same checkout would share its data folders: it refuses, and changes nothing.
+    second = subprocess.run([sys.executable, "-m", "devtools.stack", "run"], cwd=ROOT, env=clean_env(make_run.var),
+                            capture_output=True, text=True, timeout=60)
+    assert second.returncode != 0
+    assert f"make run is running in this checkout already (pid {make_run.process.pid})" in second.stderr
+    assert dev_env.read(make_run.var / "dev.env") == written
+
     # Its private engine and Redis, and everything they started (containerd), by session.
     engine = processes_matching(b"dockerd", f"{make_run.var}/docker".encode())
     redis = processes_matching(b"redis-server", f"127.0.0.1:{port}".encode())  # it names itself so

@@ -190,8 +190,15 @@ def test_other_live_hosts_as_they_last_reported(doctor, redis_conn):
                                                     image="pi-job:other", capabilities=("wait:ci",), concurrency=2),
                      registry.ProcessFacts(worker_name="rq:worker:hostB-1", pid=1, proc="elsewhere/1/1",
                                            started_at=now, queues=("pi-jobs", "pi-jobs@hostB")), now=now)
+    # A worker of this machine declared by its queue (`rqworker pi-jobs@hostA`): this host's, not another's.
+    registry.publish(redis_conn, registry.HostFacts(name="hostA", declared=True, version="x", image="y"),
+                     registry.ProcessFacts(worker_name="rq:worker:hostA-1", pid=os.getpid(),
+                                           proc=registry.process_identity(), started_at=now,
+                                           queues=("pi-jobs", "pi-jobs@hostA")), now=now)
     result = doctor()
     assert result.returncode == 0
+    assert "hostA: 1 worker process (pi-jobs, pi-jobs@hostA), 0 busy" in line(result.stdout, "ok", "workers")
+    assert "== hostA" not in result.stdout
     section = result.stdout[result.stdout.index("== hostB (live, as it reported"):]
     assert "1 worker process, 0 busy, cap 2, capabilities wait:ci" in line(section, "ok", "registry")
     assert "runs pidispatch 0.0.1-old" in line(section, "warn", "version")

@@ -513,16 +513,29 @@ def check_disk() -> list[Finding]:
     return [Finding(OK, "disk", shown)]
 
 
+def rows_of_this_machine(hosts) -> list:
+    """This host's registry rows: its name's, and any whose worker processes run on this very machine (a
+    worker declared by its queue, `rqworker pi-jobs@hostA`, has a name the doctor's settings do not)."""
+    from apps.fleet import registry
+    from apps.fleet.hosts import this_host
+
+    machine = registry._machine()
+
+    def here(process) -> bool:
+        return process.proc.rpartition("/")[0].rpartition("/")[0] == machine
+
+    return [h for h in hosts if h.name == this_host().name or any(here(p) for p in h.processes)]
+
+
 def check_workers(redis, hosts) -> list[Finding]:
     from apps.fleet.hosts import this_host
 
-    me = this_host().name
-    row = next((h for h in hosts if h.name == me), None)
-    if row is None or row.liveness != "live" or not row.processes:
-        return [Finding(WARN, "workers", f"no worker process of this host ({me}) is in the registry",
+    live = [h for h in rows_of_this_machine(hosts) if h.liveness == "live" and h.processes]
+    if not live:
+        return [Finding(WARN, "workers", f"no worker process of this host ({this_host().name}) is in the registry",
                         "start one: python manage.py rqworker pi-jobs (jobs wait in the queue until then)")]
-    return [Finding(OK, "workers", f"{processes(len(row.processes))} ({', '.join(row.queues)}), "
-                    f"{row.busy} busy" + (f", cap {row.concurrency}" if row.concurrency else ""))]
+    return [Finding(OK, "workers", f"{h.name}: {processes(len(h.processes))} ({', '.join(h.queues)}), {h.busy} busy"
+                    + (f", cap {h.concurrency}" if h.concurrency else "")) for h in live]
 
 
 def check_pauses(redis) -> list[Finding]:
@@ -542,12 +555,12 @@ def check_pauses(redis) -> list[Finding]:
 # --- the other hosts, as the registry has them ------------------------------------------------------------
 
 def other_hosts(hosts, now: float) -> list[HostReport]:
-    from apps.fleet.hosts import code_version, this_host
+    from apps.fleet.hosts import code_version
 
-    me = this_host().name
+    mine = {h.name for h in rows_of_this_machine(hosts)}
     reports = []
     for host in hosts:
-        if host.name == me or host.liveness == "gone":
+        if host.name in mine or host.liveness == "gone":
             continue
         age = host.beat_age(now)
         report = HostReport(host.name, False, f"{host.liveness}, as it reported {age:.0f} s ago")

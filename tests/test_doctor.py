@@ -57,7 +57,7 @@ def test_a_working_host_can_run_a_job_and_says_what_to_improve(doctor, redis_con
     assert result.returncode == 0, result.stdout
     out = result.stdout
     assert "ok    database" in out and "migrations applied" in out
-    assert f"Redis" in line(out, "ok", "redis")
+    assert "Redis" in line(out, "ok", "redis")
     # The tests' Redis keeps no append-only file: said, with the command that fixes it.
     assert "appendonly no" in line(out, "warn", "redis-aof")
     assert "-> redis-cli CONFIG SET appendonly yes; CONFIG SET appendfsync always" in line(out, "warn", "redis-aof")
@@ -161,8 +161,12 @@ def test_profiles_and_forge_config_are_validated(doctor, tmp_path):
 def test_live_calls_the_provider_through_a_gateway_and_reads_the_token_scopes(doctor, fake_forge):
     provider = ScriptedProvider(key="sk-doctor-live-key")
     fake_forge.routes["/user"] = (200, {"login": "pi-bot", "id": 42}, {"X-OAuth-Scopes": "repo, workflow"})
+    fake_forge.routes["/api/v4/user"] = (200, {"username": "pi-gl-bot", "id": 7})
+    fake_forge.routes["/api/v4/personal_access_tokens/self"] = (200, {"scopes": ["api", "sudo"]})
     common = {"PI_PROVIDER_BASE_URL": provider.url, "PI_MODEL": "claude-sonnet-4-5",
-              "GITHUB_API_URL": fake_forge.url}
+              "GITHUB_API_URL": fake_forge.url, "GITLAB_URL": fake_forge.url, "GITLAB_WEBHOOK_MODE": "token",
+              "GITLAB_WEBHOOK_SECRET": "gitlab-hook-secret", "GITLAB_TOKEN": "glpat-doctor-token",
+              "GITLAB_SELF_ID": "7"}
     try:
         result = doctor("--live", ANTHROPIC_API_KEY="sk-doctor-live-key", **common)
         assert result.returncode == 0, result.stdout
@@ -171,7 +175,11 @@ def test_live_calls_the_provider_through_a_gateway_and_reads_the_token_scopes(do
         assert [seen.key_accepted for seen in provider.seen] == [True]
         scopes = line(result.stdout, "warn", "forge-github-live")
         assert "token of pi-bot has scopes repo, workflow" in scopes and "-> use a token with only `repo`" in scopes
-        assert fake_forge.requests[-1]["headers"]["authorization"] == f"Bearer {STAND_IN_TOKEN}"
+        github_asked = [r for r in fake_forge.requests if r["path"] == "/user"]
+        assert github_asked[-1]["headers"]["authorization"] == f"Bearer {STAND_IN_TOKEN}"
+        assert "token of pi-gl-bot has scopes api, sudo" in line(result.stdout, "warn", "forge-gitlab-live")
+        assert "-> drop sudo" in line(result.stdout, "warn", "forge-gitlab-live")
+        assert "glpat-doctor-token" not in result.stdout and "gitlab-hook-secret" not in result.stdout
 
         fake_forge.routes["/user"] = (401, {"message": "Bad credentials"})
         result = doctor("--live", ANTHROPIC_API_KEY="sk-a-wrong-key", **common)

@@ -392,17 +392,20 @@ def _forge_live(forge: str) -> Finding:
         if "x-oauth-scopes" not in response.headers:
             return Finding(OK, check, f"token of {who}: fine-grained (no scopes listed); it needs contents, issues "
                            "and pull requests read and write on the repositories it serves")
+        if "repo" not in scopes and "public_repo" not in scopes:
+            return Finding(FAIL, check, f"token of {who} has scopes {', '.join(scopes) or 'none'}: it cannot push or "
+                           "open pull requests", "give the token the `repo` scope")
         broad = [s for s in scopes if s in GITHUB_BROAD_SCOPES or s.startswith("admin:")]
         if broad:
             return Finding(WARN, check, f"token of {who} has scopes {', '.join(scopes)}: broader than a job needs "
                            f"({', '.join(broad)})", "use a token with only `repo` (or a fine-grained token, or "
                            "a GitHub App) so a leaked job token cannot change workflows or settings")
-        if "repo" not in scopes and "public_repo" not in scopes:
-            return Finding(FAIL, check, f"token of {who} has scopes {', '.join(scopes) or 'none'}: it cannot push or "
-                           "open pull requests", "give the token the `repo` scope")
         return Finding(OK, check, f"token of {who}, scopes {', '.join(scopes)}")
     if forge == "gitlab":
-        token_info = client._get(f"{client.base_url}/api/v4/personal_access_tokens/self")
+        try:
+            token_info = client._get(f"{client.base_url}/api/v4/personal_access_tokens/self")
+        except Unreachable:
+            return Finding(OK, check, f"token of {who} (its scopes could not be read)")
         scopes = (token_info.data or {}).get("scopes") if isinstance(token_info.data, dict) else None
         if isinstance(scopes, list):
             broad = [s for s in scopes if s in GITLAB_BROAD_SCOPES]
@@ -503,7 +506,7 @@ def check_disk() -> list[Finding]:
     shown = f"{free / 1024 ** 3:.1f} GiB free under {root}"
     if free_mb < settings.PI_DOCTOR_MIN_FREE_MB:
         return [Finding(FAIL, "disk", f"{shown}, below PI_DOCTOR_MIN_FREE_MB ({settings.PI_DOCTOR_MIN_FREE_MB} MB): "
-                        "a job's clone would fail disk-full", f"free space on that filesystem, or point PI_JOB_ROOT "
+                        "a job's clone would fail disk-full", "free space on that filesystem, or point PI_JOB_ROOT "
                         "at a filesystem of its own")]
     if not os.access(probe, os.W_OK):
         return [Finding(FAIL, "disk", f"{probe} is not writable by this user", f"make {probe} this user's own")]

@@ -100,9 +100,25 @@ def make_run(tmp_path):
                                  "PIDISPATCH_STACK_PID=999999999\nREDIS_URL=redis://127.0.0.1:1/0\n")
     stack = MakeRun(var)
     yield stack
+    # After a failed test: let it stop what it started, then kill whatever is left (redis-server renames
+    # itself, so it is found by its port; containerd by the engine's run folder).
+    if stack.process.poll() is None:
+        stack.process.send_signal(signal.SIGTERM)
+        try:
+            stack.process.wait(60)
+        except subprocess.TimeoutExpired:
+            pass
     stack.kill()
-    for pid in processes_matching(str(var).encode()):  # whatever a failed test left behind
-        os.kill(pid, signal.SIGKILL)
+    redis_port = re.search(r"private redis-server on 127\.0\.0\.1:(\d+)", stack.output)
+    leftovers = (processes_matching(str(var).encode())
+                 + processes_matching(str(services._short_run_dir(var / "docker")).encode())
+                 + (processes_matching(b"redis-server", f"127.0.0.1:{redis_port.group(1)}".encode())
+                    if redis_port else []))
+    for pid in leftovers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     for line in Path("/proc/mounts").read_text().splitlines():  # and a killed engine's mounts
         if f" {var}/" in line:
             subprocess.run(["umount", "-l", line.split()[1]], check=False)

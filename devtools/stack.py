@@ -96,11 +96,12 @@ class Stack:
         for service in reversed(self.services):
             if service.name == "dockerd" and self.docker_host:
                 _quietly(services.remove_job_containers, self.docker_host)
-            say(f"stopping {service.name}")
+            # A closed terminal (SIGHUP) makes printing fail: that must not stop the cleanup either.
+            _quietly(say, f"stopping {service.name}")
             try:
                 service.stop()
             except Exception as error:
-                say(f"could not stop {service.name} ({type(error).__name__}: {error})")
+                _quietly(say, f"could not stop {service.name} ({type(error).__name__}: {error})")
         # The children's output ends with them; printing it from a thread past interpreter exit would crash.
         for pump in self.pumps:
             pump.join(timeout=2)
@@ -143,9 +144,14 @@ def _withdraw_services() -> None:
 
 def _prefix_output(process: subprocess.Popen, prefix: str, stack: Stack) -> None:
     def pump():
-        for line in process.stdout:
-            sys.stdout.write(f"{prefix} {line.decode(errors='replace')}")
-            sys.stdout.flush()
+        shown = True
+        for line in process.stdout:  # read to the end whatever happens, or the child blocks on a full pipe
+            if shown:
+                try:
+                    sys.stdout.write(f"{prefix} {line.decode(errors='replace')}")
+                    sys.stdout.flush()
+                except (OSError, ValueError):  # the terminal is gone (SIGHUP)
+                    shown = False
 
     thread = threading.Thread(target=pump, daemon=True)
     thread.start()
@@ -374,11 +380,25 @@ def run_platform(args) -> int:
                     raise SetupError(f"{service.name} exited with code {service.process.returncode}; stopping.")
             time.sleep(1)
     except Stop as stop:
-        print(flush=True)
-        say(f"{stop} received: stopping what make run started (further signals are ignored until it is done)")
+        _quietly(print)  # off the line a Ctrl-C left its ^C on; the terminal may be gone (SIGHUP)
+        _quietly(say, f"{stop} received: stopping what make run started (further signals are ignored until it is "
+                      "done)")
         return 0
     finally:
         stack.stop()
+        _detach_if_gone()
+
+
+def _detach_if_gone() -> None:
+    """When the terminal went away (SIGHUP), what is left to print goes nowhere, so that the exit stays 0
+    instead of Python's 120 for output it could not flush."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
 
 
 def run_tests(args) -> int:

@@ -68,8 +68,11 @@ class MakeRun:
         self._reader.start()
 
     def _read(self):
-        for line in self.process.stdout:
-            self.lines.append(line.decode(errors="replace"))
+        try:
+            for line in self.process.stdout:
+                self.lines.append(line.decode(errors="replace"))
+        except (ValueError, OSError):  # a test closed the pipe (its terminal went away)
+            pass
 
     @property
     def output(self) -> str:
@@ -229,5 +232,20 @@ def test_a_stop_while_it_starts_its_engine_leaves_nothing_running(make_run):
     make_run._reader.join(5)
     assert "SIGINT received: stopping" in make_run.output and "Traceback" not in make_run.output, make_run.output
     assert processes_matching(str(run_dir).encode()) == []  # dockerd and its containerd
+    assert processes_matching(b"redis-server", f"127.0.0.1:{port}".encode()) == []
+    assert dev_env.read(make_run.var / "dev.env").services == {}
+
+
+def test_a_closed_terminal_stops_it_all(make_run):
+    """SIGHUP, as when its terminal (or ssh session) closes: nothing can be printed any more, and the cleanup
+    still runs to the end."""
+    make_run.wait_for_line("the engine stores images with", timeout=120)
+    time.sleep(0.3)
+    port = re.search(r"starting a private redis-server on 127\.0\.0\.1:(\d+)", make_run.output).group(1)
+    run_dir = services._short_run_dir(make_run.var / "docker")
+    make_run.process.stdout.close()  # the terminal is gone: every write of make run's now fails
+    make_run.process.send_signal(signal.SIGHUP)
+    assert make_run.process.wait(120) == 0
+    assert processes_matching(str(run_dir).encode()) == []
     assert processes_matching(b"redis-server", f"127.0.0.1:{port}".encode()) == []
     assert dev_env.read(make_run.var / "dev.env").services == {}

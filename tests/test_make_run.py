@@ -51,6 +51,21 @@ def processes_matching(*needles: bytes) -> list[int]:
     return found
 
 
+def started_by(var: Path) -> list[int]:
+    """Every process a make run in `var` started, whatever session it made for itself: they all inherit
+    its PI_VAR_DIR (web, worker, replayer, cron, redis-server, dockerd and its containerd)."""
+    marker = f"PI_VAR_DIR={var}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
 def processes_in_sessions(sessions: set[int]) -> list[int]:
     return [int(entry.name) for entry in Path("/proc").iterdir()
             if entry.name.isdigit() and session_of(int(entry.name)) in sessions]
@@ -103,8 +118,7 @@ def make_run(tmp_path):
                                  "PIDISPATCH_STACK_PID=999999999\nREDIS_URL=redis://127.0.0.1:1/0\n")
     stack = MakeRun(var)
     yield stack
-    # After a failed test: let it stop what it started, then kill whatever is left (redis-server renames
-    # itself, so it is found by its port; containerd by the engine's run folder).
+    # After a failed test: let it stop what it started, then kill whatever is left.
     if stack.process.poll() is None:
         stack.process.send_signal(signal.SIGTERM)
         try:
@@ -112,12 +126,7 @@ def make_run(tmp_path):
         except subprocess.TimeoutExpired:
             pass
     stack.kill()
-    redis_port = re.search(r"private redis-server on 127\.0\.0\.1:(\d+)", stack.output)
-    leftovers = (processes_matching(str(var).encode())
-                 + processes_matching(str(services._short_run_dir(var / "docker")).encode())
-                 + (processes_matching(b"redis-server", f"127.0.0.1:{redis_port.group(1)}".encode())
-                    if redis_port else []))
-    for pid in leftovers:
+    for pid in started_by(var):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -186,6 +195,7 @@ def test_make_run_beside_a_second_shell_and_its_stop(make_run):
     assert "Traceback" not in make_run.output, make_run.output
     assert make_run.output.count("received: stopping") == 1
     assert processes_in_sessions(sessions) == []
+    assert started_by(make_run.var) == []  # nor the web server, the worker, the replayer or cron
     assert f" {make_run.var}/" not in Path("/proc/mounts").read_text()  # the engine's mounts went with it
     # Nothing beside it is sent to the Redis that is gone; the demo's secret is kept for the next run.
     after = dev_env.read(make_run.var / "dev.env")
@@ -233,6 +243,7 @@ def test_a_stop_while_it_starts_its_engine_leaves_nothing_running(make_run):
     assert "SIGINT received: stopping" in make_run.output and "Traceback" not in make_run.output, make_run.output
     assert processes_matching(str(run_dir).encode()) == []  # dockerd and its containerd
     assert processes_matching(b"redis-server", f"127.0.0.1:{port}".encode()) == []
+    assert started_by(make_run.var) == []
     assert dev_env.read(make_run.var / "dev.env").services == {}
 
 
@@ -248,4 +259,5 @@ def test_a_closed_terminal_stops_it_all(make_run):
     assert make_run.process.wait(120) == 0
     assert processes_matching(str(run_dir).encode()) == []
     assert processes_matching(b"redis-server", f"127.0.0.1:{port}".encode()) == []
+    assert started_by(make_run.var) == []
     assert dev_env.read(make_run.var / "dev.env").services == {}

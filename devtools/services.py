@@ -158,10 +158,11 @@ def _aof_written(persistence: dict) -> bool:
             and persistence.get("aof_rewrite_scheduled") == 0)
 
 
-def start_redis(data_dir: Path, port: int, persistent: bool) -> Service:
+def start_redis(data_dir: Path, port: int, persistent: bool, started=None) -> Service:
     """A private redis-server. `persistent`: every write is on disk in its append-only file before Redis
     answers it, so neither a killed Redis nor a power cut loses the jobs whose deliveries the inbox has
-    already settled (a snapshot every minute would lose up to a minute of them)."""
+    already settled (a snapshot every minute would lose up to a minute of them). `started(service)` is called
+    as soon as the process exists, so that a stop while it comes up still stops it."""
     binary = ensure_package("redis-server", "redis-server")
     data_dir.mkdir(parents=True, exist_ok=True)
     log = data_dir / "redis.log"
@@ -174,6 +175,8 @@ def start_redis(data_dir: Path, port: int, persistent: bool) -> Service:
     command += logged if persistent and has_log else ["--appendonly", "no"]
     url = f"redis://127.0.0.1:{port}/0"
     service = Service("redis", spawn(command), env={"REDIS_URL": url})
+    if started:
+        started(service)
     wait_until(lambda: redis_answers(url), 20, "redis-server", log)
     if persistent and not has_log:
         import redis
@@ -219,18 +222,17 @@ def storage_driver(data_root: Path) -> str:
             ["mount", "-t", "overlay", "overlay", "-o",
              f"lowerdir={probe / 'lower'},upperdir={probe / 'upper'},workdir={probe / 'work'}", str(probe / "merged")],
             capture_output=True).returncode == 0
-        if mounted:
-            readable = (probe / "merged" / "file").exists()
-            subprocess.run(["umount", str(probe / "merged")], capture_output=True)
-            return "overlay2" if readable else "vfs"
-        return "vfs"
+        return "overlay2" if mounted and (probe / "merged" / "file").exists() else "vfs"
     finally:
+        # Here, not after the check: a stop signal in between must not leave the probe mounted.
+        if os.path.ismount(probe / "merged"):
+            subprocess.run(["umount", str(probe / "merged")], capture_output=True)
         shutil.rmtree(probe, ignore_errors=True)
 
 
-def start_dockerd(data_root: Path) -> tuple[str, Service | None]:
+def start_dockerd(data_root: Path, started=None) -> tuple[str, Service | None]:
     """A private engine for this checkout (overlay2 or vfs storage, no bridge, no iptables). Reused if already
-    running."""
+    running. `started(service)` is called as soon as the process exists (see start_redis)."""
     binary = ensure_package("dockerd", "docker.io")
     if os.geteuid() != 0:
         raise SetupError("starting a private Docker engine needs root; run as root, or point DOCKER_HOST at a "
@@ -251,10 +253,13 @@ def start_dockerd(data_root: Path) -> tuple[str, Service | None]:
                "-H", docker_host, "--data-root", str(data_root), "--exec-root", str(run_dir / "exec"),
                "--pidfile", str(run_dir / "docker.pid")]
     process = spawn(command, log=log)
+    service = Service("dockerd", process, stop_timeout=30, env={"DOCKER_HOST": docker_host})
+    if started:
+        started(service)
     wait_until(lambda: docker_answers(docker_host) or process.poll() is not None, 90, "dockerd", log)
     if process.poll() is not None:
         raise SetupError(f"dockerd exited with code {process.returncode}. See {log}.")
-    return docker_host, Service("dockerd", process, stop_timeout=30, env={"DOCKER_HOST": docker_host})
+    return docker_host, service
 
 
 def remove_job_containers(docker_host: str) -> int:

@@ -23,10 +23,12 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+from pidispatch_site import dev_env
+
 from . import fake_forge, jobimage, scripted_provider, services
 from .services import ROOT, Service, SetupError, say
 
-VAR = ROOT / "var"
+VAR = Path(os.environ.get("PI_VAR_DIR") or ROOT / "var").resolve()  # where settings keep it too
 DEV_ENV = VAR / "dev.env"
 SAMPLE_DELIVERY = ROOT / "tests" / "payloads" / "github" / "issues_labeled.json"
 DEMO_SELF_ID = "1"  # the demo deployment's own (made-up) GitHub account id, for the bot-loop guard
@@ -39,12 +41,43 @@ DEMO_REPOSITORY = {
 }
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, a service manager, a closed terminal
+
+
+class Stop(BaseException):
+    """A stop signal arrived (a BaseException, like KeyboardInterrupt: no `except Exception` swallows it)."""
+
+
+class StopSignals:
+    """The first stop signal stops everything, once; every later one is ignored, so that a second Ctrl-C or a
+    service manager's repeated SIGTERM cannot cut the cleanup short and leave a private engine or Redis behind."""
+
+    def __init__(self):
+        self.received: str | None = None
+
+    def install(self) -> None:
+        for number in STOP_SIGNALS:
+            signal.signal(number, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.received:
+            return
+        self.received = signal.Signals(signum).name
+        raise Stop(self.received)
+
+
+def _ignore_signal(signum, frame):
+    pass  # not SIG_IGN: a disposition children would inherit
+
+
 class Stack:
     """The services one command started, stopped in reverse order whatever happens."""
 
     def __init__(self):
         self.services: list[Service] = []
         self.docker_host: str | None = None
+        self.pumps: list[threading.Thread] = []
+        self.before_stop = []  # called first when it stops (make run takes its addresses out of var/dev.env)
         self._stopping = False
 
     def add(self, service: Service | None) -> None:
@@ -55,13 +88,23 @@ class Stack:
         if self._stopping:
             return
         self._stopping = True
-        # A second Ctrl-C must not cut the cleanup short and leave a daemon behind; every stop is bounded.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for number in STOP_SIGNALS:  # stopping already: a signal now must not cut the cleanup short
+            signal.signal(number, _ignore_signal)
+        for function in self.before_stop:
+            _quietly(function)
+        # Every stop is bounded, and one that fails does not keep the others from stopping.
         for service in reversed(self.services):
             if service.name == "dockerd" and self.docker_host:
                 _quietly(services.remove_job_containers, self.docker_host)
-            say(f"stopping {service.name}")
-            service.stop()
+            # A closed terminal (SIGHUP) makes printing fail: that must not stop the cleanup either.
+            _quietly(say, f"stopping {service.name}")
+            try:
+                service.stop()
+            except Exception as error:
+                _quietly(say, f"could not stop {service.name} ({type(error).__name__}: {error})")
+        # The children's output ends with them; printing it from a thread past interpreter exit would crash.
+        for pump in self.pumps:
+            pump.join(timeout=2)
 
 
 def _quietly(function, *args):
@@ -71,45 +114,61 @@ def _quietly(function, *args):
         return None
 
 
-def _read_env_file(path: Path) -> dict[str, str]:
-    values = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if "=" in line and not line.lstrip().startswith("#"):
-                key, _, value = line.partition("=")
-                values[key.strip()] = value.strip()
-    return values
-
-
 def _dev_secrets() -> dict[str, str]:
-    """Secrets the demo needs, generated once and kept in var/dev.env (the environment wins over it)."""
-    values = _read_env_file(DEV_ENV)
+    """Secrets the demo needs, generated once and kept in var/dev.env (the environment wins over it). Service
+    addresses a `make run` that is gone left there are dropped now, before anything can read them."""
+    values = dev_env.read(DEV_ENV).kept
     values.setdefault("GITHUB_WEBHOOK_SECRET", secrets.token_hex(20))
     values.setdefault("GITHUB_SELF_ID", DEMO_SELF_ID)
-    DEV_ENV.write_text("".join(f"{key}={value}\n" for key, value in sorted(values.items())))
-    DEV_ENV.chmod(0o600)
+    dev_env.write(DEV_ENV, values)
     return {key: os.environ.get(key, value) for key, value in values.items()}
 
 
-def _prefix_output(process: subprocess.Popen, prefix: str) -> None:
+# What `make run` tells the commands run beside it (var/dev.env), when it set them rather than the environment:
+# where its services listen, and the demo's stand-ins for the provider and GitHub with their made-up keys.
+SERVICE_VARIABLES = ("REDIS_URL", "DOCKER_HOST", "PI_JOB_IMAGE", "PI_PROVIDER", "PI_PROVIDER_BASE_URL",
+                     "ANTHROPIC_API_KEY", "PI_MODEL", "GITHUB_API_URL", "GITHUB_TOKEN")
+
+
+def _publish_services(env: dict) -> None:
+    services_now = {key: env[key] for key in SERVICE_VARIABLES if env.get(key) and env[key] != os.environ.get(key)}
+    dev_env.write(DEV_ENV, dev_env.read(DEV_ENV).kept, services_now, os.getpid())
+
+
+def _withdraw_services() -> None:
+    """Only this run's addresses: a file another `make run` rewrote since is its own."""
+    found = dev_env.read(DEV_ENV)
+    if found.stack_pid == os.getpid():
+        dev_env.write(DEV_ENV, found.kept)
+
+
+def _prefix_output(process: subprocess.Popen, prefix: str, stack: Stack) -> None:
     def pump():
-        for line in process.stdout:
-            sys.stdout.write(f"{prefix} {line.decode(errors='replace')}")
-            sys.stdout.flush()
+        shown = True
+        for line in process.stdout:  # read to the end whatever happens, or the child blocks on a full pipe
+            if shown:
+                try:
+                    sys.stdout.write(f"{prefix} {line.decode(errors='replace')}")
+                    sys.stdout.flush()
+                except (OSError, ValueError):  # the terminal is gone (SIGHUP)
+                    shown = False
 
-    threading.Thread(target=pump, daemon=True).start()
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    stack.pumps.append(thread)
 
 
-def _start_child(name: str, command: list[str], env: dict, stop_signal=signal.SIGTERM) -> Service:
+def _start_child(stack: Stack, name: str, command: list[str], env: dict, stop_signal=signal.SIGTERM) -> None:
     process = subprocess.Popen(
         command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
     )
-    _prefix_output(process, f"[{name}]")
-    return Service(name, process, stop_signal=stop_signal, stop_timeout=40)
+    stack.add(Service(name, process, stop_signal=stop_signal, stop_timeout=40))
+    _prefix_output(process, f"[{name}]", stack)
 
 
 def _manage(env: dict, *args: str) -> None:
-    result = subprocess.run([sys.executable, "manage.py", *args], env=env, cwd=ROOT)
+    # Its own session: a Ctrl-C reaches only make run, which stops it (no traceback from the child).
+    result = subprocess.run([sys.executable, "manage.py", *args], env=env, cwd=ROOT, start_new_session=True)
     if result.returncode != 0:
         raise SetupError(f"`python manage.py {' '.join(args)}` failed (exit {result.returncode}); see above.")
 
@@ -150,21 +209,29 @@ def _setup_django(env: dict) -> None:
     django.setup()
 
 
-def _ensure_admin() -> None:
+def _python() -> str:
+    """How the person running make run starts this checkout's Python, for the commands it suggests."""
+    executable = Path(sys.executable)
+    return str(executable.relative_to(ROOT)) if executable.is_relative_to(ROOT) else "python"
+
+
+def _ensure_admin() -> str:
+    """The admin user, created on the first run. Returns how to log in, for the summary at the end (where
+    it is seen, not scrolled away among the setup lines)."""
     from django.contrib.auth import get_user_model
 
     User = get_user_model()
     username = os.environ.get("PI_ADMIN_USER", "admin")
+    reset = f"reset it with `{_python()} manage.py changepassword {username}`"
     if User.objects.filter(username=username).exists():
-        say(f"admin user '{username}' exists (its password was printed when it was created; "
-            f"reset it with `python manage.py changepassword {username}`)")
-        return
+        say(f"admin user '{username}' exists")
+        return f"user '{username}', the password it was given when it was created ({reset})"
     password = os.environ.get("PI_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
     User.objects.create_superuser(username=username, email="", password=password)
+    say(f"created admin user '{username}'")
     if os.environ.get("PI_ADMIN_PASSWORD"):
-        say(f"created admin user '{username}' with the password from PI_ADMIN_PASSWORD")
-    else:
-        say(f"created admin user '{username}' with password: {password}   (shown once; keep it)")
+        return f"user '{username}', the password from PI_ADMIN_PASSWORD ({reset})"
+    return f"user '{username}', password {password}  (shown this once; {reset})"
 
 
 def _seed_demo_trigger() -> None:
@@ -211,17 +278,20 @@ def _demo_provider(env: dict, stack: Stack) -> str:
     return f"scripted model standing in for anthropic/{env['PI_MODEL']}"
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def run_platform(args) -> int:
     stack = Stack()
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop_signals = StopSignals()
     try:
-        VAR.mkdir(exist_ok=True)
-        services.ensure_package("git", "git")  # jobs clone their repository; the demo forge serves one
+        stop_signals.install()
+        VAR.mkdir(mode=0o700, parents=True, exist_ok=True)
+        running = dev_env.read(DEV_ENV).stack_pid
+        if running != os.getpid() and dev_env.stack_alive(running):
+            # A second one would start a second Redis on the same data folder, and take the first's addresses.
+            raise SetupError(f"make run is running in this checkout already (pid {running}); its services are in "
+                             f"{DEV_ENV}. Use them, or stop it first (Ctrl-C in its terminal, or kill -TERM {running}).")
         env = {**os.environ, **_dev_secrets()}
+        stack.before_stop.append(_withdraw_services)
+        services.ensure_package("git", "git")  # jobs clone their repository; the demo forge serves one
 
         redis_url = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
         if services.redis_answers(redis_url):
@@ -229,8 +299,7 @@ def run_platform(args) -> int:
         else:
             port = services.free_port(6390)
             say(f"no Redis at {redis_url}; starting a private redis-server on 127.0.0.1:{port} (data in var/redis)")
-            redis_service = services.start_redis(VAR / "redis", port, persistent=True)
-            stack.add(redis_service)
+            redis_service = services.start_redis(VAR / "redis", port, persistent=True, started=stack.add)
             redis_url = redis_service.env["REDIS_URL"]
         env["REDIS_URL"] = redis_url
 
@@ -239,8 +308,7 @@ def run_platform(args) -> int:
             say(f"using the Docker engine at {docker_host or 'the default socket'}")
         else:
             say("no reachable Docker engine; starting a private dockerd (data in var/docker)")
-            docker_host, dockerd = services.start_dockerd(VAR / "docker")
-            stack.add(dockerd)
+            docker_host, dockerd = services.start_dockerd(VAR / "docker", started=stack.add)
         stack.docker_host = docker_host
         if docker_host:
             env["DOCKER_HOST"] = docker_host
@@ -259,25 +327,26 @@ def run_platform(args) -> int:
             stack.add(Service("demo GitHub", stop_function=demo_forge.close))
             env.update(GITHUB_API_URL=demo_forge.url, GITHUB_TOKEN=DEMO_FORGE_TOKEN)
             say(f"a local stand-in for GitHub answers at {demo_forge.url} (the demo repository lives in var/demo-forge)")
+        _publish_services(env)
 
         say("migrating the database")
         _manage(env, "migrate", "--noinput", "-v", "0")
         _manage(env, "collectstatic", "--noinput", "-v", "0")
         _setup_django(env)
-        _ensure_admin()
+        login = _ensure_admin()
         _seed_demo_trigger()
 
         port = services.free_port(int(os.environ.get("PI_PORT", "8000")))
         base_url = f"http://127.0.0.1:{port}"
-        stack.add(_start_child("web", [str(Path(sys.executable).parent / "gunicorn"), "pidispatch_site.wsgi",
-                                       "--bind", f"127.0.0.1:{port}", "--workers", "2", "--access-logfile", "-",
-                                       "--no-control-socket"],
-                               env))
-        stack.add(_start_child("worker", [sys.executable, "manage.py", "rqworker", "pi-jobs"], env,
-                               stop_signal=signal.SIGINT))
+        _start_child(stack, "web", [str(Path(sys.executable).parent / "gunicorn"), "pidispatch_site.wsgi",
+                                    "--bind", f"127.0.0.1:{port}", "--workers", "2", "--access-logfile", "-",
+                                    "--no-control-socket"], env)
+        # -v 0: RQ's own lines (worker started, listening, job OK, ...) stay out; pidispatch's events still show.
+        _start_child(stack, "worker", [sys.executable, "manage.py", "rqworker", "pi-jobs", "-v", "0"], env,
+                     stop_signal=signal.SIGINT)
         # Enqueues deliveries the inbox kept while Redis (or a forge lookup) was unavailable.
-        stack.add(_start_child("replayer", [sys.executable, "manage.py", "replay_deliveries", "--follow"], env))
-        stack.add(_start_child("cron", [sys.executable, "manage.py", "run_cron"], env))
+        _start_child(stack, "replayer", [sys.executable, "manage.py", "replay_deliveries", "--follow"], env)
+        _start_child(stack, "cron", [sys.executable, "manage.py", "run_cron"], env)
         services.wait_until(lambda: _http_ok(f"{base_url}/healthz"), 30, "the web server")
         say(f"web server up at {base_url}/ ; worker draining pi-jobs")
 
@@ -300,20 +369,36 @@ def run_platform(args) -> int:
             print(f"published by the worker: {run.publish_outcome}{where}"
                   + (" on the local stand-in GitHub (var/demo-forge)" if local_github else "")
                   + "\n", flush=True)
-        say(f"admin: {base_url}/admin/  (user '{os.environ.get('PI_ADMIN_USER', 'admin')}')")
-        say("everything keeps running; press Ctrl-C to stop it all")
+        say(f"admin: {base_url}/admin/  {login}")
+        say("commands beside it, in another shell, find its services through var/dev.env: "
+            f"`{_python()} manage.py fleet status`, `{_python()} manage.py doctor`")
+        say("everything keeps running; press Ctrl-C (or send SIGTERM) to stop it all")
 
         while True:
             for service in stack.services:
                 if service.process is not None and service.process.poll() is not None:
                     raise SetupError(f"{service.name} exited with code {service.process.returncode}; stopping.")
             time.sleep(1)
-    except KeyboardInterrupt:
-        print()
-        say("stopping")
+    except Stop as stop:
+        _quietly(print)  # off the line a Ctrl-C left its ^C on; the terminal may be gone (SIGHUP)
+        _quietly(say, f"{stop} received: stopping what make run started (further signals are ignored until it is "
+                      "done)")
         return 0
     finally:
         stack.stop()
+        _detach_if_gone()
+
+
+def _detach_if_gone() -> None:
+    """When the terminal went away (SIGHUP), what is left to print goes nowhere, so that the exit stays 0
+    instead of Python's 120 for output it could not flush."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
 
 
 def run_tests(args) -> int:
@@ -322,12 +407,10 @@ def run_tests(args) -> int:
         with tempfile.TemporaryDirectory(prefix="pidispatch-test-redis-") as redis_dir:
             port = services.free_port()
             say(f"starting a private redis-server for the tests on 127.0.0.1:{port}")
-            redis_service = services.start_redis(Path(redis_dir), port, persistent=False)
-            stack.add(redis_service)
+            redis_service = services.start_redis(Path(redis_dir), port, persistent=False, started=stack.add)
 
             say("starting a private Docker engine for the tests (data in var/test-docker)")
-            docker_host, dockerd = services.start_dockerd(VAR / "test-docker")
-            stack.add(dockerd)
+            docker_host, dockerd = services.start_dockerd(VAR / "test-docker", started=stack.add)
             stack.docker_host = docker_host
             services.ensure_demo_image(docker_host, services.DEMO_IMAGE)
             # The production image, for the tests where the real pi matters (built once, cached by its inputs).

@@ -10,6 +10,7 @@ import environ
 from django.core.exceptions import ImproperlyConfigured
 
 from apps.fleet.queues import QueueConfigMap
+from pidispatch_site import dev_env
 from pidispatch_site.private_files import persistent_secret_key, private_file, private_folder
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -19,6 +20,11 @@ environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 VAR_DIR = Path(env("PI_VAR_DIR", default=str(BASE_DIR / "var"))).resolve()
 private_folder(VAR_DIR)  # the key, the database, job folders, Redis's and Docker's data: this user's only
+# Beside `make run`: its demo secrets and, while it runs, the services it started (its private Redis listens on
+# a port it picked), so `manage.py fleet status` in a second shell finds them. The environment and `.env` win.
+# The tests' stack never reads it: their services and config are their own.
+if not env.bool("PIDISPATCH_TEST_STACK", default=False):
+    dev_env.apply(VAR_DIR / "dev.env")
 
 SECRET_KEY = env("DJANGO_SECRET_KEY", default=None) or persistent_secret_key(VAR_DIR / "secret_key")
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
@@ -168,6 +174,8 @@ PI_JOB_TIMEOUT_SECONDS = env.int("PI_JOB_TIMEOUT_SECONDS", default=30 * 60)
 # runs (apps/worker/disk.py); 0 turns it off.
 PI_JOB_DISK_MB = env.int("PI_JOB_DISK_MB", default=10 * 1024)
 PI_JOB_DISK_POLL_SECONDS = env.float("PI_JOB_DISK_POLL_SECONDS", default=5)
+# `manage.py doctor` FAILs this host below this much free space under PI_JOB_ROOT (a clone would fail disk-full).
+PI_DOCTOR_MIN_FREE_MB = env.int("PI_DOCTOR_MIN_FREE_MB", default=1024)
 PI_MAX_TURNS = env.int("PI_MAX_TURNS", default=30)
 PI_MAX_TOKENS = env.int("PI_MAX_TOKENS", default=0) or None
 PI_PROVIDER = env("PI_PROVIDER", default="anthropic")

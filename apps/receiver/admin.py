@@ -3,7 +3,15 @@ from django.contrib import admin, messages
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
-from django.utils.html import format_html
+from django.contrib.admin.views.main import ChangeList
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
+from urllib.parse import urlencode
+
+from apps.fleet import job_states
+from apps.fleet.connection import get_redis
+from pidispatch_site import admin_display
 
 from pidispatch_site.admin_mixins import ManagedChangesAdmin
 
@@ -25,6 +33,31 @@ class TriggerForm(forms.ModelForm):
                 placed.setdefault(field if field in self.fields else NON_FIELD_ERRORS, []).extend(messages_)
             errors = ValidationError(placed)
         super()._update_errors(errors)
+
+
+def _attach_job_states(deliveries) -> list[dict]:
+    """One Redis round trip and one query for every job of the deliveries shown."""
+    ids = [job_id for delivery in deliveries for job_id in (delivery.job_ids or [])]
+    found = job_states.job_states(get_redis(), ids) if ids else {}
+    for delivery in deliveries:
+        delivery.job_states = {job_id: found[job_id] for job_id in (delivery.job_ids or []) if job_id in found}
+    return [delivery.job_states for delivery in deliveries]
+
+
+def _runs_of(job_id: str, state) -> str:
+    if state is not None and state.run_pk is not None:
+        return reverse("admin:worker_run_changelist") + "?" + urlencode({"job_id": job_id})
+    return reverse("admin:fleet_fleetpanel_changelist")  # not run yet: the panel shows where it waits
+
+
+def _short(job_id: str) -> str:
+    return job_id if len(job_id) <= admin_display.SHORT_ID_CHARS else f"{job_id[:10]}…{job_id[-10:]}"
+
+
+class _JobStateChangeList(ChangeList):
+    def get_results(self, request):
+        super().get_results(request)
+        _attach_job_states(self.result_list)
 
 
 class OneShotStateFilter(admin.SimpleListFilter):
@@ -129,20 +162,46 @@ class TriggerAdmin(ManagedChangesAdmin, admin.ModelAdmin):
 class DeliveryAdmin(admin.ModelAdmin):
     """The inbox. Rows carry ids and outcomes only; the payload is held just until the delivery settles."""
 
-    list_display = ("delivery_id", "forge", "event", "status", "reason", "jobs", "attempts", "received_at",
-                    "next_attempt_at")
+    list_display = ("delivery_id", "forge", "event", "status", "reason", "jobs", "attempts", "received",
+                    "next_attempt")
     list_filter = ("status", "forge", "event", "received_at")
     search_fields = ("delivery_id", "job_ids")
     date_hierarchy = "received_at"
     show_full_result_count = False
-    readonly_fields = ("forge", "delivery_id", "event", "status", "reason", "job_ids", "received_at",
+    readonly_fields = ("forge", "delivery_id", "event", "status", "reason", "jobs", "job_ids", "received_at",
                        "processed_at", "attempts", "attempted_at", "next_attempt_at", "holds_payload")
     exclude = ("payload",)
     actions = ("replay_selected", "discard_selected")
 
-    @admin.display(description="jobs")
+    def get_changelist(self, request, **kwargs):
+        return _JobStateChangeList
+
+    def get_object(self, request, object_id, from_field=None):
+        delivery = super().get_object(request, object_id, from_field)
+        if delivery is not None:
+            _attach_job_states([delivery])
+        return delivery
+
+    @admin.display(description="jobs now")
     def jobs(self, delivery: Delivery) -> str:
-        return ", ".join(delivery.job_ids or [])
+        """Each job's latest state (queue or run record), linked to its runs: intake's "queued" is not the end."""
+        states = getattr(delivery, "job_states", None)
+        if states is None:
+            states = _attach_job_states([delivery])[0]
+        if not delivery.job_ids:
+            return "-"
+        return format_html_join(mark_safe("<br>"), '<a href="{}" class="job-state state-{}" title="{}">{} · {}</a>', (
+            (_runs_of(job_id, states.get(job_id)), state.state, job_id, _short(job_id),
+             f"{state.state}{f' ({state.detail})' if state.detail else ''}")
+            for job_id in delivery.job_ids for state in [states.get(job_id) or job_states.JobState("unknown")]))
+
+    @admin.display(description="received", ordering="received_at")
+    def received(self, delivery: Delivery) -> str:
+        return admin_display.instant(delivery.received_at)
+
+    @admin.display(description="next attempt", ordering="next_attempt_at")
+    def next_attempt(self, delivery: Delivery) -> str:
+        return admin_display.instant(delivery.next_attempt_at) if delivery.next_attempt_at else "-"
 
     @admin.display(boolean=True, description="payload held")
     def holds_payload(self, delivery: Delivery) -> bool:

@@ -70,7 +70,7 @@ def test_trigger_admin_creates_a_valid_rule_and_explains_a_bad_one(admin_client)
     page = bad.content.decode()
     assert bad.status_code == 200
     assert "needs at least one positive selector" in page
-    assert "run.flow must be 1-64 lowercase letters" in page
+    assert "“Flow” must be 1-64 lowercase letters" in page
     assert Trigger.objects.count() == 1
 
 

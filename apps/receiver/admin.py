@@ -1,13 +1,13 @@
-from django import forms
+from urllib.parse import urlencode
+
 from django.contrib import admin, messages
-from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
-from django.contrib.admin.views.main import ChangeList
+from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
-from urllib.parse import urlencode
 
 from apps.fleet import job_states
 from apps.fleet.connection import get_redis
@@ -15,24 +15,8 @@ from pidispatch_site import admin_display
 
 from pidispatch_site.admin_mixins import ManagedChangesAdmin
 
-from . import intake, triggers
+from . import intake, trigger_form, triggers
 from .models import Delivery, DeliveryStatus, Trigger
-
-
-class TriggerForm(forms.ModelForm):
-    class Meta:
-        model = Trigger
-        fields = "__all__"
-
-    def _update_errors(self, errors):
-        # Validation speaks about every field of a rule; a field the form does not show (the disarm mark)
-        # gets its message at the top of the form instead of an error about a missing field.
-        if hasattr(errors, "error_dict"):
-            placed: dict = {}
-            for field, messages_ in errors.error_dict.items():
-                placed.setdefault(field if field in self.fields else NON_FIELD_ERRORS, []).extend(messages_)
-            errors = ValidationError(placed)
-        super()._update_errors(errors)
 
 
 def _attach_job_states(deliveries) -> list[dict]:
@@ -77,7 +61,7 @@ class OneShotStateFilter(admin.SimpleListFilter):
 
 @admin.register(Trigger)
 class TriggerAdmin(ManagedChangesAdmin, admin.ModelAdmin):
-    form = TriggerForm
+    form = trigger_form.TriggerForm
     manage_permission = "receiver.manage_triggers"
     list_display = ("position", "kind", "on_type", "predicate", "work", "one_shot_state", "run_count", "enabled",
                     "note")
@@ -86,20 +70,52 @@ class TriggerAdmin(ManagedChangesAdmin, admin.ModelAdmin):
     list_filter = ("enabled", "kind", "on_type", OneShotStateFilter)
     search_fields = ("flow", "command", "note", "phrase", "cron_id", "repository")
     ordering = ("position", "id")
-    readonly_fields = ("one_shot_state",)
+    readonly_fields = ("one_shot_state", "type_display")
     actions = ("enable_selected", "disable_selected", "rearm_selected")
-    fieldsets = (
-        (None, {"fields": ("position", "enabled", "note")}),
-        ("on: what fires it", {"fields": (
-            "on_type", ("cron_id", "cron_pattern"), "label_any", "label_all", "label_none", "phrase", "actions",
-            "review_states", ("number", "once"), "one_shot_state",
-        )}),
-        ("run: what the job does", {"fields": (
-            "kind", ("flow", "command"), "task", "folder", "instructions", "image", "replicas", "wait_for",
-            "secrets", "secrets_profile", "repository", "exclude_tools", ("provider", "model", "max_turns"),
-            "allow_ci_changes", "resume",
-        )}),
-    )
+
+    # --- one trigger type at a time ----------------------------------------------------------------------
+
+    def _type(self, request, obj=None) -> str:
+        return (trigger_form.chosen_type(request.POST.get("on_type")) or trigger_form.chosen_type(request.GET.get("on_type"))
+                or (obj.on_type if obj is not None else ""))
+
+    def get_fieldsets(self, request, obj=None):
+        return trigger_form.fieldsets_for(self._type(request, obj) or "label", obj)
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change, **kwargs)
+        form.chosen_type = self._type(request, obj) or "label"
+        return form
+
+    def get_changeform_initial_data(self, request):
+        initial = super().get_changeform_initial_data(request)
+        return {**initial, "on_type": self._type(request) or "label"}
+
+    def add_view(self, request, form_url="", extra_context=None):
+        if request.method == "GET" and not self._type(request) and self.has_add_permission(request):
+            return self._choose_type(request, None)
+        return super().add_view(request, form_url, extra_context)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        if request.method == "GET" and request.GET.get("choose_type") and self.has_change_permission(request):
+            return self._choose_type(request, self.get_object(request, object_id))
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def _choose_type(self, request, obj):
+        return TemplateResponse(request, "admin/receiver/trigger/choose_type.html", {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "original": obj,
+            "title": "Which kind of trigger?" if obj is None else f"Change the type of {obj}",
+            "types": [(value, *words) for value, words in trigger_form.TYPES.items()],
+        })
+
+    @admin.display(description="Trigger type")
+    def type_display(self, trigger: Trigger) -> str:
+        # The type decides which fields exist; it is chosen first, and changing it is a step of its own.
+        value = trigger.on_type
+        name, fires = trigger_form.TYPES.get(value, (value, ""))
+        return format_html('<strong>{}</strong>: {} <a href="?choose_type=1" class="change-type">Change type</a>',
+                           name, fires) if trigger.pk else format_html(
+            '<strong>{}</strong>: {} <a href="./" class="change-type">Change type</a>', name, fires)
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(run_total=Count("runs"))

@@ -1,4 +1,5 @@
 from datetime import timedelta
+from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -11,7 +12,6 @@ from django.shortcuts import redirect
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
-from urllib.parse import urlencode
 
 from pidispatch_site import admin_display
 from pidispatch_site.admin_mixins import ManagedChangesAdmin, ReadOnlyAdminMixin

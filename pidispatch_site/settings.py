@@ -36,7 +36,7 @@ if env.bool("DJANGO_SECURE", default=False):
 PI_PUBLIC_EDGE = env.bool("PI_PUBLIC_EDGE", default=False)
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "pidispatch_site.admin_site.PidispatchAdminConfig",  # django.contrib.admin with our site
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

@@ -1,0 +1,22 @@
+"""The admin's number, time and id formats (pidispatch_site/admin_display.py) for templates."""
+
+from django import template
+
+from pidispatch_site import admin_display
+
+register = template.Library()
+
+
+@register.filter
+def money(value):
+    return admin_display.money(value)
+
+
+@register.filter
+def instant(value):
+    return admin_display.instant(value)
+
+
+@register.filter
+def short_id(value):
+    return admin_display.short_id(value)

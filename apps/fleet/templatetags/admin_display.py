@@ -13,7 +13,8 @@ def money(value):
 
 
 @register.filter
-def instant(value):
+def instant_of(value):
+    """A datetime with seconds and its zone (the fleet panel's own `instant` takes unix seconds)."""
     return admin_display.instant(value)
 
 

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.utils import timezone
 from django.utils.html import format_html
 
-SHORT_ID_CHARS = 22
+SHORT_ID_CHARS = 17
 
 
 def money(value) -> str:

@@ -29,6 +29,7 @@ class PidispatchAdminSite(admin.AdminSite):
     index_title = "Operator's home"
     site_url = "/admin/"  # "View site": there is no public site, the admin is it
     index_template = "admin/pidispatch_index.html"
+    enable_nav_sidebar = False  # its 280 px are the run list's: the breadcrumbs and the home page lead everywhere
 
     def get_app_list(self, request, app_label=None):
         apps = super().get_app_list(request, app_label)

@@ -98,7 +98,7 @@ class TextListField(forms.CharField):
 
     def __init__(self, *, example: str, **kwargs):
         self.example = example
-        super().__init__(required=False, **kwargs)
+        super().__init__(required=False, widget=forms.TextInput(attrs={"class": "vTextField"}), **kwargs)
 
     def prepare_value(self, value):
         if isinstance(value, list):
@@ -150,7 +150,7 @@ class SecretsField(forms.CharField):
     """`NPM_TOKEN=npm/ci, PYPI=pypi/upload`, or the trigger file's JSON object."""
 
     def __init__(self, **kwargs):
-        super().__init__(required=False, **kwargs)
+        super().__init__(required=False, widget=forms.TextInput(attrs={"class": "vTextField"}), **kwargs)
 
     def prepare_value(self, value):
         if isinstance(value, dict):

@@ -88,7 +88,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     list_display = (
         "job", "attempt_display", "target_display", "flow_or_command", "outcome_display", "published", "host",
-        "duration_display", "tokens_total", "cost_display", "started_display",
+        "duration_display", "tokens", "cost_display", "started_display",
     )
     actions = ["publish_again"]
     list_filter = (
@@ -100,17 +100,21 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_select_related = ("trigger",)
     list_per_page = 50
     show_full_result_count = False  # a count(*) over a long history on every page view is wasted work
+
+    class Media:
+        css = {"all": ("worker/admin.css",)}
+
+    # Every recorded field is on the page; numbers, times and targets in their readable form (`*_display`).
     fieldsets = (
         (None, {"fields": ("job_id", "attempt", "attempts_display", "outcome", "reason", "explanation",
                            "forge_sentence", "exit_code")}),
-        ("What it did", {"fields": ("publish_outcome", "publish_display", "pull_request", "pushed_commits",
-                                    "publish_url")}),
-        ("What ran", {"fields": ("kind", "target", "target_display", "scope", "flow", "command", "image",
+        ("What it did", {"fields": ("publish_outcome", "publish_display", "pull_request", "pushed_commits")}),
+        ("What ran", {"fields": ("kind", "target_display", "scope", "flow", "command", "image",
                                  "replica", "replicas", "parent_job_id")}),
-        ("Where and when", {"fields": ("host", "queue", "started_at", "ended_at", "duration_display")}),
-        ("Why it ran", {"fields": ("trigger", "trigger_type", "delivery_id", "delivery_display")}),
-        ("Spend", {"fields": ("turns", "tokens_in", "tokens_out", "tokens_total", "cost", "cost_display", "usage",
-                              "usage_display", "budget_reserved")}),
+        ("Where and when", {"fields": ("host", "queue", "started_display", "ended_display", "duration_display")}),
+        ("Why it ran", {"fields": ("trigger", "trigger_type", "delivery_display")}),
+        ("Spend", {"fields": ("turns", "tokens_in", "tokens_out", "tokens_total", "cost_display", "usage_display",
+                              "budget_reserved")}),
     )
 
     def get_queryset(self, request):
@@ -148,7 +152,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             return run.outcome
         reason = reasons.explain(run.reason)
         hover = f"{reason.means} Next: {reason.next_step}" if reason else "No explanation recorded for this reason."
-        return format_html('{} · <span class="reason" title="{}">{}</span>', run.outcome, hover, run.reason)
+        return format_html('{}<br><span class="reason" title="{}">{}</span>', run.outcome, hover, run.reason)
 
     @admin.display(description="published", ordering="publish_outcome")
     def published(self, run: Run) -> str:
@@ -156,6 +160,10 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             label = f"{run.publish_outcome} #{run.pull_request}" if run.pull_request else run.publish_outcome
             return format_html('<a href="{}">{}</a>', run.publish_url, label)
         return run.publish_outcome or "-"
+
+    @admin.display(description="tokens", ordering="tokens_total")
+    def tokens(self, run: Run):
+        return run.tokens_total if run.tokens_total is not None else "-"
 
     @admin.display(description="cost", ordering="cost")
     def cost_display(self, run: Run) -> str:
@@ -165,7 +173,11 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def started_display(self, run: Run) -> str:
         return admin_display.instant(run.started_at)
 
-    @admin.display(description="flow / command", ordering="flow")
+    @admin.display(description="ended", ordering="ended_at")
+    def ended_display(self, run: Run) -> str:
+        return admin_display.instant(run.ended_at)
+
+    @admin.display(description="flow", ordering="flow")
     def flow_or_command(self, run: Run) -> str:
         return run.flow or (f"cmd:{run.command}" if run.command else "")
 
@@ -212,8 +224,11 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             return format_html('<a href="{}">{}</a>', run.publish_url, run.publish_url)
         return "-" if not run.publish_outcome else "nothing reached the forge"
 
+
+
     @admin.display(description="delivery")
     def delivery_display(self, run: Run) -> str:
+        """The inbox row the run came from (its id as the forge sent it), with the inbox's status."""
         if not run.delivery_id:
             return "-" if run.trigger_type != "manual" else "started by hand"
         from apps.receiver.models import Delivery
@@ -228,7 +243,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def usage_display(self, run: Run) -> str:
         models = (run.usage or {}).get("models") if isinstance(run.usage, dict) else None
         if not models:
-            return "-"
+            return "-" if not run.usage else str(run.usage)  # a ledger of another shape: shown as recorded
         columns = ("calls", "input", "output", "cacheRead", "cacheWrite", "total", "cost")
         head = format_html_join("", "<th>{}</th>", ((name,) for name in ("model", *columns)))
         body = format_html_join("", "<tr><td>{}</td>{}</tr>", (
@@ -242,7 +257,8 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def get_readonly_fields(self, request, obj=None):
         return [field.name for field in self.model._meta.fields] + [
             "duration_display", "explanation", "forge_sentence", "attempts_display", "target_display",
-            "publish_display", "delivery_display", "cost_display", "usage_display"]
+            "publish_display", "delivery_display", "cost_display", "usage_display", "started_display",
+            "ended_display"]
 
     @admin.action(description="Publish again (work kept on this host after a failed publish)",
                   permissions=["publish_again"])

@@ -123,6 +123,7 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 
 LANGUAGE_CODE = "en-us"
+FORMAT_MODULE_PATH = ["pidispatch_site.formats"]  # seconds and the zone in every admin time
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True

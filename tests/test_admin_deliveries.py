@@ -44,3 +44,9 @@ def test_the_inbox_still_shows_recorded_outcomes_when_redis_is_down(admin_client
     listing = admin_client.get("/admin/receiver/delivery/")
     assert listing.status_code == 200
     assert "gh-failed-2 · failed (container-exit-unknown)" in listing.content.decode()
+
+
+def test_admin_times_carry_seconds_and_the_zone(admin_client):
+    delivery = Delivery.objects.create(forge="github", delivery_id="d-3", event="issues", status="queued")
+    page = admin_client.get(f"/admin/receiver/delivery/{delivery.pk}/change/").content.decode()
+    assert delivery.received_at.strftime("%Y-%m-%d %H:%M:%S UTC") in page

@@ -97,3 +97,12 @@ def test_long_job_ids_are_shortened_with_the_whole_id_on_hover(admin_client):
     make_run(job_id=long_id)
     page = admin_client.get("/admin/worker/run/").content.decode()
     assert f'title="{long_id}"' in page and "…" in page
+
+
+def test_a_triggers_run_count_links_its_runs(admin_client, retried_job, label_trigger):
+    make_run(job_id="gh-unrelated")
+    listing = admin_client.get("/admin/receiver/trigger/").content.decode()
+    url = f"/admin/worker/run/?trigger__id__exact={label_trigger.pk}"
+    assert f'href="{url}">2</a>' in listing
+    runs = admin_client.get(url).content.decode()
+    assert runs.count('class="job-id"') == 2 and "gh-unrelated" not in runs

@@ -261,3 +261,11 @@ def test_retrying_needs_the_start_run_permission(redis_conn):
     client.get(PANEL)
     answer = client.post(PANEL + "retry/", {"job_id": "gh-broke-3", "csrfmiddlewaretoken": client.cookies["csrftoken"].value})
     assert answer.status_code == 403 and redis_conn.exists("rq:job:gh-broke-3")
+
+
+def test_recent_publications_link_the_pull_request_and_the_issue(admin_client):
+    run("gh-pub-1", publish_outcome="published", pull_request=41, publish_url="https://github.com/acme/web/pull/41")
+    page = admin_client.get(PANEL).content.decode()
+    section = page.split('id="fleet-published"')[1]
+    assert 'href="https://github.com/acme/web/pull/41">published #41' in section
+    assert 'href="https://github.com/acme/web/issues/7"' in section

@@ -89,7 +89,7 @@ def recent_publications():
     from apps.worker.models import Run
 
     return list(Run.objects.filter(publish_outcome="published").exclude(publish_url="").order_by("-started_at")
-                .values("job_id", "target", "publish_outcome", "pull_request", "publish_url", "ended_at")
+                .values("job_id", "kind", "target", "publish_outcome", "pull_request", "publish_url", "ended_at")
                 [:RECENT_PUBLICATIONS])  # run_published_idx: a long history costs no scan
 
 

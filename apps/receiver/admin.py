@@ -147,8 +147,11 @@ class TriggerAdmin(ManagedChangesAdmin, admin.ModelAdmin):
                            trigger.disarmed_at.strftime("%Y-%m-%d %H:%M:%S UTC"), trigger.disarmed_job_id or "-")
 
     @admin.display(description="recorded runs", ordering="run_total")
-    def run_count(self, trigger: Trigger) -> int:
-        return trigger.run_total
+    def run_count(self, trigger: Trigger) -> str:
+        if not trigger.run_total:
+            return "0"
+        url = reverse("admin:worker_run_changelist") + "?" + urlencode({"trigger__id__exact": trigger.pk})
+        return format_html('<a href="{}">{}</a>', url, trigger.run_total)
 
     @admin.action(description="Run now… (one trigger: confirm its target, then start it)", permissions=["start_run"])
     def run_now(self, request: HttpRequest, queryset: QuerySet):

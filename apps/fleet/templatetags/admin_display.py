@@ -21,3 +21,9 @@ def instant_of(value):
 @register.filter
 def short_id(value):
     return admin_display.short_id(value)
+
+
+@register.filter
+def target_link(target, kind):
+    """`{{ run.target|target_link:run.kind }}`: the forge's own page of the issue or pull request."""
+    return admin_display.target_link(kind, target)

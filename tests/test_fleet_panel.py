@@ -269,3 +269,21 @@ def test_recent_publications_link_the_pull_request_and_the_issue(admin_client):
     section = page.split('id="fleet-published"')[1]
     assert 'href="https://github.com/acme/web/pull/41">published #41' in section
     assert 'href="https://github.com/acme/web/issues/7"' in section
+
+
+def test_the_cli_discards_and_retries_through_the_same_services(redis_conn, settings):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from tests.jobspecs import forge_spec
+
+    settings.GITHUB_TOKEN = "ghp-x"
+    failed_job(redis_conn, forge_spec("gh-cli-1"))
+    failed_job(redis_conn, forge_spec("gh-cli-2"))
+    out = StringIO()
+    call_command("fleet", "discard", "gh-cli-1", "--by", "cli:ops", stdout=out)
+    call_command("fleet", "retry", "gh-cli-2", "--by", "cli:ops", stdout=out)
+    assert "discarded failed job gh-cli-1" in out.getvalue() and "retried failed job gh-cli-2 as run-" in out.getvalue()
+    assert list(FleetAction.objects.values_list("action", "actor").order_by("id")) == [
+        ("discard", "cli:ops"), ("retry", "cli:ops")]

@@ -287,3 +287,15 @@ def test_the_cli_discards_and_retries_through_the_same_services(redis_conn, sett
     assert "discarded failed job gh-cli-1" in out.getvalue() and "retried failed job gh-cli-2 as run-" in out.getvalue()
     assert list(FleetAction.objects.values_list("action", "actor").order_by("id")) == [
         ("discard", "cli:ops"), ("retry", "cli:ops")]
+
+
+def test_a_hand_started_local_job_is_not_retried_blind(redis_conn):
+    from tests.jobspecs import local_spec
+
+    failed_job(redis_conn, local_spec("run-local-9", "/srv/code/app"))
+    client = staff("view_fleet", "cancel_job")
+    User.objects.get(username="operator").user_permissions.add(Permission.objects.get(codename="start_run"))
+
+    page = csrf_post(client, PANEL + "retry/", {"job_id": "run-local-9"}).content.decode()
+    assert "its task is not kept after it ends" in page and redis_conn.exists("rq:job:run-local-9")
+    assert not FleetAction.objects.exists()

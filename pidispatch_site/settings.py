@@ -42,7 +42,7 @@ if env.bool("DJANGO_SECURE", default=False):
 PI_PUBLIC_EDGE = env.bool("PI_PUBLIC_EDGE", default=False)
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "pidispatch_site.admin_site.PidispatchAdminConfig",  # django.contrib.admin with our site
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -129,6 +129,7 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 
 LANGUAGE_CODE = "en-us"
+FORMAT_MODULE_PATH = ["pidispatch_site.formats"]  # seconds and the zone in every admin time
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True

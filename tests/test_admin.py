@@ -27,7 +27,7 @@ def finished_run(label_trigger):
 def test_run_list_shows_what_an_operator_scans_for(admin_client, finished_run):
     page = admin_client.get("/admin/worker/run/").content.decode()
 
-    for text in ("gh-admin-1", "acme/web#7", "fix-bug", "completed", "hostA", "12.5 s", "1545", "0.012300"):
+    for text in ("gh-admin-1", "acme/web#7", "fix-bug", "completed", "hostA", "12.5 s", "1545", "$0.012"):
         assert text in page
 
 
@@ -43,9 +43,12 @@ def test_run_list_filters_by_outcome(admin_client, finished_run):
 def test_run_detail_shows_every_recorded_field(admin_client, finished_run):
     page = admin_client.get(f"/admin/worker/run/{finished_run.pk}/change/").content.decode()
 
+    readable = {"target", "cost", "usage", "started_at", "ended_at", "delivery_id", "publish_url"}
     for field in Run._meta.fields:
         if field.name != "id":
-            assert f"field-{field.name}" in page, field.name
+            name = f"{field.name.removesuffix('_at').removesuffix('_id').removesuffix('_url')}_display" \
+                if field.name in readable else field.name
+            assert f"field-{name}" in page, field.name
     assert "fake-1" in page and "admin-1" in page
 
 
@@ -70,7 +73,7 @@ def test_trigger_admin_creates_a_valid_rule_and_explains_a_bad_one(admin_client)
     page = bad.content.decode()
     assert bad.status_code == 200
     assert "needs at least one positive selector" in page
-    assert "run.flow must be 1-64 lowercase letters" in page
+    assert "“Flow” must be 1-64 lowercase letters" in page
     assert Trigger.objects.count() == 1
 
 

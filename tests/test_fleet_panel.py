@@ -84,7 +84,7 @@ def test_the_panel_shows_state_hosts_queues_waiting_failed_and_spend(admin_clien
 
     assert 'id="fleet-state">PART PAUSED' in page
     assert "hostA" in page and "liveness-live" in page and "wait:ci-green" in page
-    assert "gh-busy · 5m · acme/web#7" in page
+    assert "gh-busy</span> · 5m · acme/web#7" in page
     assert "admin:alice" in page and "disk swap" in page
     assert "gh-held" in page and "held" in page and "wait-for · waitingOn=profile ci-green checks=3" in page
     assert "acme/web#9" in page and "60m" in page
@@ -135,11 +135,11 @@ def test_changes_are_posts_with_csrf(redis_conn):
 def test_pause_and_resume_a_queue_from_the_panel(redis_conn):
     client = staff("view_fleet", "pause_fleet")
 
-    page = csrf_post(client, PANEL + "pause/", {"scope": "queue", "queue": "pi-jobs"}).content.decode()
+    page = csrf_post(client, PANEL + "pause/", {"scope": "queue", "queue": "pi-jobs", "confirm": "yes"}).content.decode()
 
     assert "Paused 1 queue(s): pi-jobs" in page and 'id="fleet-state">PAUSED' in page
-    assert pauses.read_flags(redis_conn)["pi-jobs"].by == "admin:operator"
-    assert FleetAction.objects.get().actor == "admin:operator"
+    assert pauses.read_flags(redis_conn)["pi-jobs"].by == "operator"  # the person, as they log in
+    assert FleetAction.objects.get().actor == "operator"
     page = csrf_post(client, PANEL + "resume/", {"scope": "queue", "queue": "pi-jobs"}).content.decode()
     assert "Resumed 1 queue(s): pi-jobs" in page and 'id="fleet-state">RUNNING' in page
 
@@ -161,7 +161,7 @@ def test_pause_and_resume_a_host_from_the_panel(redis_conn):
     publish(redis_conn, "hostA")
     client = staff("view_fleet", "pause_fleet")
 
-    csrf_post(client, PANEL + "pause/", {"scope": "host", "host": "hostA"})
+    csrf_post(client, PANEL + "pause/", {"scope": "host", "host": "hostA", "confirm": "yes"})
     assert set(pauses.read_flags(redis_conn)) == {"pi-jobs@hostA"}
     csrf_post(client, PANEL + "resume/", {"scope": "host", "host": "hostA"})
     assert pauses.read_flags(redis_conn) == {}
@@ -184,6 +184,118 @@ def test_cancel_a_waiting_job_from_the_panel(redis_conn):
 def test_a_bad_auto_resume_time_is_refused(redis_conn):
     client = staff("view_fleet", "pause_fleet")
 
-    page = csrf_post(client, PANEL + "pause/", {"scope": "queue", "queue": "pi-jobs", "until": "soon"}).content.decode()
+    page = csrf_post(client, PANEL + "pause/", {"scope": "queue", "queue": "pi-jobs", "until": "soon",
+                                                "confirm": "yes"}).content.decode()
 
     assert "is not an ISO 8601 time" in page and pauses.read_flags(redis_conn) == {}
+
+
+def test_every_pause_confirms_and_takes_a_note_and_an_until(redis_conn):
+    publish(redis_conn, "hostA")
+    client = staff("view_fleet", "pause_fleet")
+    page = client.get(PANEL).content.decode()
+    assert 'class="button fleet-pause-open" data-scope="queue" data-target="pi-jobs"' in page
+    assert 'data-scope="host" data-target="hostA"' in page
+
+    refused = csrf_post(client, PANEL + "pause/", {"scope": "queue", "queue": "pi-jobs"}).content.decode()
+    assert "A pause needs its confirmation" in refused and pauses.read_flags(redis_conn) == {}
+
+    until = (timezone.now() + timedelta(hours=2)).replace(microsecond=0)
+    done = csrf_post(client, PANEL + "pause/", {"scope": "queue", "queue": "pi-jobs", "note": "deploying",
+                                                "until": until.isoformat(), "confirm": "yes"}).content.decode()
+    flag = pauses.read_flags(redis_conn)["pi-jobs"]
+    assert (flag.note, flag.until, flag.by) == ("deploying", until, "operator")
+    assert "deploying" in done and until.strftime("%H:%M:%S UTC") in done
+
+
+def failed_job(redis_conn, spec):
+    from rq.job import Job
+
+    from tests.jobspecs import enqueue_spec
+
+    enqueue_spec(spec)
+    job = Job.fetch(spec.job_id, connection=redis_conn)
+    Queue("pi-jobs", connection=redis_conn).remove(job)
+    job.set_status("failed")
+    job.failed_job_registry.add(job, ttl=600)
+    run(spec.job_id, outcome="failed", reason="container-exit-unknown", attempt=2)
+    return job
+
+
+def test_failed_jobs_link_their_runs_and_can_be_retried_now_or_discarded(redis_conn, settings):
+    from apps.worker.reasons import explain
+    from tests.jobspecs import forge_spec
+
+    settings.GITHUB_TOKEN = "ghp-x"
+    failed_job(redis_conn, forge_spec("gh-broke-1"))
+    failed_job(redis_conn, forge_spec("gh-broke-2", number=8))
+    client = staff("view_fleet", "cancel_job")
+    client_user = User.objects.get(username="operator")
+    client_user.user_permissions.add(Permission.objects.get(codename="start_run"))
+
+    page = client.get(PANEL).content.decode()
+    assert '/admin/worker/run/?job_id=gh-broke-1' in page
+    assert explain("container-exit-unknown").means.replace("'", "&#x27;") in page
+    assert page.count("Retry now") == 2 and page.count(">Discard<") == 2
+
+    retried = csrf_post(client, PANEL + "retry/", {"job_id": "gh-broke-1"}).content.decode()
+    assert "Retried failed job gh-broke-1 as run-" in retried
+    new_id = FleetAction.objects.get(action="retry").outcome.split(" as ")[1].split(" ")[0]
+    new_job = Queue("pi-jobs", connection=redis_conn).fetch_job(new_id)
+    assert new_job.get_status() == "queued" and new_job.args[0]["repo"] == "acme/web" and new_job.args[0]["number"] == 7
+    assert not redis_conn.exists("rq:job:gh-broke-1")
+
+    discarded = csrf_post(client, PANEL + "discard/", {"job_id": "gh-broke-2"}).content.decode()
+    assert "Discarded failed job gh-broke-2" in discarded and not redis_conn.exists("rq:job:gh-broke-2")
+    assert Run.objects.filter(job_id="gh-broke-2").exists()  # the evidence stays
+    assert list(FleetAction.objects.values_list("action", "actor").order_by("id")) == [
+        ("retry", "operator"), ("discard", "operator")]
+
+
+def test_retrying_needs_the_start_run_permission(redis_conn):
+    from tests.jobspecs import forge_spec
+
+    failed_job(redis_conn, forge_spec("gh-broke-3"))
+    client = staff("view_fleet", "cancel_job")
+    assert "Retry now" not in client.get(PANEL).content.decode()
+    client.get(PANEL)
+    answer = client.post(PANEL + "retry/", {"job_id": "gh-broke-3", "csrfmiddlewaretoken": client.cookies["csrftoken"].value})
+    assert answer.status_code == 403 and redis_conn.exists("rq:job:gh-broke-3")
+
+
+def test_recent_publications_link_the_pull_request_and_the_issue(admin_client):
+    run("gh-pub-1", publish_outcome="published", pull_request=41, publish_url="https://github.com/acme/web/pull/41")
+    page = admin_client.get(PANEL).content.decode()
+    section = page.split('id="fleet-published"')[1]
+    assert 'href="https://github.com/acme/web/pull/41">published #41' in section
+    assert 'href="https://github.com/acme/web/issues/7"' in section
+
+
+def test_the_cli_discards_and_retries_through_the_same_services(redis_conn, settings):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from tests.jobspecs import forge_spec
+
+    settings.GITHUB_TOKEN = "ghp-x"
+    failed_job(redis_conn, forge_spec("gh-cli-1"))
+    failed_job(redis_conn, forge_spec("gh-cli-2"))
+    out = StringIO()
+    call_command("fleet", "discard", "gh-cli-1", "--by", "cli:ops", stdout=out)
+    call_command("fleet", "retry", "gh-cli-2", "--by", "cli:ops", stdout=out)
+    assert "discarded failed job gh-cli-1" in out.getvalue() and "retried failed job gh-cli-2 as run-" in out.getvalue()
+    assert list(FleetAction.objects.values_list("action", "actor").order_by("id")) == [
+        ("discard", "cli:ops"), ("retry", "cli:ops")]
+
+
+def test_a_hand_started_local_job_is_not_retried_blind(redis_conn):
+    from tests.jobspecs import local_spec
+
+    failed_job(redis_conn, local_spec("run-local-9", "/srv/code/app"))
+    client = staff("view_fleet", "cancel_job")
+    User.objects.get(username="operator").user_permissions.add(Permission.objects.get(codename="start_run"))
+
+    page = csrf_post(client, PANEL + "retry/", {"job_id": "run-local-9"}).content.decode()
+    assert "its task is not kept after it ends" in page and redis_conn.exists("rq:job:run-local-9")
+    assert not FleetAction.objects.exists()

@@ -58,9 +58,17 @@ def test_pause_and_resume_a_queue_in_the_browser(live_server, browser_page, redi
     page.wait_for_selector("#fleet-state")
     assert page.text_content("#fleet-state").strip() == "RUNNING"
 
-    page.click('tr[data-queue="pi-jobs@hostA"] button[type=submit]')
+    # A queue's Pause asks first, with an optional note and auto-resume time.
+    page.click('tr[data-queue="pi-jobs@hostA"] button.fleet-pause-open')
+    assert page.is_visible("dialog#fleet-pause-all")
+    assert page.text_content("#fleet-pause-title") == "Pause queue pi-jobs@hostA?"
+    page.fill("#fleet-pause-note", "disk swap")
+    page.check("dialog#fleet-pause-all input[name=confirm]")
+    page.click("#fleet-pause-all-confirm")
     page.wait_for_selector("ul.messagelist")
     assert page.text_content("#fleet-state").strip() == "PART PAUSED"
+    assert pauses.read_flags(redis_conn)["pi-jobs@hostA"].note == "disk swap"
+    assert pauses.read_flags(redis_conn)["pi-jobs@hostA"].by == "operator"
     assert page.text_content('tr[data-queue="pi-jobs@hostA"] .queue-state').strip() == "paused"
     assert "Paused 1 queue(s): pi-jobs@hostA" in page.text_content("ul.messagelist")
     OUTPUT.mkdir(parents=True, exist_ok=True)

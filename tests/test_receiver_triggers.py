@@ -316,7 +316,7 @@ def test_admin_refuses_what_the_importer_refuses(admin_client):
     assert "not a gitlab pull request action" in page and Trigger.objects.count() == 0
 
     page = admin_client.post("/admin/receiver/trigger/add/", admin_form(max_turns="0")).content.decode()
-    assert "run.maxTurns must be a whole number" in page or "Ensure this value is greater" in page
+    assert "“Max turns” must be a whole number" in page or "Ensure this value is greater" in page
 
 
 def test_admin_refuses_a_second_comment_trigger_for_a_forge(admin_client):

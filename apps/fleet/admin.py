@@ -16,12 +16,13 @@ from redis.exceptions import RedisError
 
 from pidispatch_site.admin_mixins import ReadOnlyAdminMixin
 
-from . import cancel, panel, pauses
+from . import cancel, failed, panel, pauses
 from .connection import get_redis
 from .models import FleetAction, FleetPanel
 from .union import resolve_scope
 
 VIEW, PAUSE, CANCEL = "fleet.view_fleet", "fleet.pause_fleet", "fleet.cancel_job"
+START = "worker.start_run"
 
 
 @admin.register(FleetAction)
@@ -49,6 +50,8 @@ class FleetPanelAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             path("pause/", view(self.pause_view), name="fleet_pause"),
             path("resume/", view(self.resume_view), name="fleet_resume"),
             path("cancel/", view(self.cancel_view), name="fleet_cancel"),
+            path("retry/", view(self.retry_view), name="fleet_retry"),
+            path("discard/", view(self.discard_view), name="fleet_discard"),
         ]
 
     def has_module_permission(self, request):
@@ -69,6 +72,7 @@ class FleetPanelAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             "opts": self.model._meta,
             "can_pause": request.user.has_perm(PAUSE),
             "can_cancel": request.user.has_perm(CANCEL),
+            "can_retry": request.user.has_perm(CANCEL) and request.user.has_perm(START),
             "refresh_seconds": settings.PI_FLEET_PANEL_REFRESH_SECONDS,
         }
 
@@ -82,7 +86,8 @@ class FleetPanelAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     # --- changing (POST + CSRF, one service function each) ----------------------------------------------
 
     def _actor(self, request: HttpRequest) -> str:
-        return f"admin:{request.user.get_username()}"
+        # The audit row and the pause flag name the person (the CLI's rows say cli:<OS user>, the API's api:...).
+        return request.user.get_username()
 
     def _back(self):
         return redirect(reverse("admin:fleet_fleetpanel_changelist"))
@@ -102,6 +107,8 @@ class FleetPanelAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             if action == "pause" and all_queues and (request.POST.get("confirm") != "yes"
                                                      or not request.POST.get("note", "").strip()):
                 raise ValueError("pausing every queue needs a note and a confirmation; nothing was changed")
+            if action == "pause" and request.POST.get("confirm") != "yes":
+                raise ValueError("a pause needs its confirmation (the Pause… dialog); nothing was changed")
             until = pauses.parse_until(request.POST.get("until")) if action == "pause" else None
             redis = get_redis()
             queues, degraded = resolve_scope(redis, queue=request.POST.get("queue") if scope == "queue" else None,
@@ -128,6 +135,25 @@ class FleetPanelAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     def cancel_view(self, request: HttpRequest) -> HttpResponse:
         return self._cancel(request) if request.method == "POST" else HttpResponseNotAllowed(["POST"])
+
+    def retry_view(self, request: HttpRequest) -> HttpResponse:
+        return self._failed(request, failed.retry_failed) if request.method == "POST" else HttpResponseNotAllowed(["POST"])
+
+    def discard_view(self, request: HttpRequest) -> HttpResponse:
+        return self._failed(request, failed.discard_failed) if request.method == "POST" else HttpResponseNotAllowed(["POST"])
+
+    def _failed(self, request: HttpRequest, service) -> HttpResponse:
+        # Retrying starts a run (spend): it takes the start-run permission as well as the fleet's cancel one.
+        if not request.user.has_perm(CANCEL) or (service is failed.retry_failed and not request.user.has_perm(START)):
+            raise PermissionDenied
+        try:
+            result = service(get_redis(), request.POST.get("job_id", "").strip(), by=self._actor(request))
+        except (ValueError, RedisError) as exc:
+            return self._refused(request, exc)
+        self.message_user(request, result.message, messages.SUCCESS)
+        if result.audit_error:
+            self.message_user(request, f"the audit row could not be written ({result.audit_error})", messages.WARNING)
+        return self._back()
 
     def _cancel(self, request: HttpRequest) -> HttpResponse:
         if not request.user.has_perm(CANCEL):

@@ -5,7 +5,7 @@ from django.utils import timezone
 
 
 class FleetAction(models.Model):
-    """One operator action on the fleet (pause, resume, cancel): who, when, what, and how it went.
+    """One operator action on the fleet (pause, resume, cancel, retry or discard a failed job): who, when, what, and how it went.
 
     Written after the Redis change, best-effort: the stop switch never waits on the database.
     """
@@ -15,6 +15,8 @@ class FleetAction(models.Model):
         RESUME = "resume"
         AUTO_RESUME = "auto-resume"
         CANCEL = "cancel"
+        RETRY = "retry"
+        DISCARD = "discard"
 
     at = models.DateTimeField(default=timezone.now, db_index=True)
     action = models.CharField(max_length=16, choices=Action.choices)

@@ -89,13 +89,25 @@ def recent_publications():
     from apps.worker.models import Run
 
     return list(Run.objects.filter(publish_outcome="published").exclude(publish_url="").order_by("-started_at")
-                .values("job_id", "target", "publish_outcome", "pull_request", "publish_url", "ended_at")
+                .values("job_id", "kind", "target", "publish_outcome", "pull_request", "publish_url", "ended_at")
                 [:RECENT_PUBLICATIONS])  # run_published_idx: a long history costs no scan
+
+
+def explanations(reasons: dict[str, str]) -> dict[str, str]:
+    """Each failed job's reason in words (the reason table), for the panel's hover."""
+    from apps.worker.reasons import explain
+
+    found = {}
+    for job_id, text in reasons.items():
+        reason = explain(text.partition(" ")[2])
+        if reason:
+            found[job_id] = f"{reason.means} Next: {reason.next_step}"
+    return found
 
 
 def context(redis) -> dict:
     data: dict = {"snapshot": None, "spend": None, "redis_error": "", "db_error": "", "reasons": {},
-                  "publications": []}
+                  "explained": {}, "publications": []}
     try:
         data["snapshot"] = status.snapshot(redis)
     except RedisError as exc:
@@ -104,6 +116,7 @@ def context(redis) -> dict:
         data["spend"] = spend(redis)
         if data["snapshot"]:
             data["reasons"] = failure_reasons(f.job_id for f in data["snapshot"].failed)
+            data["explained"] = explanations(data["reasons"])
         data["publications"] = recent_publications()
     except (DatabaseError, RedisError) as exc:
         data["db_error"] = f"spend and run history unreadable ({type(exc).__name__})"

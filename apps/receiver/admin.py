@@ -1,30 +1,49 @@
-from django import forms
+from urllib.parse import urlencode
+
 from django.contrib import admin, messages
-from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
-from django.utils.html import format_html
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
+
+from apps.fleet import job_states
+from apps.fleet.connection import get_redis
+from apps.worker import start_run_view
+from pidispatch_site import admin_display
 
 from pidispatch_site.admin_mixins import ManagedChangesAdmin
 
-from . import intake, triggers
+from . import intake, trigger_form, triggers
 from .models import Delivery, DeliveryStatus, Trigger
 
 
-class TriggerForm(forms.ModelForm):
-    class Meta:
-        model = Trigger
-        fields = "__all__"
+def _attach_job_states(deliveries) -> list[dict]:
+    """One Redis round trip and one query for every job of the deliveries shown."""
+    ids = [job_id for delivery in deliveries for job_id in (delivery.job_ids or [])]
+    found = job_states.job_states(get_redis(), ids) if ids else {}
+    for delivery in deliveries:
+        delivery.job_states = {job_id: found[job_id] for job_id in (delivery.job_ids or []) if job_id in found}
+    return [delivery.job_states for delivery in deliveries]
 
-    def _update_errors(self, errors):
-        # Validation speaks about every field of a rule; a field the form does not show (the disarm mark)
-        # gets its message at the top of the form instead of an error about a missing field.
-        if hasattr(errors, "error_dict"):
-            placed: dict = {}
-            for field, messages_ in errors.error_dict.items():
-                placed.setdefault(field if field in self.fields else NON_FIELD_ERRORS, []).extend(messages_)
-            errors = ValidationError(placed)
-        super()._update_errors(errors)
+
+def _runs_of(job_id: str, state) -> str:
+    if state is not None and state.run_pk is not None:
+        return reverse("admin:worker_run_changelist") + "?" + urlencode({"job_id": job_id})
+    return reverse("admin:fleet_fleetpanel_changelist")  # not run yet: the panel shows where it waits
+
+
+def _short(job_id: str) -> str:
+    return job_id if len(job_id) <= admin_display.SHORT_ID_CHARS else f"{job_id[:10]}…{job_id[-10:]}"
+
+
+class _JobStateChangeList(ChangeList):
+    def get_results(self, request):
+        super().get_results(request)
+        _attach_job_states(self.result_list)
 
 
 class OneShotStateFilter(admin.SimpleListFilter):
@@ -44,7 +63,7 @@ class OneShotStateFilter(admin.SimpleListFilter):
 
 @admin.register(Trigger)
 class TriggerAdmin(ManagedChangesAdmin, admin.ModelAdmin):
-    form = TriggerForm
+    form = trigger_form.TriggerForm
     manage_permission = "receiver.manage_triggers"
     list_display = ("position", "kind", "on_type", "predicate", "work", "one_shot_state", "run_count", "enabled",
                     "note")
@@ -53,20 +72,47 @@ class TriggerAdmin(ManagedChangesAdmin, admin.ModelAdmin):
     list_filter = ("enabled", "kind", "on_type", OneShotStateFilter)
     search_fields = ("flow", "command", "note", "phrase", "cron_id", "repository")
     ordering = ("position", "id")
-    readonly_fields = ("one_shot_state",)
-    actions = ("enable_selected", "disable_selected", "rearm_selected")
-    fieldsets = (
-        (None, {"fields": ("position", "enabled", "note")}),
-        ("on: what fires it", {"fields": (
-            "on_type", ("cron_id", "cron_pattern"), "label_any", "label_all", "label_none", "phrase", "actions",
-            "review_states", ("number", "once"), "one_shot_state",
-        )}),
-        ("run: what the job does", {"fields": (
-            "kind", ("flow", "command"), "task", "folder", "instructions", "image", "replicas", "wait_for",
-            "secrets", "secrets_profile", "repository", "exclude_tools", ("provider", "model", "max_turns"),
-            "allow_ci_changes", "resume",
-        )}),
-    )
+    readonly_fields = ("one_shot_state", "type_display")
+    actions = ("enable_selected", "disable_selected", "rearm_selected", "run_now")
+
+    # --- one trigger type at a time ----------------------------------------------------------------------
+
+    def _type(self, request, obj=None) -> str:
+        return (trigger_form.chosen_type(request.POST.get("on_type")) or trigger_form.chosen_type(request.GET.get("on_type"))
+                or (obj.on_type if obj is not None else ""))
+
+    def get_fieldsets(self, request, obj=None):
+        return trigger_form.fieldsets_for(self._type(request, obj) or "label", obj)
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change, **kwargs)
+        form.chosen_type = self._type(request, obj) or "label"
+        return form
+
+    def get_changeform_initial_data(self, request):
+        initial = super().get_changeform_initial_data(request)
+        return {**initial, "on_type": self._type(request) or "label"}
+
+    def add_view(self, request, form_url="", extra_context=None):
+        if request.method == "GET" and not self._type(request) and self.has_add_permission(request):
+            return self._choose_type(request, None)
+        return super().add_view(request, form_url, extra_context)
+
+    def _choose_type(self, request, obj):
+        return TemplateResponse(request, "admin/receiver/trigger/choose_type.html", {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "original": obj,
+            "title": "Which kind of trigger?" if obj is None else f"Change the type of {obj}",
+            "types": [(value, *words) for value, words in trigger_form.TYPES.items()],
+        })
+
+    @admin.display(description="Trigger type")
+    def type_display(self, trigger: Trigger) -> str:
+        # The type decides which fields exist; it is chosen first, and changing it is a step of its own.
+        value = trigger.on_type
+        name, fires = trigger_form.TYPES.get(value, (value, ""))
+        return format_html('<strong>{}</strong>: {} <a href="?choose_type=1" class="change-type">Change type</a>',
+                           name, fires) if trigger.pk else format_html(
+            '<strong>{}</strong>: {} <a href="./" class="change-type">Change type</a>', name, fires)
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(run_total=Count("runs"))
@@ -101,8 +147,31 @@ class TriggerAdmin(ManagedChangesAdmin, admin.ModelAdmin):
                            trigger.disarmed_at.strftime("%Y-%m-%d %H:%M:%S UTC"), trigger.disarmed_job_id or "-")
 
     @admin.display(description="recorded runs", ordering="run_total")
-    def run_count(self, trigger: Trigger) -> int:
-        return trigger.run_total
+    def run_count(self, trigger: Trigger) -> str:
+        if not trigger.run_total:
+            return "0"
+        url = reverse("admin:worker_run_changelist") + "?" + urlencode({"trigger__id__exact": trigger.pk})
+        return format_html('<a href="{}">{}</a>', url, trigger.run_total)
+
+    @admin.action(description="Run now… (one trigger: confirm its target, then start it)", permissions=["start_run"])
+    def run_now(self, request: HttpRequest, queryset: QuerySet):
+        # A trigger has no target of its own (no issue, no host): the Start a run page takes it from here,
+        # filled in, and starts it through manual_runs once the operator names where.
+        if queryset.count() != 1:
+            self.message_user(request, "Select one trigger to run now; nothing was started.", messages.WARNING)
+            return None
+        return redirect(start_run_view.run_now_url(queryset.get()))
+
+    def has_start_run_permission(self, request) -> bool:
+        return request.user.has_perm(start_run_view.PERMISSION)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        if request.method == "GET" and request.GET.get("choose_type") and self.has_change_permission(request):
+            return self._choose_type(request, self.get_object(request, object_id))
+        trigger = self.get_object(request, object_id)
+        extra = {"run_now_url": start_run_view.run_now_url(trigger)
+                 if trigger is not None and self.has_start_run_permission(request) else ""}
+        return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})
 
     @admin.action(description="Enable selected triggers", permissions=["change"])
     def enable_selected(self, request: HttpRequest, queryset: QuerySet):
@@ -129,20 +198,46 @@ class TriggerAdmin(ManagedChangesAdmin, admin.ModelAdmin):
 class DeliveryAdmin(admin.ModelAdmin):
     """The inbox. Rows carry ids and outcomes only; the payload is held just until the delivery settles."""
 
-    list_display = ("delivery_id", "forge", "event", "status", "reason", "jobs", "attempts", "received_at",
-                    "next_attempt_at")
+    list_display = ("delivery_id", "forge", "event", "status", "reason", "jobs", "attempts", "received",
+                    "next_attempt")
     list_filter = ("status", "forge", "event", "received_at")
     search_fields = ("delivery_id", "job_ids")
     date_hierarchy = "received_at"
     show_full_result_count = False
-    readonly_fields = ("forge", "delivery_id", "event", "status", "reason", "job_ids", "received_at",
+    readonly_fields = ("forge", "delivery_id", "event", "status", "reason", "jobs", "job_ids", "received_at",
                        "processed_at", "attempts", "attempted_at", "next_attempt_at", "holds_payload")
     exclude = ("payload",)
     actions = ("replay_selected", "discard_selected")
 
-    @admin.display(description="jobs")
+    def get_changelist(self, request, **kwargs):
+        return _JobStateChangeList
+
+    def get_object(self, request, object_id, from_field=None):
+        delivery = super().get_object(request, object_id, from_field)
+        if delivery is not None:
+            _attach_job_states([delivery])
+        return delivery
+
+    @admin.display(description="jobs now")
     def jobs(self, delivery: Delivery) -> str:
-        return ", ".join(delivery.job_ids or [])
+        """Each job's latest state (queue or run record), linked to its runs: intake's "queued" is not the end."""
+        states = getattr(delivery, "job_states", None)
+        if states is None:
+            states = _attach_job_states([delivery])[0]
+        if not delivery.job_ids:
+            return "-"
+        return format_html_join(mark_safe("<br>"), '<a href="{}" class="job-state state-{}" title="{}">{} · {}</a>', (
+            (_runs_of(job_id, states.get(job_id)), state.state, job_id, _short(job_id),
+             f"{state.state}{f' ({state.detail})' if state.detail else ''}")
+            for job_id in delivery.job_ids for state in [states.get(job_id) or job_states.JobState("unknown")]))
+
+    @admin.display(description="received", ordering="received_at")
+    def received(self, delivery: Delivery) -> str:
+        return admin_display.instant(delivery.received_at)
+
+    @admin.display(description="next attempt", ordering="next_attempt_at")
+    def next_attempt(self, delivery: Delivery) -> str:
+        return admin_display.instant(delivery.next_attempt_at) if delivery.next_attempt_at else "-"
 
     @admin.display(boolean=True, description="payload held")
     def holds_payload(self, delivery: Delivery) -> bool:

@@ -1,9 +1,11 @@
 from datetime import timedelta
+from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connection
+from django.db.models import Count, OuterRef, Subquery
 from django.utils import timezone
 from django.utils.functional import cached_property
 from django.shortcuts import redirect
@@ -11,9 +13,10 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from pidispatch_site import admin_display
 from pidispatch_site.admin_mixins import ManagedChangesAdmin, ReadOnlyAdminMixin
 
-from . import runtime_settings
+from . import reasons, runtime_settings
 from .publishing import kept
 from .jobs import KINDS
 from .models import DispatchSettings, PauseWindow, Run, ScopedLimit
@@ -71,13 +74,21 @@ class EstimatedCountPaginator(Paginator):
         return super().count
 
 
+def _attempts_of(job_id):
+    return Run.objects.filter(job_id=job_id)
+
+
 @admin.register(Run)
 class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    """Run history: read-only, because a run record is append-only evidence."""
+    """Run history: read-only, because a run record is append-only evidence.
+
+    Each row says which attempt of its job it was and why the one before failed; the page explains the reason
+    from the one reason table (reasons.py) and links the run's other attempts, its delivery and its trigger.
+    """
 
     list_display = (
-        "job_id", "target", "flow_or_command", "outcome", "reason", "published", "host",
-        "duration_display", "tokens_total", "cost", "started_at",
+        "job", "attempt_display", "target_display", "flow_or_command", "outcome_display", "published", "host",
+        "duration_display", "tokens", "cost_display", "started_display",
     )
     actions = ["publish_again"]
     list_filter = (
@@ -89,22 +100,165 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_select_related = ("trigger",)
     list_per_page = 50
     show_full_result_count = False  # a count(*) over a long history on every page view is wasted work
+
+    class Media:
+        css = {"all": ("worker/admin.css",)}
+
+    # Every recorded field is on the page; numbers, times and targets in their readable form (`*_display`).
     fieldsets = (
-        (None, {"fields": ("job_id", "attempt", "outcome", "reason", "exit_code")}),
-        ("What ran", {"fields": ("kind", "target", "scope", "flow", "command", "image",
+        (None, {"fields": ("job_id", "attempt", "attempts_display", "outcome", "reason", "explanation",
+                           "forge_sentence", "exit_code")}),
+        ("What it did", {"fields": ("publish_outcome", "publish_display", "pull_request", "pushed_commits")}),
+        ("What ran", {"fields": ("kind", "target_display", "scope", "flow", "command", "image",
                                  "replica", "replicas", "parent_job_id")}),
-        ("Where and when", {"fields": ("host", "queue", "started_at", "ended_at", "duration_display")}),
-        ("Why", {"fields": ("trigger", "trigger_type", "delivery_id")}),
-        ("Spend", {"fields": ("turns", "tokens_in", "tokens_out", "tokens_total", "cost", "usage",
+        ("Where and when", {"fields": ("host", "queue", "started_display", "ended_display", "duration_display")}),
+        ("Why it ran", {"fields": ("trigger", "trigger_type", "delivery_display")}),
+        ("Spend", {"fields": ("turns", "tokens_in", "tokens_out", "tokens_total", "cost_display", "usage_display",
                               "budget_reserved")}),
-        ("Published", {"fields": ("publish_outcome", "pull_request", "pushed_commits", "publish_url")}),
     )
+
+    def get_queryset(self, request):
+        # Per row: how many attempts its job has, and why the attempt before it ended (run_job_idx lookups).
+        siblings = Run.objects.filter(job_id=OuterRef("job_id"))
+        return super().get_queryset(request).annotate(
+            attempts_total=Subquery(siblings.values("job_id").annotate(n=Count("id")).values("n")[:1]),
+            retried_after=Subquery(siblings.filter(attempt=OuterRef("attempt") - 1).values("reason")[:1]),
+        )
+
+    # --- list columns ----------------------------------------------------------------------------------------
+
+    @admin.display(description="job", ordering="job_id")
+    def job(self, run: Run) -> str:
+        return admin_display.short_id(run.job_id)
+
+    @admin.display(description="attempt", ordering="attempt")
+    def attempt_display(self, run: Run) -> str:
+        total = getattr(run, "attempts_total", None) or run.attempt
+        if total <= 1:
+            return "1"
+        text = f"{run.attempt} of {total}"
+        if run.attempt > 1:
+            text += f", retried after {getattr(run, 'retried_after', '') or 'a failure'}"
+        url = reverse("admin:worker_run_changelist") + "?" + urlencode({"job_id": run.job_id})
+        return format_html('<a href="{}" title="every attempt of this job">{}</a>', url, text)
+
+    @admin.display(description="target", ordering="target")
+    def target_display(self, run: Run) -> str:
+        return admin_display.target_link(run.kind, run.target)
+
+    @admin.display(description="outcome", ordering="outcome")
+    def outcome_display(self, run: Run) -> str:
+        if not run.reason:
+            return run.outcome
+        reason = reasons.explain(run.reason)
+        hover = f"{reason.means} Next: {reason.next_step}" if reason else "No explanation recorded for this reason."
+        return format_html('{}<br><span class="reason" title="{}">{}</span>', run.outcome, hover, run.reason)
 
     @admin.display(description="published", ordering="publish_outcome")
     def published(self, run: Run) -> str:
         if run.publish_url:
-            return format_html('<a href="{}">{} #{}</a>', run.publish_url, run.publish_outcome, run.pull_request)
-        return run.publish_outcome
+            label = f"{run.publish_outcome} #{run.pull_request}" if run.pull_request else run.publish_outcome
+            return format_html('<a href="{}">{}</a>', run.publish_url, label)
+        return run.publish_outcome or "-"
+
+    @admin.display(description="tokens", ordering="tokens_total")
+    def tokens(self, run: Run):
+        return run.tokens_total if run.tokens_total is not None else "-"
+
+    @admin.display(description="cost", ordering="cost")
+    def cost_display(self, run: Run) -> str:
+        return admin_display.money(run.cost)
+
+    @admin.display(description="started", ordering="started_at")
+    def started_display(self, run: Run) -> str:
+        return admin_display.instant(run.started_at)
+
+    @admin.display(description="ended", ordering="ended_at")
+    def ended_display(self, run: Run) -> str:
+        return admin_display.instant(run.ended_at)
+
+    @admin.display(description="flow", ordering="flow")
+    def flow_or_command(self, run: Run) -> str:
+        return run.flow or (f"cmd:{run.command}" if run.command else "")
+
+    @admin.display(description="duration", ordering="ended_at")
+    def duration_display(self, run: Run) -> str:
+        seconds = run.duration.total_seconds()
+        return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+    # --- the run page ---------------------------------------------------------------------------------------
+
+    @admin.display(description="what it means")
+    def explanation(self, run: Run) -> str:
+        reason = reasons.explain(run.reason) or reasons.explain(run.publish_outcome)
+        if reason is None:
+            return "The run completed." if run.outcome == "completed" else f"No explanation for {run.reason!r} yet."
+        return format_html("{}<br><strong>Next:</strong> {}", reason.means, reason.next_step)
+
+    @admin.display(description="posted on the issue")
+    def forge_sentence(self, run: Run) -> str:
+        from .comments import sentence_for
+
+        if run.kind == "local":
+            return "Local run: nothing is posted (the sentence goes to the worker log)."
+        text = sentence_for(run)
+        if run.publish_url:
+            return format_html('{} <a href="{}">the pull request or comment</a>',
+                               "The agent's summary, published:" if not text else text, run.publish_url)
+        if text is None:
+            return "Nothing: a failed attempt that is retried, or a completed run, posts no status sentence."
+        url = admin_display.target_url(run.kind, run.target)
+        return format_html('{} <a href="{}">on {}</a>', text, url, run.target) if url else text
+
+    @admin.display(description="attempts of this job")
+    def attempts_display(self, run: Run) -> str:
+        rows = list(_attempts_of(run.job_id).order_by("attempt").values_list("pk", "attempt", "outcome", "reason"))
+        return format_html_join(
+            mark_safe(" · "), '<a href="{}"{}>attempt {}: {} {}</a>',
+            ((reverse("admin:worker_run_change", args=[pk]), mark_safe(' class="current"') if pk == run.pk else "",
+              attempt, outcome, reason) for pk, attempt, outcome, reason in rows))
+
+    @admin.display(description="published to")
+    def publish_display(self, run: Run) -> str:
+        if run.publish_url:
+            return format_html('<a href="{}">{}</a>', run.publish_url, run.publish_url)
+        return "-" if not run.publish_outcome else "nothing reached the forge"
+
+
+
+    @admin.display(description="delivery")
+    def delivery_display(self, run: Run) -> str:
+        """The inbox row the run came from (its id as the forge sent it), with the inbox's status."""
+        if not run.delivery_id:
+            return "-" if run.trigger_type != "manual" else "started by hand"
+        from apps.receiver.models import Delivery
+
+        delivery = Delivery.objects.filter(forge=run.kind, delivery_id=run.delivery_id).only("pk", "status").first()
+        if delivery is None:
+            return f"{run.delivery_id} (no longer in the inbox)"
+        return format_html('<a href="{}">{} ({})</a>', reverse("admin:receiver_delivery_change", args=[delivery.pk]),
+                           run.delivery_id, delivery.status)
+
+    @admin.display(description="usage by model")
+    def usage_display(self, run: Run) -> str:
+        models = (run.usage or {}).get("models") if isinstance(run.usage, dict) else None
+        if not models:
+            return "-" if not run.usage else str(run.usage)  # a ledger of another shape: shown as recorded
+        columns = ("calls", "input", "output", "cacheRead", "cacheWrite", "total", "cost")
+        head = format_html_join("", "<th>{}</th>", ((name,) for name in ("model", *columns)))
+        body = format_html_join("", "<tr><td>{}</td>{}</tr>", (
+            (f"{row.get('provider', '?')}/{row.get('model', '?')}",
+             format_html_join("", "<td>{}</td>", (
+                 (admin_display.money(row.get(name)) if name == "cost" else row.get(name, "-"),)
+                 for name in columns)))
+            for row in models if isinstance(row, dict)))
+        return format_html('<table class="usage"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>', head, body)
+
+    def get_readonly_fields(self, request, obj=None):
+        return [field.name for field in self.model._meta.fields] + [
+            "duration_display", "explanation", "forge_sentence", "attempts_display", "target_display",
+            "publish_display", "delivery_display", "cost_display", "usage_display", "started_display",
+            "ended_display"]
 
     @admin.action(description="Publish again (work kept on this host after a failed publish)",
                   permissions=["publish_again"])
@@ -122,18 +276,6 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     def has_publish_again_permission(self, request):
         return request.user.has_perm("worker.publish_run")
-
-    @admin.display(description="flow / command", ordering="flow")
-    def flow_or_command(self, run: Run) -> str:
-        return run.flow or (f"cmd:{run.command}" if run.command else "")
-
-    @admin.display(description="duration", ordering="ended_at")
-    def duration_display(self, run: Run) -> str:
-        seconds = run.duration.total_seconds()
-        return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
-
-    def get_readonly_fields(self, request, obj=None):
-        return [field.name for field in self.model._meta.fields] + ["duration_display"]
 
 
 @admin.register(PauseWindow)

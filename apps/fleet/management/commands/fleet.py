@@ -1,4 +1,4 @@
-"""`python manage.py fleet status|pause|resume|cancel`: the operator's stop switch, from any shell.
+"""`python manage.py fleet status|pause|resume|cancel|retry|discard`: the operator's stop switch, from any shell.
 
 It needs only REDIS_URL: no system checks run (a broken forge config must not stand in the way), nothing
 reads the database, and the audit row is written best-effort (the answer says when it could not be).
@@ -14,7 +14,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from redis.exceptions import RedisError
 
-from apps.fleet import cancel, pauses, status
+from apps.fleet import cancel, failed, pauses, status
 from apps.fleet.display import age, detail_text, instant
 from apps.fleet.connection import get_redis
 from apps.fleet.union import resolve_scope
@@ -40,7 +40,7 @@ class Command(BaseCommand):
     requires_migrations_checks = False
 
     def add_arguments(self, parser):
-        sub = parser.add_subparsers(dest="action", required=True, metavar="{status,pause,resume,cancel}")
+        sub = parser.add_subparsers(dest="action", required=True, metavar="{status,pause,resume,cancel,retry,discard}")
         show = sub.add_parser("status", help="every queue of the union, every host row, waiting and failed jobs")
         show.add_argument("--json", action="store_true", help="one JSON document")
         for name, verb in (("pause", "stop workers taking new jobs from"), ("resume", "let workers take jobs from")):
@@ -56,6 +56,11 @@ class Command(BaseCommand):
         stop = sub.add_parser("cancel", help="cancel a job by id: removed if waiting, container stopped if running")
         stop.add_argument("job_id")
         stop.add_argument("--by", help="who does it (default: cli:<OS user>)")
+        for name, text in (("retry", "start a failed job again now (a new run of its target and flow)"),
+                           ("discard", "drop a failed job from the failed list (its run records stay)")):
+            one = sub.add_parser(name, help=text)
+            one.add_argument("job_id")
+            one.add_argument("--by", help="who does it (default: cli:<OS user>)")
 
     def handle(self, *args, **options):
         redis = get_redis()
@@ -65,6 +70,11 @@ class Command(BaseCommand):
                 return self.show(redis, options["json"])
             if options["action"] == "cancel":
                 return self.cancel(redis, options["job_id"], by)
+            if options["action"] in ("retry", "discard"):
+                service = failed.retry_failed if options["action"] == "retry" else failed.discard_failed
+                result = service(redis, options["job_id"], by=by)
+                self.say_audit(result.audit_error)
+                return self.stdout.write(result.message)
             return self.switch(redis, options, by)
         except RedisError as exc:
             raise CommandError(f"could not reach Redis at {redis_location()} ({type(exc).__name__}): is it running, "

@@ -1,0 +1,29 @@
+"""The admin's number, time and id formats (pidispatch_site/admin_display.py) for templates."""
+
+from django import template
+
+from pidispatch_site import admin_display
+
+register = template.Library()
+
+
+@register.filter
+def money(value):
+    return admin_display.money(value)
+
+
+@register.filter
+def instant_of(value):
+    """A datetime with seconds and its zone (the fleet panel's own `instant` takes unix seconds)."""
+    return admin_display.instant(value)
+
+
+@register.filter
+def short_id(value):
+    return admin_display.short_id(value)
+
+
+@register.filter
+def target_link(target, kind):
+    """`{{ run.target|target_link:run.kind }}`: the forge's own page of the issue or pull request."""
+    return admin_display.target_link(kind, target)

@@ -1,0 +1,281 @@
+"""The admin's trigger form: one trigger type at a time, in words a person uses, lists as comma-separated text.
+
+Only the presentation lives here. What a valid rule is stays in validation.py (the API and the importer use
+it too): the form turns text into the model's values, the model's clean() validates them, and the messages
+are shown beside the field they are about, with the file's paths (`on.any`) replaced by the form's labels.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from django import forms
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+
+from .models import Trigger, TriggerType
+from .validation import EXCLUDABLE_TOOLS, FIELD_PATHS, FORGE_KINDS, PR_ACTIONS, REVIEW_STATES
+
+# type: (what a person calls it, when it fires)
+TYPES = {
+    "label": ("Label", "An issue or pull request gets a label (e.g. pi): the most common trigger."),
+    "comment": ("Comment", "Someone with write access comments a phrase (e.g. @pi) on an issue or pull request."),
+    "pull_request": ("Pull request", "A pull/merge request is opened, updated, reviewed or closed."),
+    "issue": ("Issue closed", "An issue is closed (or one particular issue, once)."),
+    "cron": ("Schedule", "On a timetable, in a folder on a worker host (no forge involved)."),
+}
+
+FIRES = {
+    "cron": ("cron_id", "cron_pattern"),
+    "label": ("label_any", "label_all", "label_none"),
+    "comment": ("phrase",),
+    "pull_request": ("actions", "label_any", "label_all", "label_none", "review_states", "number", "once"),
+    "issue": ("actions", "number", "once"),
+}
+RUNS = {"cron": ("kind", "folder", "flow", "command", "task"),
+        "forge": ("kind", "flow", "command", "instructions", "repository")}
+LIMITS = {"cron": ("provider", "model", "max_turns", "image", "exclude_tools", "secrets", "secrets_profile"),
+          "forge": ("provider", "model", "max_turns", "replicas", "wait_for", "allow_ci_changes", "image",
+                    "exclude_tools", "secrets", "secrets_profile")}
+# Kept as they are when not on the form (resume is the ancestor's, and does nothing here).
+NEVER_RESET = {"position", "enabled", "note", "on_type", "resume"}
+
+_ACTIONS = "; ".join(f"{forge}: {', '.join(words)}" for forge, words in PR_ACTIONS.items())
+
+# field: (label, help text with an example)
+WORDS = {
+    "position": ("Order", "Rules are tried from the lowest number up; the first that matches runs. e.g. 10"),
+    "note": ("Note", "For the other operators; the agent never sees it."),
+    "cron_id": ("Schedule name", "Unique among schedules, e.g. nightly-deps"),
+    "cron_pattern": ("When", "Cron: minute hour day month weekday, in PI_CRON_TZ (default UTC). "
+                             "e.g. 0 6 * * 1-5 is 06:00 on weekdays"),
+    "label_any": ("Labels, any of", "Fires when the item carries at least one of these. e.g. pi, urgent"),
+    "label_all": ("Labels, all of", "Fires only when the item carries every one of these. e.g. pi, backend"),
+    "label_none": ("Labels, none of", "Never fires while the item carries any of these. e.g. wontfix, blocked"),
+    "phrase": ("Comment contains", "e.g. @pi. A comment “@pi fix-bug” runs the flow fix-bug instead of this one."),
+    "actions": ("Forge actions", f"The forge's own words for what happened, comma-separated. e.g. opened, "
+                                 f"reopened. {_ACTIONS}. Issue closed: closed (GitLab: close)."),
+    "review_states": ("Review verdicts", f"GitHub, with the action review_submitted: {', '.join(REVIEW_STATES)}. "
+                                         "Empty: every verdict. e.g. changes_requested"),
+    "number": ("Only this number", "Watch one issue or pull request, e.g. 42. Empty: every one."),
+    "once": ("Fire once", "With a number: run once, then disarm (re-arm it from the trigger list)."),
+    "kind": ("Forge", "Which forge's webhooks fire it."),
+    "flow": ("Flow", "The pi skill the agent runs, e.g. fix-bug. Give a flow or a command."),
+    "command": ("Or a command", "A pi extension command instead of a flow, without '/', e.g. triage"),
+    "task": ("Task", "What the agent does on each run (its prompt), e.g. Upgrade the linter config."),
+    "folder": ("Folder on the worker host", "A git checkout on the host that runs the schedule, e.g. /srv/code/app"),
+    "instructions": ("Standing instructions", "Put above the issue's text on every run (at most 2000 characters), "
+                                              "e.g. Keep changes small and add a test."),
+    "repository": ("Azure DevOps repository", "Work item rules only: the repository in the work item's project, "
+                                              "e.g. web"),
+    "provider": ("Model provider", "Empty: the deployment's (PI_PROVIDER). e.g. anthropic"),
+    "model": ("Model", "Empty: the deployment's (PI_MODEL). e.g. claude-sonnet-4-5"),
+    "max_turns": ("Max turns", "Empty: Settings or PI_MAX_TURNS (30). e.g. 20"),
+    "replicas": ("Parallel agents", "2 or 3 agents on the same event, each with its own pull request. Empty: one."),
+    "wait_for": ("Wait before running", "Comma-separated: after <time with zone>, profile <check name>. "
+                                        "e.g. after 2026-12-01T09:00:00Z, profile ci-green"),
+    "allow_ci_changes": ("May change CI files", "Off: a change to .github/workflows/, .gitlab-ci.yml, ... is not "
+                                                "pushed, and the work is kept for you to review."),
+    "image": ("Job image", "Empty: PI_JOB_IMAGE. e.g. pi-job:latest"),
+    "exclude_tools": ("Tools the agent may not use", f"Comma-separated, from {', '.join(EXCLUDABLE_TOOLS)}. "
+                                                     "e.g. bash, write"),
+    "secrets": ("Secrets, by reference", "NAME=reference, comma-separated, e.g. NPM_TOKEN=npm/ci. The host's "
+                                         "resolver turns each reference into its value; never type a value here."),
+    "secrets_profile": ("Resolver", "Which resolver of PI_SECRET_PROFILES answers, e.g. vault. Empty: the host's "
+                                    "only one."),
+}
+EXAMPLES = {"label_any": "pi, urgent", "label_all": "pi, backend", "label_none": "wontfix, blocked",
+            "actions": "opened, reopened", "review_states": "approved, changes_requested", "exclude_tools": "bash, write",
+            "wait_for": "after 2026-12-01T09:00:00Z, profile ci-green", "secrets": "NPM_TOKEN=npm/ci"}
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in re.split(r"[,\n]", text) if part.strip()]
+
+
+class TextListField(forms.CharField):
+    """A list as comma-separated text (a JSON list is read too); shown back as comma-separated text."""
+
+    def __init__(self, *, example: str, **kwargs):
+        self.example = example
+        super().__init__(required=False, widget=forms.TextInput(attrs={"class": "vTextField"}), **kwargs)
+
+    def prepare_value(self, value):
+        if isinstance(value, list):
+            return ", ".join(self.show(item) for item in value)
+        return value
+
+    def show(self, item) -> str:
+        return str(item)
+
+    def to_python(self, value):
+        value = (value or "").strip()
+        if value.startswith("["):
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                raise ValidationError(self.wrong(), code="invalid") from None
+            if not isinstance(parsed, list):
+                raise ValidationError(self.wrong(), code="invalid")
+            return parsed
+        return [self.item(part) for part in _split(value)]
+
+    def item(self, text: str):
+        return text
+
+    def wrong(self) -> str:
+        return f"{self.label}: write the values separated by commas, e.g. {self.example}"
+
+
+class WaitForField(TextListField):
+    """`after 2026-12-01T09:00:00Z, profile ci-green`, or the trigger file's JSON list."""
+
+    def show(self, item) -> str:
+        if isinstance(item, dict) and len(item) == 1:
+            (key, value), = item.items()
+            return f"{key} {value}"
+        return json.dumps(item)
+
+    def item(self, text: str):
+        key, _, value = text.partition(" ")
+        if key not in ("after", "profile") or not value.strip():
+            raise ValidationError(self.wrong(), code="invalid")
+        return {key: value.strip()}
+
+    def wrong(self) -> str:
+        return f"{self.label}: each condition is “after <time with zone>” or “profile <name>”, e.g. {self.example}"
+
+
+class SecretsField(forms.CharField):
+    """`NPM_TOKEN=npm/ci, PYPI=pypi/upload`, or the trigger file's JSON object."""
+
+    def __init__(self, **kwargs):
+        super().__init__(required=False, widget=forms.TextInput(attrs={"class": "vTextField"}), **kwargs)
+
+    def prepare_value(self, value):
+        if isinstance(value, dict):
+            return ", ".join(f"{name}={reference}" for name, reference in value.items())
+        return value
+
+    def to_python(self, value):
+        value = (value or "").strip()
+        if value.startswith("{"):
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                parsed = None
+            if not isinstance(parsed, dict):
+                raise ValidationError(self.wrong(), code="invalid")
+            return parsed
+        pairs = {}
+        for part in _split(value):
+            name, sep, reference = part.partition("=")
+            if not sep or not name.strip():
+                raise ValidationError(self.wrong(), code="invalid")
+            pairs[name.strip()] = reference.strip()
+        return pairs
+
+    def wrong(self) -> str:
+        return f"{self.label}: write NAME=reference pairs separated by commas, e.g. {EXAMPLES['secrets']}"
+
+
+def chosen_type(value) -> str:
+    return value if value in TYPES else ""
+
+
+def fieldsets_for(on_type: str, instance=None) -> tuple:
+    run_side = "cron" if on_type == "cron" else "forge"
+    fires = FIRES[on_type] + (("one_shot_state",) if on_type in ("issue", "pull_request") else ())
+    return (
+        (None, {"fields": ("type_display", "on_type", "enabled", "position", "note")}),
+        ("What fires it", {"fields": fires}),
+        ("What runs", {"fields": RUNS[run_side]}),
+        ("Limits and extras", {"fields": LIMITS[run_side], "classes": ("collapse",) if not _extras_set(
+            instance, LIMITS[run_side]) else ()}),
+    )
+
+
+def _extras_set(instance, names) -> bool:
+    if instance is None or instance.pk is None:
+        return False
+    defaults = {name: Trigger._meta.get_field(name).get_default() for name in names}
+    return any(getattr(instance, name) not in (defaults[name], None, "", [], {}) for name in names)
+
+
+class TriggerForm(forms.ModelForm):
+    chosen_type = ""  # set by the admin for the type being edited
+
+    class Meta:
+        model = Trigger
+        fields = "__all__"
+        widgets = {"on_type": forms.HiddenInput}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        on_type = self.chosen_type or self.instance.on_type or TriggerType.LABEL
+        if not self.is_bound:
+            self.initial["on_type"] = on_type
+            self.instance.on_type = on_type  # what the page's "Trigger type" line reads
+        for name, field in list(self.fields.items()):
+            label, help_text = WORDS.get(name, (field.label, field.help_text))
+            if name in ("label_any", "label_all", "label_none", "actions", "review_states", "exclude_tools"):
+                field = TextListField(example=EXAMPLES[name])
+            elif name == "wait_for":
+                field = WaitForField(example=EXAMPLES[name])
+            elif name == "secrets":
+                field = SecretsField()
+            field.label, field.help_text = label, help_text
+            self.fields[name] = field
+        if "kind" in self.fields:
+            if on_type == "cron":
+                self.fields["kind"].choices = [("local", "local folder on a worker host")]
+                self.fields["kind"].widget = forms.HiddenInput()
+                self.initial.setdefault("kind", "local")
+                if not self.is_bound:
+                    self.initial["kind"] = "local"
+            else:
+                forges = [kind for kind in FORGE_KINDS if not (on_type == "issue" and kind == "azure")]
+                labels = dict(Trigger._meta.get_field("kind").choices)
+                self.fields["kind"].choices = [(kind, labels[kind]) for kind in forges]
+        for name in ("task", "instructions"):
+            if name in self.fields:
+                self.fields[name].widget.attrs.update(rows=3)
+
+    def _post_clean(self):
+        # Fields of another type are not on the form: clear them, so a rule changed from one type to another
+        # keeps nothing the new type would refuse (validation names every key a type does not use).
+        for field in Trigger._meta.get_fields():
+            name = getattr(field, "attname", None) and field.name
+            if (name and getattr(field, "editable", False) and not field.primary_key and name not in self.fields
+                    and name not in NEVER_RESET and not field.is_relation):
+                setattr(self.instance, name, field.get_default())
+        super()._post_clean()
+
+    def _update_errors(self, errors):
+        # The rule's messages speak the file's language (`on.any`); here each is said with the form's label,
+        # beside its field. A field that already failed to parse keeps only that one error, and a field the
+        # form does not show sends its message to the top.
+        if hasattr(errors, "error_dict"):
+            placed: dict = {}
+            for field, messages_ in errors.error_dict.items():
+                if field in self._errors:
+                    continue  # one error per mistake: its text could not be read, say only that
+                target = field if field in self.fields else NON_FIELD_ERRORS
+                for message in messages_:
+                    for text in message.messages if hasattr(message, "messages") else [message]:
+                        text = self.in_form_words(str(text))
+                        if text not in placed.get(target, []):
+                            placed.setdefault(target, []).append(text)
+            if not placed:
+                return
+            errors = ValidationError(placed)
+        super()._update_errors(errors)
+
+    def in_form_words(self, text: str) -> str:
+        for path in sorted(FIELD_PATHS, key=len, reverse=True):
+            name = FIELD_PATHS[path]
+            if path in text:
+                label = self.fields[name].label if name in self.fields else WORDS.get(name, (path,))[0]
+                text = re.sub(rf"{re.escape(path)}\b", f"“{label}”", text)
+        text = re.sub(r"”(?:/(?:all|none))+\b", "” (or the other label lists)", text)
+        return text[0].upper() + text[1:] if text else text

@@ -1,0 +1,108 @@
+"""The trigger form: the type first, then only its fields, in words a person uses; lists as comma-separated text;
+one clear error per mistake. The rule's validation is still validation.py's (the importer and the API share it)."""
+
+import re
+
+import pytest
+
+from apps.receiver.models import Trigger
+
+pytestmark = pytest.mark.django_db
+
+ADD = "/admin/receiver/trigger/add/"
+
+
+def errors_of(page: str) -> list[str]:
+    return re.findall(r'<ul class="errorlist[^"]*"[^>]*>(.*?)</ul>', page, re.S)
+
+
+def test_adding_starts_by_choosing_the_type(admin_client):
+    page = admin_client.get(ADD).content.decode()
+    for value, name in (("label", "Label"), ("comment", "Comment"), ("pull_request", "Pull request"),
+                        ("issue", "Issue closed"), ("cron", "Schedule")):
+        assert f'href="?on_type={value}"' in page and f">{name}</a>" in page
+    assert 'name="flow"' not in page  # no form yet
+
+
+def test_a_label_trigger_shows_only_its_fields_with_plain_names(admin_client):
+    page = admin_client.get(ADD + "?on_type=label").content.decode()
+    assert "Labels, any of" in page and "e.g. pi, urgent" in page
+    assert 'name="label_any"' in page and 'name="flow"' in page
+    for other in ('name="cron_pattern"', 'name="phrase"', 'name="folder"', 'name="actions"'):
+        assert other not in page
+    assert "On.any" not in page and "Run.waitFor" not in page and "ancestor" not in page
+    assert ">[]<" not in page and 'value="[]"' not in page  # lists are not prefilled with JSON
+
+
+def test_comma_separated_labels_are_saved_as_a_list_and_shown_as_text(admin_client):
+    response = admin_client.post(ADD + "?on_type=label", {
+        "on_type": "label", "enabled": "on", "position": 1, "label_any": "pi, urgent", "label_none": "wontfix",
+        "kind": "github", "flow": "fix-bug"})
+    assert response.status_code == 302, errors_of(response.content.decode())
+    rule = Trigger.objects.get()
+    assert rule.label_any == ["pi", "urgent"] and rule.label_none == ["wontfix"] and rule.label_all == []
+
+    page = admin_client.get(f"/admin/receiver/trigger/{rule.pk}/change/").content.decode()
+    assert 'value="pi, urgent"' in page
+    # JSON still works, for whoever pastes from triggers.json.
+    admin_client.post(f"/admin/receiver/trigger/{rule.pk}/change/", {
+        "on_type": "label", "enabled": "on", "position": 1, "label_any": '["pi", "later"]', "kind": "github",
+        "flow": "fix-bug"})
+    rule.refresh_from_db()
+    assert rule.label_any == ["pi", "later"]
+
+
+def test_one_mistake_gives_one_error_naming_the_field_with_an_example(admin_client):
+    page = admin_client.post(ADD + "?on_type=label", {
+        "on_type": "label", "position": 1, "label_any": '["pi", ', "kind": "github", "flow": "fix-bug",
+    }).content.decode()
+
+    errors = errors_of(page)
+    assert len(errors) == 1, errors
+    assert "Labels, any of" in errors[0] and "e.g. pi, urgent" in errors[0]
+    assert "Enter a valid JSON" not in page and "positive selector" not in page
+    assert not Trigger.objects.exists()
+
+
+def test_validation_messages_use_the_forms_names(admin_client):
+    page = admin_client.post(ADD + "?on_type=label", {
+        "on_type": "label", "position": 1, "label_none": "x", "kind": "github", "flow": "Not A Flow",
+    }).content.decode()
+    assert "“Flow” must be 1-64 lowercase letters" in page
+    assert "positive selector" in page and "“Labels, any of”" in page
+    assert "run.flow" not in page and "on.any" not in page
+
+
+def test_a_schedule_runs_in_a_folder_and_needs_no_forge(admin_client):
+    page = admin_client.get(ADD + "?on_type=cron").content.decode()
+    assert "Schedule name" in page and "Folder on the worker host" in page and 'name="label_any"' not in page
+
+    response = admin_client.post(ADD + "?on_type=cron", {
+        "on_type": "cron", "enabled": "on", "position": 1, "cron_id": "nightly", "cron_pattern": "0 6 * * 1-5",
+        "kind": "local", "folder": "/srv/code/app", "flow": "upgrade", "task": "Upgrade the linter config."})
+    assert response.status_code == 302, errors_of(response.content.decode())
+    assert Trigger.objects.get().folder == "/srv/code/app"
+
+
+def test_changing_the_type_drops_the_old_types_fields(admin_client, label_trigger):
+    chooser = admin_client.get(f"/admin/receiver/trigger/{label_trigger.pk}/change/?choose_type=1").content.decode()
+    assert 'href="?on_type=comment"' in chooser and "its type now" in chooser
+
+    response = admin_client.post(f"/admin/receiver/trigger/{label_trigger.pk}/change/?on_type=comment", {
+        "on_type": "comment", "enabled": "on", "position": 0, "phrase": "@pi", "kind": "github", "flow": "fix-bug"})
+    assert response.status_code == 302, errors_of(response.content.decode())
+    label_trigger.refresh_from_db()
+    assert label_trigger.on_type == "comment" and label_trigger.label_any == []
+
+
+def test_wait_conditions_and_secrets_read_as_text(admin_client):
+    response = admin_client.post(ADD + "?on_type=label", {
+        "on_type": "label", "position": 1, "label_any": "pi", "kind": "github", "flow": "fix-bug",
+        "wait_for": "after 2026-12-01T09:00:00Z, profile ci-green", "secrets": "NPM_TOKEN=npm/ci",
+        "exclude_tools": "bash, write"})
+    assert response.status_code == 302, errors_of(response.content.decode())
+    rule = Trigger.objects.get()
+    assert rule.wait_for == [{"after": "2026-12-01T09:00:00Z"}, {"profile": "ci-green"}]
+    assert rule.secrets == {"NPM_TOKEN": "npm/ci"} and rule.exclude_tools == ["bash", "write"]
+    page = admin_client.get(f"/admin/receiver/trigger/{rule.pk}/change/").content.decode()
+    assert "after 2026-12-01T09:00:00Z, profile ci-green" in page and 'value="NPM_TOKEN=npm/ci"' in page

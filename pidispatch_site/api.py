@@ -23,6 +23,7 @@ urlpatterns = [
     path("", include(router.urls)),
     path("settings", worker.SettingsView.as_view(), name="settings"),
     path("spend", worker.SpendView.as_view(), name="spend"),
+    path("reasons", worker.ReasonsView.as_view(), name="reasons"),
     path("jobs/<str:job_id>", fleet.JobView.as_view(), name="job"),
     path("jobs/<str:job_id>/cancel", fleet.CancelView.as_view(), name="job-cancel"),
     path("fleet", fleet.FleetStatusView.as_view(), name="fleet"),

@@ -60,6 +60,7 @@ ENDPOINTS = [
     ("get", "/api/v1/pause-windows", None, "read"),
     ("get", "/api/v1/settings", None, "read"),
     ("get", "/api/v1/spend", None, "read"),
+    ("get", "/api/v1/reasons", None, "read"),
     ("get", "/api/v1/fleet", None, "read"),
     ("get", "/api/v1/fleet/hosts", None, "read"),
     ("get", "/api/v1/fleet/queues", None, "read"),
@@ -242,3 +243,14 @@ def test_requests_past_the_rate_get_429_with_retry_after(client, operator, setti
     answers = [client.get("/api/v1/spend", **headers) for _ in range(4)]
     assert [a.status_code for a in answers[:3]] == [200] * 3
     assert answers[3].status_code == 429 and int(answers[3]["Retry-After"]) > 0
+
+
+def test_a_run_says_what_its_reason_means_from_the_one_table(client, operator):
+    from apps.worker import reasons
+
+    run = Run.objects.create(job_id="gh-explained", kind="github", target="acme/web#7", started_at=timezone.now(),
+                             ended_at=timezone.now(), outcome=Outcome.FAILED, reason="container-exit-unknown")
+    shown = client.get(f"/api/v1/runs/{run.pk}", **bearer(operator, "read")).json()["reason_explained"]
+    assert shown == reasons.explain("container-exit-unknown").as_json() and shown["next"]
+    table = client.get("/api/v1/reasons", **bearer(operator, "read")).json()
+    assert {"token": "container-exit-unknown", **{k: shown[k] for k in ("means", "next")}} in table

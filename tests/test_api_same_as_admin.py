@@ -115,7 +115,8 @@ def queued_spec(redis_conn, queue, job_id):
     return spec
 
 
-def test_a_manual_run_is_the_same_job_from_the_api_and_dispatch_run(redis_conn, api, repo, worker_env):  # noqa: F811
+def test_a_manual_run_is_the_same_job_from_the_api_the_admin_and_dispatch_run(redis_conn, api, admin, repo,  # noqa: F811
+                                                                               worker_env, settings):
     env = {**worker_env, "PI_WORKER_NAME": "hostA"}
     cli = subprocess.run([sys.executable, "manage.py", "dispatch_run", str(repo), "--task", "Tidy the README",
                           "--flow", "fix-bug"], cwd=ROOT, env=env, capture_output=True, text=True)
@@ -128,5 +129,16 @@ def test_a_manual_run_is_the_same_job_from_the_api_and_dispatch_run(redis_conn, 
     assert answer.json()["queue"] == "pi-jobs@hostA"
     assert queued_spec(redis_conn, "pi-jobs@hostA", answer.json()["job_id"]) == \
         queued_spec(redis_conn, "pi-jobs@hostA", cli_job)
+
     refused = api("runs", {"folder": "relative/path", "host": "hostA", "task": "x"})
     assert refused.status_code == 400 and "absolute path" in refused.json()["fields"]["folder"][0]
+
+    settings.PI_WORKER_NAME = "hostA"  # the admin's web process on the host that holds the folder
+    admin.get("/admin/start-run/")
+    page = admin.post("/admin/start-run/", {"where": "local", "folder": str(repo), "task": "Tidy the README",
+                                             "flow": "fix-bug", "csrfmiddlewaretoken": admin.cookies["csrftoken"].value},
+                      follow=True).content.decode()
+    admin_job = next(job for job in Queue("pi-jobs@hostA", connection=redis_conn).get_job_ids()
+                     if job not in (cli_job, answer.json()["job_id"]))
+    assert admin_job in page
+    assert queued_spec(redis_conn, "pi-jobs@hostA", admin_job) == queued_spec(redis_conn, "pi-jobs@hostA", cli_job)

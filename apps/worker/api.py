@@ -10,7 +10,8 @@ from datetime import datetime
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view, inline_serializer
+from drf_spectacular.utils import (OpenApiParameter, extend_schema, extend_schema_field, extend_schema_view,
+                                   inline_serializer)
 from redis.exceptions import RedisError
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.exceptions import ValidationError
@@ -22,6 +23,7 @@ from apps.fleet.api import RedisUnavailable
 from apps.fleet.connection import get_redis
 from pidispatch_site.api_base import StrictCursorPagination, StrictSerializer
 
+from . import reasons
 from .manual_runs import ManualRunRefused, start_forge_run, start_local_run
 from .models import DispatchSettings, PauseWindow, Run, ScopedLimit
 
@@ -43,9 +45,15 @@ class StrictModelSerializer(StrictSerializer, serializers.ModelSerializer):
 
 # --- runs ------------------------------------------------------------------------------------------------------
 
+REASON_FIELDS = {"token": serializers.CharField(), "means": serializers.CharField(), "next": serializers.CharField()}
+REASONS = inline_serializer("Reason", REASON_FIELDS, many=True)
+
+
 class RunSerializer(serializers.ModelSerializer):
     trigger = serializers.IntegerField(source="trigger_id", allow_null=True, read_only=True)
     duration_seconds = serializers.SerializerMethodField()
+    reason_explained = serializers.SerializerMethodField(
+        help_text="What the reason means and what to do next (the table of GET /api/v1/reasons).")
 
     class Meta:
         model = Run
@@ -53,6 +61,12 @@ class RunSerializer(serializers.ModelSerializer):
 
     def get_duration_seconds(self, run: Run) -> float:
         return round(run.duration.total_seconds(), 3)
+
+    @extend_schema_field({"type": "object", "nullable": True, "properties": {
+        "token": {"type": "string"}, "means": {"type": "string"}, "next": {"type": "string"}}})
+    def get_reason_explained(self, run: Run) -> dict | None:
+        explained = reasons.explain(run.reason)
+        return explained.as_json() if explained else None
 
 
 def run_summaries(job_id: str) -> list[dict]:
@@ -253,6 +267,16 @@ class SettingsView(APIView):
                    operation_id="settings_update")
     def patch(self, request):
         return self._write(request, partial=True)
+
+
+class ReasonsView(APIView):
+    """Every reason token a run can carry: what it means and what to do next (the admin's and the comments' table)."""
+
+    required_permissions = {"get": ("worker.view_run",)}
+
+    @extend_schema(responses={200: REASONS}, operation_id="reasons")
+    def get(self, request):
+        return Response(reasons.as_table())
 
 
 # --- spend ------------------------------------------------------------------------------------------------------

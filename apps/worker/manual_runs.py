@@ -32,10 +32,11 @@ COMMAND_PATTERN = FLOW_PATTERN
 
 
 class ManualRunRefused(Exception):
-    def __init__(self, field: str, message: str):
+    def __init__(self, field: str, message: str, reason: str = ""):
         super().__init__(message)
         self.field = field
         self.message = message
+        self.reason = reason  # the workspace's refusal token, when the folder was refused
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def start_local_run(folder: str, *, task: str, host: str = "", flow: str = "", c
             check_local_folder(path, force=force)
         except WorkspaceRefused as refused:
             hint = " Commit or stash them, or run it forced." if refused.reason == "workspace-dirty" else ""
-            raise ManualRunRefused("folder", f"{path}: {refused.hint}.{hint}") from None
+            raise ManualRunRefused("folder", f"{path}: {refused.hint}.{hint}", refused.reason) from None
     else:
         if not folder.startswith("/"):
             raise ManualRunRefused("folder", "a folder on another host is named by its absolute path")

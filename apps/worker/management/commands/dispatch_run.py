@@ -25,7 +25,8 @@ class Command(BaseCommand):
             queued = start_local_run(folder, task=task, flow=flow, image=image, force=force)
         except ManualRunRefused as refused:
             name = f"--{refused.field} " if refused.field in ("flow", "image", "task") else ""
-            raise CommandError(f"{name}{refused.message}") from None
+            force = " (--force runs it with them)" if refused.reason == "workspace-dirty" else ""
+            raise CommandError(f"{name}{refused.message}{force}") from None
         self.stdout.write(f"queued {queued.job_id} for {Path(folder).expanduser().resolve()} on {queued.queue}")
         if queued.note:
             self.stdout.write(f"note: {queued.note}")

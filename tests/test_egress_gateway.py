@@ -124,6 +124,27 @@ def test_the_token_budget_stops_forwarding_and_stops_the_job(provider, redis_con
     assert egress.report.stop_reason == "token-budget" and stops == ["token-budget"]
 
 
+def test_the_dollar_cap_stops_forwarding_and_stops_the_job(provider, redis_conn):
+    """claude-sonnet-4-5's first answer costs $0.0048: a $0.004 cap lets no second call leave the host."""
+    provider.scenarios["long"] = [ToolCall("bash", {"command": "true"})] * 5 + [Text("done")]
+    limits = gateway.Limits(max_cost_micros=4000)
+    with running_gateway(redis_conn, upstream_for("anthropic-messages", provider), limits=limits) as (egress, stops):
+        body = request_body("anthropic-messages", "claude-sonnet-4-5", True).replace(b"footer.", b"footer. scripted:long")
+        first, _ = post(egress.provider_socket, "/v1/messages", body)
+        second, refusal = post(egress.provider_socket, "/v1/messages", body)
+    assert first == 200 and second == 403 and b"cost-cap" in refusal
+    assert len(provider.seen) == 1 and stops == ["cost-cap"]
+    assert egress.report.meter.known_cost() == Decimal("0.0048")  # what the windows are charged
+
+
+def test_a_cut_or_unpriced_answer_leaves_the_cost_unknown(provider, redis_conn):
+    with running_gateway(redis_conn, upstream_for("openai-completions", provider),
+                         limits=gateway.Limits(model="scripted-coder")) as (egress, _):
+        post(egress.provider_socket, "/v1/chat/completions", request_body("openai-completions", "scripted-coder", True))
+    assert egress.report.meter.metered and egress.report.meter.known_cost() is None
+    assert metering.Meter().known_cost() is None  # nothing metered: nothing known either
+
+
 def test_the_days_token_cap_stops_a_running_job(provider, redis_conn):
     budget.record_tokens(redis_conn, 9_000, timezone.now())  # other jobs spent most of the day's tokens
     limits = gateway.Limits(daily_token_cap=10_000)

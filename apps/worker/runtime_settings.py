@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import DatabaseError
 
-from .money import MoneyError, parse_usd
+from .money import MoneyError, parse_usd, to_usd
 
 MEMORY_PATTERN = re.compile(r"^[1-9][0-9]*[kmg]$", re.IGNORECASE)
 
@@ -36,11 +37,27 @@ class RuntimeSettings:
     job_memory: str
     job_cpus: float
     concurrency: int | None  # containers one host runs at once; None: one per worker process
-    # Dollar caps in micro-dollars (apps/worker/money.py); None: no cap.
-    max_cost_micros: int | None = None
-    daily_cost_micros: int | None = None
-    weekly_cost_micros: int | None = None
-    monthly_cost_micros: int | None = None
+    # Dollar caps (None: no cap); the budget counts them in micro-dollars (the *_micros properties).
+    max_cost_usd: Decimal | None = None
+    daily_cost_usd: Decimal | None = None
+    weekly_cost_usd: Decimal | None = None
+    monthly_cost_usd: Decimal | None = None
+
+    @property
+    def max_cost_micros(self) -> int | None:
+        return parse_usd(self.max_cost_usd)
+
+    @property
+    def daily_cost_micros(self) -> int | None:
+        return parse_usd(self.daily_cost_usd)
+
+    @property
+    def weekly_cost_micros(self) -> int | None:
+        return parse_usd(self.weekly_cost_usd)
+
+    @property
+    def monthly_cost_micros(self) -> int | None:
+        return parse_usd(self.monthly_cost_usd)
 
 
 # The dollar settings: the row's field, its environment variable.
@@ -129,10 +146,7 @@ def _resolve(row) -> RuntimeSettings:
     dollars = {name: parse_usd(row_value) if (row_value := getattr(row, name)) is not None else env_dollars[name]
                for name in DOLLAR_FIELDS}
     return RuntimeSettings(
-        max_cost_micros=dollars["max_cost_usd"],
-        daily_cost_micros=dollars["daily_cost_usd"],
-        weekly_cost_micros=dollars["weekly_cost_usd"],
-        monthly_cost_micros=dollars["monthly_cost_usd"],
+        **{name: to_usd(micros) for name, micros in dollars.items()},
         daily_cap=_pick(row.daily_cap, settings.PI_DAILY_CAP),
         weekly_cap=_pick(row.weekly_cap, settings.PI_WEEKLY_CAP),
         monthly_cap=_pick(row.monthly_cap, settings.PI_MONTHLY_CAP),

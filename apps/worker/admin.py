@@ -13,7 +13,7 @@ from django.utils.safestring import mark_safe
 
 from pidispatch_site.admin_mixins import ManagedChangesAdmin, ReadOnlyAdminMixin
 
-from . import runtime_settings
+from . import run_logs, runtime_settings
 from .publishing import kept
 from .jobs import KINDS
 from .models import DispatchSettings, PauseWindow, Run, ScopedLimit
@@ -98,7 +98,17 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         ("Spend", {"fields": ("turns", "tokens_in", "tokens_out", "tokens_total", "cost", "usage",
                               "budget_reserved")}),
         ("Published", {"fields": ("publish_outcome", "pull_request", "pushed_commits", "publish_url")}),
+        # Dollar caps and run logs (apps/worker/budget.py, apps/worker/run_logs.py).
+        ("Dollars", {"fields": ("dollar_basis", "dollars_reserved", "dollars_charged")}),
+        ("Log", {"fields": ("summary_chars", "view_log")}),
     )
+
+    @admin.display(description="log")
+    def view_log(self, run: Run) -> str:
+        return run_logs.admin_link(run)
+
+    def get_fieldsets(self, request, obj=None):
+        return run_logs.admin_fieldsets(super().get_fieldsets(request, obj), request.user)
 
     @admin.display(description="published", ordering="publish_outcome")
     def published(self, run: Run) -> str:
@@ -133,7 +143,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
     def get_readonly_fields(self, request, obj=None):
-        return [field.name for field in self.model._meta.fields] + ["duration_display"]
+        return [field.name for field in self.model._meta.fields] + ["duration_display", "view_log"]
 
 
 @admin.register(PauseWindow)
@@ -184,6 +194,8 @@ class DispatchSettingsAdmin(ManagedChangesAdmin, admin.ModelAdmin):
         ("Per run", {"fields": ("max_turns", "max_tokens", "job_memory", "job_cpus")}),
         ("Tokens", {"fields": ("daily_token_cap",)}),
         ("Per worker host", {"fields": ("concurrency",)}),
+        ("Dollar caps (a window needs the per-run cap)",
+         {"fields": ("max_cost_usd", "daily_cost_usd", "weekly_cost_usd", "monthly_cost_usd")}),
     )
 
     @admin.display(description="values jobs run under")

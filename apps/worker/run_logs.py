@@ -154,4 +154,21 @@ def run_log_url(run) -> str:
     return reverse("worker-run-log", args=[run.pk])
 
 
+def admin_link(run) -> str:
+    """The run admin page's `View log` (the page shows it only to whoever may read it: admin_fieldsets)."""
+    from django.utils.html import format_html
+
+    if not has_log(run):
+        return "none kept (PI_CAPTURE_JOB_LOGS off, or past PI_JOB_LOG_RETENTION_DAYS)"
+    return format_html('<a href="{}">View log</a>', run_log_url(run))
+
+
+def admin_fieldsets(fieldsets, user):
+    """The run admin's fieldsets without `view_log` for a user without worker.view_run_log."""
+    if can_view_run_log(user):
+        return fieldsets
+    return [(name, {**options, "fields": tuple(field for field in options["fields"] if field != "view_log")})
+            for name, options in fieldsets]
+
+
 urlpatterns = [path("admin/worker/run/<int:pk>/log/", run_log_view, name="worker-run-log")]

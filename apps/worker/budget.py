@@ -334,6 +334,10 @@ def settle_dollars(redis, hold: DollarHold, *, ran: bool, cost: Decimal | None) 
         charge, basis = hold.amount, FLOOR
     redis.eval(_SETTLE_USD, 1, hold_key(hold.job_id), charge)
     hold.settled, hold.basis, hold.charged_micros = True, basis, charge
+    if charge > hold.amount:
+        # The gateway stops a job once its cost reaches the cap, so the call that crossed it is charged too.
+        logger.warning("dollar_cap_overshoot job=%s held_micros=%d charged_micros=%d", hold.job_id, hold.amount,
+                       charge)
 
 
 def keep_hold(hold: DollarHold) -> None:

@@ -71,7 +71,9 @@ def captured(output: bytes | None, summary: str, secret_values) -> CapturedLog |
     if output is None:
         return None
     values = list(secret_values)
-    text = scrub(output.decode(errors="replace"), values)
+    # NUL is the one character no database text column takes (PostgreSQL refuses it).
+    text = scrub(output.decode(errors="replace"), values).replace("\x00", "\ufffd")
+    summary = summary.replace("\x00", "\ufffd")
     bounded, truncated = _bounded(text, settings.PI_JOB_LOG_MAX_BYTES)
     return CapturedLog(output=bounded, summary=scrub(summary, values), output_bytes=len(output), truncated=truncated)
 
@@ -93,8 +95,11 @@ def sweep(now: datetime | None = None) -> int:
     from .models import RunLog
 
     cutoff = (now or timezone.now()) - timedelta(days=settings.PI_JOB_LOG_RETENTION_DAYS)
+    expired = RunLog.objects.filter(created_at__lt=cutoff)
     try:
-        deleted, _ = RunLog.objects.filter(created_at__lt=cutoff).delete()
+        # Looked for first: this runs at every worker's beat, and a DELETE takes SQLite's write lock even when
+        # it matches nothing.
+        deleted = expired.delete()[0] if expired.exists() else 0
     except DatabaseError as exc:
         logger.warning("run_log_sweep_failed error=%s", type(exc).__name__)
         return 0

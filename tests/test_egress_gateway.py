@@ -78,6 +78,27 @@ def test_cost_is_pis_own_list_price(provider, redis_conn):
     assert egress.report.meter.telemetry(turns=None).cost == Decimal("0.004800")
 
 
+def test_each_priced_row_names_the_date_of_its_price_table(provider, redis_conn, settings, tmp_path):
+    from apps.worker.sandbox import prices, providers
+
+    with running_gateway(redis_conn, upstream_for("anthropic-messages", provider)) as (egress, _):
+        post(egress.provider_socket, "/v1/messages", request_body("anthropic-messages", "claude-sonnet-4-5", True))
+    (row,) = egress.report.meter.telemetry(turns=None).usage["models"]
+    assert row["priceDate"] == providers.registry()["generated"]  # pi's list, as of the pinned pi
+
+    table = tmp_path / "prices.json"
+    table.write_text(json.dumps({"date": "2026-11-30", "anthropic/claude-sonnet-4-5": {"input": 1, "output": 2}}))
+    settings.PI_MODEL_PRICES = str(table)
+    assert prices.price_date("anthropic", "claude-sonnet-4-5") == "2026-11-30"
+    assert prices.cost("anthropic", "claude-sonnet-4-5", metering.Usage(input=1_000_000, output=1_000_000)) == 3
+    table.write_text(json.dumps({"date": "30 Nov"}))
+    prices._operator_prices.cache_clear()
+    with pytest.raises(Exception, match="date must be YYYY-MM-DD"):
+        prices.price("anthropic", "claude-sonnet-4-5")
+    prices._operator_prices.cache_clear()
+    prices._operator_date.cache_clear()
+
+
 def test_an_unpriced_model_has_no_cost_rather_than_zero(provider, redis_conn):
     with running_gateway(redis_conn, upstream_for("openai-completions", provider),
                          limits=gateway.Limits(model="scripted-coder")) as (egress, _):

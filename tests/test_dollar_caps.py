@@ -147,6 +147,15 @@ def test_an_environment_window_without_a_per_job_cap_fails_the_check(settings):
     assert "PI_MAX_COST_USD must be a plain number of dollars with at most 6 decimals" in error.msg
 
 
+def test_a_window_smaller_than_the_per_job_cap_is_named_where_it_is_set(settings):
+    settings.PI_MAX_COST_USD, settings.PI_DAILY_COST_USD = "5", "2"
+    (warning,) = dollar_settings(None)
+    assert warning.id == "worker.W002" and "PI_DAILY_COST_USD is smaller than PI_MAX_COST_USD" in warning.msg
+    with pytest.raises(ValidationError, match="smaller than the max cost per run"):
+        DispatchSettings(max_cost_usd=Decimal("1"), weekly_cost_usd=Decimal("0.5")).full_clean()
+    DispatchSettings(max_cost_usd=Decimal("1")).full_clean()  # the row lowers the per-run cap under $2 a day
+
+
 def test_every_process_refuses_to_start_with_such_a_window(worker_env):
     env = {**worker_env, "PI_DAILY_COST_USD": "10", "PI_MAX_COST_USD": ""}
     starts = {

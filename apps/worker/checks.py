@@ -104,10 +104,16 @@ def dollar_settings(app_configs, **kwargs):
     from .runtime_settings import environment_dollars
 
     try:
-        environment_dollars()
+        dollars = environment_dollars()
     except ImproperlyConfigured as error:
         return [Error(str(error), id="worker.E010")]
-    return []
+    per_job = dollars["max_cost_usd"]
+    return [CheckWarning(f"{variable} is smaller than PI_MAX_COST_USD: every run holds its cap first, so every job "
+                         "would be refused dollar-cap (unless the settings row lowers the per-run cap).",
+                         id="worker.W002")
+            for name, variable in (("daily_cost_usd", "PI_DAILY_COST_USD"), ("weekly_cost_usd", "PI_WEEKLY_COST_USD"),
+                                   ("monthly_cost_usd", "PI_MONTHLY_COST_USD"))
+            if dollars[name] is not None and per_job is not None and dollars[name] < per_job]
 
 
 def require_dollar_settings() -> None:

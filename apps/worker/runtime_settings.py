@@ -108,6 +108,11 @@ def validate_overlay(row) -> None:
         if windows and effective["max_cost_usd"] in (None, ""):
             errors[windows[0]] = ("a dollar window needs a per-job cap: set the max cost per run here (or "
                                   "PI_MAX_COST_USD), or leave the window blank.")
+        per_job = parse_usd(effective["max_cost_usd"])
+        for name in windows:
+            if per_job is not None and parse_usd(effective[name]) < per_job:
+                errors[name] = ("is smaller than the max cost per run: every run holds that much first, so every "
+                                "job would be refused (dollar-cap).")
     if errors:
         raise ValidationError(errors)
 

@@ -64,7 +64,7 @@ class TriggerAdmin(ManagedChangesAdmin, admin.ModelAdmin):
         ("run: what the job does", {"fields": (
             "kind", ("flow", "command"), "task", "folder", "instructions", "image", "replicas", "wait_for",
             "secrets", "secrets_profile", "repository", "exclude_tools", ("provider", "model", "max_turns"),
-            "allow_ci_changes", "resume",
+            "max_cost_usd", "allow_ci_changes", "resume",
         )}),
     )
 

@@ -214,6 +214,21 @@ def test_twenty_jobs_racing_a_daily_dollar_window_across_four_workers_never_over
 
 
 @pytest.mark.docker
+def test_a_job_count_refusal_after_the_dollar_hold_gives_the_hold_back(run_worker, redis_conn):
+    DispatchSettings.objects.create(daily_cap=1, max_cost_usd=Decimal("0.4"), daily_cost_usd=Decimal("3"))
+    first = enqueue_spec(forge_spec("gh-usd-count-1"))
+    second = enqueue_spec(forge_spec("gh-usd-count-2", number=8))
+
+    run_worker("pi-jobs")  # the settings row's caps, live
+
+    assert Run.objects.get(job_id=first).dollar_basis == "floor"
+    refused = Run.objects.get(job_id=second)
+    assert (refused.reason, refused.dollar_basis, refused.dollars_charged) == ("over-budget", "refunded", Decimal(0))
+    assert today(redis_conn) == (400_000, 0)
+    assert redis_conn.exists(budget.hold_key(second)) == 0
+
+
+@pytest.mark.docker
 def test_a_crash_between_reserve_and_settle_keeps_the_hold(start_worker, redis_conn, fast_fleet, job_containers):
     worker = start_worker("pi-jobs", "pi-jobs@hostA",
                           env={"PI_WORKER_NAME": "hostA", "PI_MAX_COST_USD": "2.5", "PI_DAILY_COST_USD": "10"})

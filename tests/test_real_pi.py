@@ -223,10 +223,12 @@ def test_the_gateway_ends_a_run_at_its_dollar_cap_and_the_window_is_charged_what
     from apps.worker import budget
 
     model.scenarios["long"] = [ToolCall("bash", {"command": f"echo step {i}"}) for i in range(8)] + [Text("done")]
+    label_trigger.max_cost_usd = Decimal("0.01")  # the rule's run.maxCostUsd lowers the deployment's $5
+    label_trigger.save()
     job_id = deliver(post_github, "real-dollars", "scripted:long")
 
     # 1,200 in and 80 out, then 2,400 and 80 at $3/$15 per million: $0.0048, then $0.0156 in all.
-    run_worker("pi-jobs", env_overrides={**real_pi, "PI_MAX_COST_USD": "0.01", "PI_DAILY_COST_USD": "1"},
+    run_worker("pi-jobs", env_overrides={**real_pi, "PI_MAX_COST_USD": "5", "PI_DAILY_COST_USD": "10"},
                timeout=240)
 
     (run,) = Run.objects.filter(job_id=job_id)

@@ -62,8 +62,8 @@ MAX_IMAGE = 300
 ON_KEYS = ("type", "id", "pattern", "any", "all", "none", "phrase", "action", "reviewState", "number", "once",
            "disarmed")
 RUN_KEYS = ("kind", "flow", "command", "task", "folder", "image", "instructions", "replicas", "waitFor",
-            "secrets", "secretsProfile", "repository", "excludeTools", "provider", "model", "maxTurns", "maxCostUsd", "resume",
-            "allowCiChanges")
+            "secrets", "secretsProfile", "repository", "excludeTools", "provider", "model", "maxTurns", "maxCostUsd",
+            "resume", "allowCiChanges")
 ON_KEYS_BY_TYPE = {
     "cron": {"type", "id", "pattern"},
     "label": {"type", "any", "all", "none"},

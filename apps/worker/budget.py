@@ -167,7 +167,8 @@ HOLD_TTL_SECONDS = TTL_SECONDS[MONTH]
 _RESERVE_USD = """
 local amount = tonumber(ARGV[1])
 for i = 2, #KEYS do
-  local taken = tonumber(redis.call('HGET', KEYS[i], 'used') or '0') + tonumber(redis.call('HGET', KEYS[i], 'held') or '0')
+  local counts = redis.call('HMGET', KEYS[i], 'used', 'held')
+  local taken = tonumber(counts[1] or '0') + tonumber(counts[2] or '0')
   if taken + amount > tonumber(ARGV[1 + 2 * (i - 1)]) then return i - 1 end
 end
 local keys = {}

@@ -240,7 +240,8 @@ class EgressGateway:
             return self.report.stop_reason
         if self.limits.max_tokens and self.report.meter.tokens_total >= self.limits.max_tokens:
             return "token-budget"
-        if self.limits.max_cost_micros and money.cost_micros(self.report.meter.priced_cost) >= self.limits.max_cost_micros:
+        cap = self.limits.max_cost_micros
+        if cap and money.cost_micros(self.report.meter.priced_cost) >= cap:
             return "cost-cap"
         if self.limits.daily_token_cap:
             try:

@@ -30,6 +30,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
+from functools import lru_cache
 
 from django.core.exceptions import ValidationError
 from django.utils import timezone
@@ -199,6 +200,12 @@ return amount
 """
 
 
+@lru_cache(maxsize=None)
+def _script(connection, source: str):
+    """Sent once per connection, then run by its SHA (EVALSHA)."""
+    return connection.register_script(source)
+
+
 def usd_window_keys(ledger: str, now: datetime) -> dict[str, str]:
     return {name: key.replace(f"{PREFIX}:", f"{USD_PREFIX}:", 1) for name, key in window_keys(ledger, now).items()}
 
@@ -312,7 +319,7 @@ def reserve_dollars(redis, spec: JobSpec, limit, runtime, now: datetime) -> Doll
     args = [cap, HOLD_TTL_SECONDS]
     for window in windows:
         args += [window.cap_micros, TTL_SECONDS[window.window]]
-    blocked = redis.eval(_RESERVE_USD, 1 + len(windows), hold_key(spec.job_id), *(w.key for w in windows), *args)
+    blocked = _script(redis, _RESERVE_USD)(keys=[hold_key(spec.job_id), *(w.key for w in windows)], args=args)
     if blocked:
         raise DollarRefusal("dollar-cap", windows[int(blocked) - 1])
     hold.keys = [window.key for window in windows]
@@ -333,7 +340,7 @@ def settle_dollars(redis, hold: DollarHold, *, ran: bool, cost: Decimal | None) 
         charge, basis = money.cost_micros(cost), METERED
     else:
         charge, basis = hold.amount, FLOOR
-    redis.eval(_SETTLE_USD, 1, hold_key(hold.job_id), charge)
+    _script(redis, _SETTLE_USD)(keys=[hold_key(hold.job_id)], args=[charge])
     hold.settled, hold.basis, hold.charged_micros = True, basis, charge
     if charge > hold.amount:
         # The gateway stops a job once its cost reaches the cap, so the call that crossed it is charged too.

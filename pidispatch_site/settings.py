@@ -212,6 +212,16 @@ PI_WEEKLY_CAP = env.int("PI_WEEKLY_CAP", default=0) or None
 PI_MONTHLY_CAP = env.int("PI_MONTHLY_CAP", default=0) or None
 PI_SOFT_HOLD_PCT = env.int("PI_SOFT_HOLD_PCT", default=0) or None
 PI_DAILY_TOKEN_CAP = env.int("PI_DAILY_TOKEN_CAP", default=0) or None
+# Dollar caps, as dollar strings (apps/worker/money.py parses them; `manage.py check` and every process's start
+# refuse a bad one): per job, and per UTC day / Monday week / month, reserved before the container.
+PI_MAX_COST_USD = env("PI_MAX_COST_USD", default="")
+PI_DAILY_COST_USD = env("PI_DAILY_COST_USD", default="")
+PI_WEEKLY_COST_USD = env("PI_WEEKLY_COST_USD", default="")
+PI_MONTHLY_COST_USD = env("PI_MONTHLY_COST_USD", default="")
+# Run logs (apps/worker/run_logs.py): off by default, since they hold issue text and the agent's output.
+PI_CAPTURE_JOB_LOGS = env.bool("PI_CAPTURE_JOB_LOGS", default=False)
+PI_JOB_LOG_MAX_BYTES = env.int("PI_JOB_LOG_MAX_BYTES", default=1024 * 1024)
+PI_JOB_LOG_RETENTION_DAYS = env.int("PI_JOB_LOG_RETENTION_DAYS", default=14)
 # Host-local capabilities, `name:/abs/path,...`; only the names leave the host.
 PI_WAIT_PROFILES = env("PI_WAIT_PROFILES", default="")
 PI_SECRET_PROFILES = env("PI_SECRET_PROFILES", default="")

@@ -4,6 +4,7 @@ from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
 from apps.receiver import views as receiver_views
+from apps.worker import run_logs
 
 from .health import healthz
 
@@ -20,6 +21,7 @@ if not settings.PI_PUBLIC_EDGE:
     urlpatterns += [
         # The fleet panel is the fleet app's page in the admin.
         path("admin/fleet/", RedirectView.as_view(pattern_name="admin:fleet_fleetpanel_changelist"), name="fleet-panel"),
+        *run_logs.urlpatterns,  # a run's `View log` (worker.view_run_log), before the admin's own pages
         path("admin/", admin.site.urls),
         path("api/v1/", include(("pidispatch_site.api", "api"), namespace="api")),
     ]

@@ -12,6 +12,11 @@ from apps.receiver.forge_config import forge_config  # noqa: E402
 
 forge_config()
 
+# Nor one whose dollar caps could not bound a run (a window without PI_MAX_COST_USD).
+from apps.worker.checks import require_dollar_settings  # noqa: E402
+
+require_dollar_settings()
+
 # Import every view now rather than on the first request, then take everything loaded so far out of the
 # cyclic garbage collector's sight: it lives as long as the process, and a full collection that scans it
 # all pauses a request for tens of milliseconds.

@@ -39,6 +39,24 @@ def test_limits_round_trip(tmp_path, capsys):
     assert sorted(exported["limits"], key=lambda row: row["scope"]) == sorted(LIMITS["limits"], key=lambda row: row["scope"])
 
 
+def test_the_ancestors_dollar_rows_import_and_export_as_version_2(tmp_path, capsys):
+    from decimal import Decimal
+
+    dollars = {"version": 2, "limits": [
+        {"scope": "acme/web", "day": 10, "dayUsd": "2.50", "monthUsd": 40},
+        {"scope": "github:acme/api", "weekUsd": "12.000001"},
+    ]}
+    call_command("import_limits", write(tmp_path, "limits.json", dollars))
+    web = ScopedLimit.objects.get(scope="acme/web")
+    assert (web.day, web.day_usd, web.week_usd, web.month_usd) == (10, Decimal("2.5"), None, Decimal("40"))
+
+    call_command("export_limits")
+    exported = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    assert exported == {"version": 2, "limits": [
+        {"scope": "acme/web", "day": 10, "dayUsd": "2.5", "monthUsd": "40"},
+        {"scope": "github:acme/api", "weekUsd": "12.000001"}]}
+
+
 def test_windows_round_trip(tmp_path, capsys):
     call_command("import_pause_windows", write(tmp_path, "windows.json", WINDOWS))
     call_command("export_pause_windows")
@@ -52,7 +70,10 @@ def test_windows_round_trip(tmp_path, capsys):
     ({"version": 3, "limits": []}, "newer than this build"),
     ({"version": 1, "limits": [{"scope": "acme/*", "day": 1}]}, "limit at index 0: scope: "),
     ({"version": 1, "limits": [{"scope": "a/b", "day": 1}, {"scope": "a/b", "week": 1}]}, "listed twice"),
-    ({"version": 1, "limits": [{"scope": "a/b", "dayUsd": "1.5"}]}, "unknown key 'dayUsd'"),
+    ({"version": 1, "limits": [{"scope": "a/b", "dayUsd": "1.5"}]}, "unknown key 'dayUsd' \\(dollar windows need version 2"),
+    ({"version": 2, "limits": [{"scope": "a/b", "weekUsd": "0"}]}, "limit at index 0: weekUsd must be more than 0"),
+    ({"version": 2, "limits": [{"scope": "a/b", "monthUsd": "1.2345678"}]}, "monthUsd must be a plain number"),
+    ({"version": 2, "limits": [{"scope": "a/b", "dayUsd": None}]}, "dayUsd must be a number of dollars"),
     ('{"version": 1, "version": 1, "limits": []}', "appears twice"),
 ])
 def test_a_bad_limits_file_changes_nothing(tmp_path, document, message):

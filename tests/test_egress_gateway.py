@@ -78,6 +78,27 @@ def test_cost_is_pis_own_list_price(provider, redis_conn):
     assert egress.report.meter.telemetry(turns=None).cost == Decimal("0.004800")
 
 
+def test_each_priced_row_names_the_date_of_its_price_table(provider, redis_conn, settings, tmp_path):
+    from apps.worker.sandbox import prices, providers
+
+    with running_gateway(redis_conn, upstream_for("anthropic-messages", provider)) as (egress, _):
+        post(egress.provider_socket, "/v1/messages", request_body("anthropic-messages", "claude-sonnet-4-5", True))
+    (row,) = egress.report.meter.telemetry(turns=None).usage["models"]
+    assert row["priceDate"] == providers.registry()["generated"]  # pi's list, as of the pinned pi
+
+    table = tmp_path / "prices.json"
+    table.write_text(json.dumps({"date": "2026-11-30", "anthropic/claude-sonnet-4-5": {"input": 1, "output": 2}}))
+    settings.PI_MODEL_PRICES = str(table)
+    assert prices.price_date("anthropic", "claude-sonnet-4-5") == "2026-11-30"
+    assert prices.cost("anthropic", "claude-sonnet-4-5", metering.Usage(input=1_000_000, output=1_000_000)) == 3
+    table.write_text(json.dumps({"date": "30 Nov"}))
+    prices._operator_prices.cache_clear()
+    with pytest.raises(Exception, match="date must be YYYY-MM-DD"):
+        prices.price("anthropic", "claude-sonnet-4-5")
+    prices._operator_prices.cache_clear()
+    prices._operator_date.cache_clear()
+
+
 def test_an_unpriced_model_has_no_cost_rather_than_zero(provider, redis_conn):
     with running_gateway(redis_conn, upstream_for("openai-completions", provider),
                          limits=gateway.Limits(model="scripted-coder")) as (egress, _):
@@ -122,6 +143,27 @@ def test_the_token_budget_stops_forwarding_and_stops_the_job(provider, redis_con
     assert first == 200 and second == 403 and b"token-budget" in refusal
     assert len(provider.seen) == 1  # the call past the budget never left the host
     assert egress.report.stop_reason == "token-budget" and stops == ["token-budget"]
+
+
+def test_the_dollar_cap_stops_forwarding_and_stops_the_job(provider, redis_conn):
+    """claude-sonnet-4-5's first answer costs $0.0048: a $0.004 cap lets no second call leave the host."""
+    provider.scenarios["long"] = [ToolCall("bash", {"command": "true"})] * 5 + [Text("done")]
+    limits = gateway.Limits(max_cost_micros=4000)
+    with running_gateway(redis_conn, upstream_for("anthropic-messages", provider), limits=limits) as (egress, stops):
+        body = request_body("anthropic-messages", "claude-sonnet-4-5", True).replace(b"footer.", b"footer. scripted:long")
+        first, _ = post(egress.provider_socket, "/v1/messages", body)
+        second, refusal = post(egress.provider_socket, "/v1/messages", body)
+    assert first == 200 and second == 403 and b"cost-cap" in refusal
+    assert len(provider.seen) == 1 and stops == ["cost-cap"]
+    assert egress.report.meter.known_cost() == Decimal("0.0048")  # what the windows are charged
+
+
+def test_a_cut_or_unpriced_answer_leaves_the_cost_unknown(provider, redis_conn):
+    with running_gateway(redis_conn, upstream_for("openai-completions", provider),
+                         limits=gateway.Limits(model="scripted-coder")) as (egress, _):
+        post(egress.provider_socket, "/v1/chat/completions", request_body("openai-completions", "scripted-coder", True))
+    assert egress.report.meter.metered and egress.report.meter.known_cost() is None
+    assert metering.Meter().known_cost() is None  # nothing metered: nothing known either
 
 
 def test_the_days_token_cap_stops_a_running_job(provider, redis_conn):

@@ -180,7 +180,7 @@ def test_every_reason_the_runner_or_the_ladder_names_has_its_own_sentence():
         "pi-too-large", "pi-too-deep", "forge-unconfigured", "forge-auth-refused", "forge-repo-not-found",
         "daily-token-cap", "scope-cap", "over-budget", "soft-hold", "wait-refused", "wait-expired",
         "wait-unanswerable", "wait-profile-unknown", "workspace-dirty", "job-user-unmappable",
-        "workspace-too-large",
+        "workspace-too-large", "dollar-cap", "cost-cap-unset",
     }
     assert ladder_reasons <= set(comments.REFUSED)
     assert RUNNER_REASONS | {"worker-abort", "runner-policy", "oom-killed", "operator-cancel",

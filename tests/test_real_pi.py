@@ -214,3 +214,27 @@ def test_the_gateway_cuts_a_run_at_its_token_budget(post_github, label_trigger, 
     assert (run.outcome, run.reason) == (Outcome.POLICY, "token-budget")
     # 1,280 then 2,480 tokens: the budget was passed after the second call, so the third never left the host.
     assert len(model.seen) == 2 and run.tokens_total == sum(model.reported()) == 3760
+
+
+def test_the_gateway_ends_a_run_at_its_dollar_cap_and_the_window_is_charged_what_it_metered(
+        post_github, label_trigger, run_worker, real_pi, model, redis_conn):
+    from datetime import datetime, timezone
+
+    from apps.worker import budget
+
+    model.scenarios["long"] = [ToolCall("bash", {"command": f"echo step {i}"}) for i in range(8)] + [Text("done")]
+    label_trigger.max_cost_usd = Decimal("0.01")  # the rule's run.maxCostUsd lowers the deployment's $5
+    label_trigger.save()
+    job_id = deliver(post_github, "real-dollars", "scripted:long")
+
+    # 1,200 in and 80 out, then 2,400 and 80 at $3/$15 per million: $0.0048, then $0.0156 in all.
+    run_worker("pi-jobs", env_overrides={**real_pi, "PI_MAX_COST_USD": "5", "PI_DAILY_COST_USD": "10"},
+               timeout=240)
+
+    (run,) = Run.objects.filter(job_id=job_id)
+    assert (run.outcome, run.reason) == (Outcome.POLICY, "cost-cap")
+    assert len(model.seen) == 2  # the third call, past the cap, never left the host
+    assert run.cost == expected_cost(model)
+    assert (run.dollar_basis, run.dollars_reserved, run.dollars_charged) == ("metered", Decimal("0.01"), run.cost)
+    used, held = redis_conn.hmget(budget.usd_window_keys("all", datetime.now(timezone.utc))["day"], "used", "held")
+    assert (int(used), int(held)) == (int(run.cost * 1_000_000), 0)

@@ -143,13 +143,35 @@ def test_each_rule_is_named_in_its_error(on, run, path, fragment):
     ("modelId", "run.modelId", "did you mean run.model"),
     ("maxTurn", "run.maxTurn", "did you mean run.maxTurns"),
     ("backend", "run.backend", "does not implement it"),
-    ("maxCostUsd", "run.maxCostUsd", "does not implement it"),
+    ("maxCost", "run.maxCost", "did you mean run.maxCostUsd"),
+    ("max_cost_usd", "run.max_cost_usd", "looks like run.maxCostUsd"),
     ("models", "run.models", "does not implement it"),
     ("packages", "run.packages", "does not implement it"),
     ("Backends", "run.Backends", "does not implement it"),
 ])
 def test_near_misses_that_would_silently_do_nothing_are_refused(key, path, fragment):
     assert_refused(LABEL, {**GITHUB, key: 1}, path, fragment)
+
+
+@pytest.mark.parametrize("value, fragment", [(0, "must be more than 0"), ("1e2", "plain number"),
+                                             ("0.0000001", "at most 6 decimals"), (None, "must be set")])
+def test_a_bad_dollar_cap_names_the_rule(value, fragment):
+    assert_refused(LABEL, {**GITHUB, "maxCostUsd": value}, "run.maxCostUsd", fragment)
+
+
+def test_a_rules_dollar_cap_reaches_its_jobs_and_round_trips(tmp_path):
+    from decimal import Decimal
+
+    from apps.receiver.dispatch import execution_fields
+
+    document = {"triggers": [{"on": LABEL, "run": {**GITHUB, "maxCostUsd": "0.75"}}]}
+    (tmp_path / "t.json").write_text(json.dumps(document))
+    run_command("import_triggers", str(tmp_path / "t.json"))
+    rule = Trigger.objects.get()
+    assert rule.max_cost_usd == Decimal("0.75")
+    assert execution_fields(rule)["max_cost_usd"] == "0.750000"
+    exported, _ = run_command("export_triggers")
+    assert json.loads(exported)["triggers"][0]["run"]["maxCostUsd"] == "0.75"
 
 
 def test_wait_for_under_on_is_refused_in_any_spelling():
@@ -317,6 +339,15 @@ def test_admin_refuses_what_the_importer_refuses(admin_client):
 
     page = admin_client.post("/admin/receiver/trigger/add/", admin_form(max_turns="0")).content.decode()
     assert "“Max turns” must be a whole number" in page or "Ensure this value is greater" in page
+
+
+def test_admin_edits_a_rules_dollar_cap_with_the_importers_rule(admin_client):
+    from decimal import Decimal
+
+    page = admin_client.post("/admin/receiver/trigger/add/", admin_form(max_cost_usd="0")).content.decode()
+    assert "run.maxCostUsd must be more than 0" in page and Trigger.objects.count() == 0
+    assert admin_client.post("/admin/receiver/trigger/add/", admin_form(max_cost_usd="1.25")).status_code == 302
+    assert Trigger.objects.get().max_cost_usd == Decimal("1.25")
 
 
 def test_admin_refuses_a_second_comment_trigger_for_a_forge(admin_client):

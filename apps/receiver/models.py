@@ -105,6 +105,10 @@ class Trigger(models.Model):
     provider = models.CharField("run.provider", max_length=64, blank=True)
     model = models.CharField("run.model", max_length=64, blank=True)
     max_turns = models.PositiveIntegerField("run.maxTurns", null=True, blank=True)
+    max_cost_usd = models.DecimalField(
+        "run.maxCostUsd", max_digits=13, decimal_places=6, null=True, blank=True,
+        help_text="Dollars one run of this rule may spend: lowers the deployment's per-run cap (PI_MAX_COST_USD), "
+                  "never raises it.")
     allow_ci_changes = models.BooleanField(
         "run.allowCiChanges", default=False,
         help_text="Let the agent's work change CI definitions (.github/workflows/, .gitlab-ci.yml, ...). Off: such a "

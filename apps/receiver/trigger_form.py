@@ -34,8 +34,9 @@ FIRES = {
 }
 RUNS = {"cron": ("kind", "folder", "flow", "command", "task"),
         "forge": ("kind", "flow", "command", "instructions", "repository")}
-LIMITS = {"cron": ("provider", "model", "max_turns", "image", "exclude_tools", "secrets", "secrets_profile"),
-          "forge": ("provider", "model", "max_turns", "replicas", "wait_for", "allow_ci_changes", "image",
+LIMITS = {"cron": ("provider", "model", "max_turns", "max_cost_usd", "image", "exclude_tools", "secrets",
+                   "secrets_profile"),
+          "forge": ("provider", "model", "max_turns", "max_cost_usd", "replicas", "wait_for", "allow_ci_changes", "image",
                     "exclude_tools", "secrets", "secrets_profile")}
 # Kept as they are when not on the form (resume is the ancestor's, and does nothing here).
 NEVER_RESET = {"position", "enabled", "note", "on_type", "resume"}
@@ -71,6 +72,8 @@ WORDS = {
     "provider": ("Model provider", "Empty: the deployment's (PI_PROVIDER). e.g. anthropic"),
     "model": ("Model", "Empty: the deployment's (PI_MODEL). e.g. claude-sonnet-4-5"),
     "max_turns": ("Max turns", "Empty: Settings or PI_MAX_TURNS (30). e.g. 20"),
+    "max_cost_usd": ("Most dollars per run", "Lowers the deployment's per-run cap (PI_MAX_COST_USD), never raises "
+                                             "it. Empty: that cap. e.g. 0.50"),
     "replicas": ("Parallel agents", "2 or 3 agents on the same event, each with its own pull request. Empty: one."),
     "wait_for": ("Wait before running", "Comma-separated: after <time with zone>, profile <check name>. "
                                         "e.g. after 2026-12-01T09:00:00Z, profile ci-green"),

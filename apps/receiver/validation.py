@@ -15,11 +15,13 @@ import unicodedata
 from dataclasses import dataclass
 from datetime import datetime
 from datetime import timezone as dt_timezone
+from decimal import Decimal
 
 from croniter import croniter
 from django.core.exceptions import ValidationError
 
 from apps import forge_registry
+from apps.worker.money import MoneyError, parse_usd, to_usd
 from apps.worker.secrets import is_reserved as secret_name_is_reserved
 from apps.worker.validation import FLOW_PATTERN, MODEL_PATTERN, PROVIDER_PATTERN
 
@@ -56,7 +58,8 @@ MAX_IMAGE = 300
 ON_KEYS = ("type", "id", "pattern", "any", "all", "none", "phrase", "action", "reviewState", "number", "once",
            "disarmed")
 RUN_KEYS = ("kind", "flow", "command", "task", "folder", "image", "instructions", "replicas", "waitFor",
-            "secrets", "secretsProfile", "repository", "excludeTools", "provider", "model", "maxTurns", "resume", "allowCiChanges")
+            "secrets", "secretsProfile", "repository", "excludeTools", "provider", "model", "maxTurns", "maxCostUsd",
+            "resume", "allowCiChanges")
 ON_KEYS_BY_TYPE = {
     "cron": {"type", "id", "pattern"},
     "label": {"type", "any", "all", "none"},
@@ -67,7 +70,7 @@ ON_KEYS_BY_TYPE = {
 CRON_ONLY_RUN_KEYS = {"task", "folder"}
 FORGE_ONLY_RUN_KEYS = {"instructions", "replicas", "waitFor", "repository", "allowCiChanges"}
 # Part of the ancestor's language, not implemented here: refused rather than silently ignored.
-UNSUPPORTED_RUN_KEYS = ("packages", "skillsDir", "backend", "models", "maxCostUsd", "github", "portfolio")
+UNSUPPORTED_RUN_KEYS = ("packages", "skillsDir", "backend", "models", "github", "portfolio")
 NEAR_MISS_SUGGESTIONS = {
     "providerid": "run.provider", "providers": "run.provider", "modelid": "run.model", "modelname": "run.model",
     "maxturn": "run.maxTurns", "allowedmodels": "run.models", "maxcost": "run.maxCostUsd", "backends": "run.backend",
@@ -87,7 +90,7 @@ FIELD_PATHS = {
     "run.image": "image", "run.instructions": "instructions", "run.replicas": "replicas",
     "run.waitFor": "wait_for", "run.secrets": "secrets", "run.secretsProfile": "secrets_profile",
     "run.repository": "repository", "run.excludeTools": "exclude_tools", "run.provider": "provider",
-    "run.model": "model", "run.maxTurns": "max_turns", "run.resume": "resume",
+    "run.model": "model", "run.maxTurns": "max_turns", "run.maxCostUsd": "max_cost_usd", "run.resume": "resume",
     "run.allowCiChanges": "allow_ci_changes",
 }
 
@@ -444,6 +447,12 @@ def _check_run(on_type, kind, on, run, problems: _Problems) -> None:
                                   "digit (null = the deployment's default).")
     if "maxTurns" in run and (not _is_int(run["maxTurns"]) or run["maxTurns"] < 1):
         problems.add("run.maxTurns", "run.maxTurns must be a whole number >= 1.")
+    if "maxCostUsd" in run:
+        try:
+            if parse_usd(run["maxCostUsd"]) is None:
+                raise MoneyError("must be set (leave the key out for the deployment's cap)")
+        except MoneyError as error:
+            problems.add("run.maxCostUsd", f"run.maxCostUsd {error}.")
 
 
 def _check_wait_for(conditions, problems: _Problems) -> None:
@@ -571,11 +580,21 @@ def entry_from_trigger(trigger) -> dict:
         run["model"] = trigger.model
     if trigger.max_turns is not None:
         run["maxTurns"] = trigger.max_turns
+    if trigger.max_cost_usd is not None:
+        run["maxCostUsd"] = _usd_text(trigger.max_cost_usd)
     if trigger.resume:
         run["resume"] = True
     if trigger.allow_ci_changes:
         run["allowCiChanges"] = True
     return {"on": on, "run": run}
+
+
+def _usd_text(value) -> str:
+    """A dollar amount as the ancestor writes it: a plain decimal string (`2.5`, never `2.500000` or `2.5E+0`)."""
+    if isinstance(value, Decimal):
+        text = format(value, "f")
+        return text.rstrip("0").rstrip(".") if "." in text else text
+    return value  # a wrong type stays as it is, for validation to name
 
 
 def _copy(value):
@@ -622,6 +641,7 @@ def fields_from_entry(entry: dict) -> dict:
         "provider": run.get("provider") or "",
         "model": run.get("model") or "",
         "max_turns": run.get("maxTurns"),
+        "max_cost_usd": to_usd(parse_usd(run.get("maxCostUsd"))),
         "resume": run.get("resume") is True,
         "allow_ci_changes": run.get("allowCiChanges") is True,
     }

@@ -16,7 +16,7 @@ from django.utils.safestring import mark_safe
 from pidispatch_site import admin_display
 from pidispatch_site.admin_mixins import ManagedChangesAdmin, ReadOnlyAdminMixin
 
-from . import reasons, runtime_settings
+from . import reasons, run_logs, runtime_settings
 from .publishing import kept
 from .jobs import KINDS
 from .models import DispatchSettings, PauseWindow, Run, ScopedLimit
@@ -115,7 +115,17 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         ("Why it ran", {"fields": ("trigger", "trigger_type", "delivery_display")}),
         ("Spend", {"fields": ("turns", "tokens_in", "tokens_out", "tokens_total", "cost_display", "usage_display",
                               "budget_reserved")}),
+        # Dollar caps and run logs (apps/worker/budget.py, apps/worker/run_logs.py).
+        ("Dollars", {"fields": ("dollar_basis", "dollars_reserved", "dollars_charged")}),
+        ("Log", {"fields": ("summary_chars", "view_log")}),
     )
+
+    @admin.display(description="log")
+    def view_log(self, run: Run) -> str:
+        return run_logs.admin_link(run)
+
+    def get_fieldsets(self, request, obj=None):
+        return run_logs.admin_fieldsets(super().get_fieldsets(request, obj), request.user)
 
     def get_queryset(self, request):
         # Per row: how many attempts its job has, and why the attempt before it ended (run_job_idx lookups).
@@ -258,7 +268,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         return [field.name for field in self.model._meta.fields] + [
             "duration_display", "explanation", "forge_sentence", "attempts_display", "target_display",
             "publish_display", "delivery_display", "cost_display", "usage_display", "started_display",
-            "ended_display"]
+            "ended_display", "view_log"]
 
     @admin.action(description="Publish again (work kept on this host after a failed publish)",
                   permissions=["publish_again"])
@@ -326,6 +336,8 @@ class DispatchSettingsAdmin(ManagedChangesAdmin, admin.ModelAdmin):
         ("Per run", {"fields": ("max_turns", "max_tokens", "job_memory", "job_cpus")}),
         ("Tokens", {"fields": ("daily_token_cap",)}),
         ("Per worker host", {"fields": ("concurrency",)}),
+        ("Dollar caps (a window needs the per-run cap)",
+         {"fields": ("max_cost_usd", "daily_cost_usd", "weekly_cost_usd", "monthly_cost_usd")}),
     )
 
     @admin.display(description="values jobs run under")

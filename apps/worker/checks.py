@@ -86,7 +86,8 @@ def egress_settings(app_configs, **kwargs):
 # Settings a value out of range would turn upside down (a negative disk limit would stop every job): the
 # least each may be.
 BOUNDS = {"PI_JOB_DISK_MB": 0, "PI_JOB_DISK_POLL_SECONDS": 0.1, "PI_REDIS_OUTAGE_SECONDS": 0,
-          "PI_DATABASE_RECHECK_SECONDS": 1, "PI_WAIT_CHECK_SLOTS": 1, "PI_WAIT_THROTTLE_SECONDS": 0.1}
+          "PI_DATABASE_RECHECK_SECONDS": 1, "PI_WAIT_CHECK_SLOTS": 1, "PI_WAIT_THROTTLE_SECONDS": 0.1,
+          "PI_JOB_LOG_MAX_BYTES": 1024, "PI_JOB_LOG_RETENTION_DAYS": 1}
 
 
 @register()
@@ -94,3 +95,29 @@ def bounds_settings(app_configs, **kwargs):
     return [Error(f"{name} must be at least {least}, not {getattr(settings, name)}.",
                   hint="Unset it for the default.", id="worker.E009")
             for name, least in BOUNDS.items() if getattr(settings, name) < least]
+
+
+@register()
+def dollar_settings(app_configs, **kwargs):
+    """A dollar window without a per-job cap could not bound a run: `manage.py check` and every process's start
+    (the worker's and cron's commands run the checks; the web server calls require_dollar_settings) refuse it."""
+    from .runtime_settings import environment_dollars
+
+    try:
+        dollars = environment_dollars()
+    except ImproperlyConfigured as error:
+        return [Error(str(error), id="worker.E010")]
+    per_job = dollars["max_cost_usd"]
+    return [CheckWarning(f"{variable} is smaller than PI_MAX_COST_USD: every run holds its cap first, so every job "
+                         "would be refused dollar-cap (unless the settings row lowers the per-run cap).",
+                         id="worker.W002")
+            for name, variable in (("daily_cost_usd", "PI_DAILY_COST_USD"), ("weekly_cost_usd", "PI_WEEKLY_COST_USD"),
+                                   ("monthly_cost_usd", "PI_MONTHLY_COST_USD"))
+            if dollars[name] is not None and per_job is not None and dollars[name] < per_job]
+
+
+def require_dollar_settings() -> None:
+    """For a process that runs no system checks (gunicorn's): the same refusal, at import."""
+    from .runtime_settings import environment_dollars
+
+    environment_dollars()

@@ -15,9 +15,13 @@ from django.db import transaction
 from pidispatch_site import strict_json
 
 from .models import PauseWindow, ScopedLimit
+from .money import MoneyError, parse_usd, to_usd
 
-LIMITS_VERSION = 1
+# Version 2 adds the dollar windows (`dayUsd`, `weekUsd`, `monthUsd`: decimal strings, a JSON number also read);
+# an export writes the lowest version that holds its rows. Version 3's project rows are not supported.
+LIMITS_VERSION = 2
 LIMIT_FIELDS = ("day", "week", "month", "concurrent")
+DOLLAR_KEYS = {"dayUsd": "day_usd", "weekUsd": "week_usd", "monthUsd": "month_usd"}
 WINDOW_KEYS = {"scope", "from", "to", "tz", "days", "dateFrom", "dateTo"}
 
 
@@ -50,7 +54,7 @@ def parse_limits(text: str) -> list[ScopedLimit]:
         raise ConfigFileError("scoped-limits file: `version` must be an integer >= 1")
     if version > LIMITS_VERSION:
         raise ConfigFileError(f"scoped-limits file version {version} is newer than this build understands "
-                              f"({LIMITS_VERSION}); dollar and project rows are not supported yet")
+                              f"({LIMITS_VERSION}); project rows are not supported")
     rows = document.get("limits")
     if not isinstance(rows, list):
         raise ConfigFileError("scoped-limits file: `limits` must be a list")
@@ -59,13 +63,25 @@ def parse_limits(text: str) -> list[ScopedLimit]:
         where = f"limit at index {index}"
         if not isinstance(row, dict):
             raise ConfigFileError(f"{where} is not an object")
-        unknown = set(row) - {"scope", *LIMIT_FIELDS}
+        known = {"scope", *LIMIT_FIELDS, *(DOLLAR_KEYS if version >= 2 else ())}
+        unknown = set(row) - known
         if unknown:
-            raise ConfigFileError(f"{where}: unknown key {sorted(unknown)[0]!r}")
+            key = sorted(unknown)[0]
+            why = " (dollar windows need version 2)" if key in DOLLAR_KEYS else ""
+            raise ConfigFileError(f"{where}: unknown key {key!r}{why}")
         values = {name: row.get(name) for name in LIMIT_FIELDS}
         for name, value in values.items():
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise ConfigFileError(f"{where}: {name} must be an integer")
+        for key, name in DOLLAR_KEYS.items():
+            if key in row:
+                try:
+                    micros = parse_usd(row[key])
+                except MoneyError as error:
+                    raise ConfigFileError(f"{where}: {key} {error}") from None
+                if micros is None:
+                    raise ConfigFileError(f"{where}: {key} must be a number of dollars (leave the key out for none)")
+                values[name] = to_usd(micros)
         limit = ScopedLimit(scope=row.get("scope"), **values)
         try:
             limit.full_clean(validate_unique=False)
@@ -87,12 +103,21 @@ def import_limits(text: str) -> int:
 
 
 def export_limits() -> str:
-    rows = []
+    rows, version = [], 1
     for limit in ScopedLimit.objects.order_by("scope"):
         row = {"scope": limit.scope}
         row.update({name: getattr(limit, name) for name in LIMIT_FIELDS if getattr(limit, name) is not None})
+        for key, name in DOLLAR_KEYS.items():
+            if getattr(limit, name) is not None:
+                row[key] = _usd_text(getattr(limit, name))
+                version = 2
         rows.append(row)
-    return json.dumps({"version": LIMITS_VERSION, "limits": rows}, indent=2) + "\n"
+    return json.dumps({"version": version, "limits": rows}, indent=2) + "\n"
+
+
+def _usd_text(amount) -> str:
+    text = format(amount, "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 # --- pause windows ----------------------------------------------------------------------------------

@@ -54,6 +54,9 @@ class ContainerExit:
     oom_killed: bool = False
     started_at: float = 0.0
     ended_at: float = 0.0
+    # The whole output (stdout and stderr, as the engine kept it: its json-file log's last 1 MB) when run logs
+    # are captured (log_bytes > 0; run_logs.py scrubs, then cuts it), else None.
+    log: bytes | None = None
 
 
 def engine() -> docker.DockerClient:
@@ -144,6 +147,7 @@ def run_container(
     memory: str,
     cpus: float,
     egress_mounts: list[tuple[str, str]] = (),
+    log_bytes: int = 0,
 ) -> ContainerExit:
     uid, gid = user
     if uid == 0:
@@ -188,6 +192,7 @@ def run_container(
         started = time.time()
         exit_code, timed_out = _wait(container, deadline=deadline)
         ended = time.time()
+        log = container.logs(stdout=True, stderr=True) if log_bytes > 0 else None
         return ContainerExit(
             exit_code=exit_code,
             output_tail=_stdout_tail(container),
@@ -195,6 +200,7 @@ def run_container(
             oom_killed=exit_code == 137 and _oom_killed(container),
             started_at=started,
             ended_at=ended,
+            log=log,
         )
     except (requests.RequestException, DockerException) as exc:
         raise EngineUnavailable(type(exc).__name__) from None

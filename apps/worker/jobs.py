@@ -107,6 +107,7 @@ class JobSpec:
     provider: str = ""
     model: str = ""
     max_turns: int | None = None
+    max_cost_usd: str = ""  # the trigger's run.maxCostUsd (dollars): lowers the per-job cap, never raises it
     exclude_tools: tuple[str, ...] = ()
     wait_for: tuple[dict, ...] = ()  # ({"after": iso} | {"profile": name}, ...)
     secrets: dict[str, str] = field(default_factory=dict)  # NAME -> reference (never a value)

@@ -21,10 +21,13 @@ no attempt, no record), or ends it with a `Verdict` (refused, or an infrastructu
                              either: past PI_JOB_DISK_MB -> workspace-too-large (apps/worker/disk.py);
                              a full disk while preparing -> retry (disk-full)
    11 daily token cap        -> daily-token-cap
-   12 job-count caps         -> scope-cap, over-budget, soft-hold
+      dollar windows         the job's per-job cap held in every dollar window that applies, all or none
+                             (apps/worker/budget.py) -> dollar-cap / cost-cap-unset (a scoped dollar row and no
+                             per-job cap); settled after the container (metered, floor, refunded)
+   12 job-count caps         -> scope-cap, over-budget, soft-hold (the dollar hold is refunded)
    13 the container, behind its egress gateway (apps/worker/sandbox/gateway.py)
                              -> completed | policy (the gateway's stop: token-budget, daily-token-cap,
-                                model-not-allowed; egress-denied, provider-auth-refused; the workspace
+                                cost-cap, model-not-allowed; egress-denied, provider-auth-refused; the workspace
                                 watch's stop: workspace-too-large) | retry
    14 publish (a completed forge run; apps/worker/publishing/): the worker pushes the agent's commits and
                              opens the pull request, or comments -> published / commented / nothing-to-publish |
@@ -59,6 +62,7 @@ from . import (
     jobfiles,
     leases,
     quiet_hours,
+    run_logs,
     runtime_settings,
     secrets,
     waitfor,
@@ -97,13 +101,22 @@ class Attempt:
     clock: float = field(default_factory=time.perf_counter)  # for the phase timings in the log
     workspace_seconds: float = 0.0  # of which the workspace (a local folder's git checks; a forge clone)
     spending: bool = False  # from the egress gateway's start on: a fault no longer sends the job back
+    dollars: budget.DollarHold | None = None  # the dollar hold, from gate 11 on
+    container_ran: bool = False  # the container may have spent: an unsettled dollar hold is kept whole
 
     @property
     def holder(self) -> str:
         return leases.holder_id(self.host, self.spec.job_id)
 
     def let_go(self, redis) -> None:
-        """Whatever the climb ended in: leases back, a minted token revoked, the job's folders removed."""
+        """Whatever the climb ended in: an unsettled dollar hold refunded (no container ran) or kept whole, leases
+        back, a minted token revoked, the job's folders removed."""
+        if self.dollars is not None and not self.dollars.settled:
+            try:
+                budget.settle_dollars(redis, self.dollars, ran=self.container_ran, cost=None)
+            except RedisError:
+                logger.warning("dollar_settle_failed job=%s kept=hold", self.spec.job_id)
+                budget.keep_hold(self.dollars)
         leases.release_all(redis, self.held_leases, self.spec.job_id)
         if self.forge is not None:
             try:
@@ -157,13 +170,14 @@ def job_model(spec: JobSpec) -> str:
     return spec.model or settings.PI_MODEL
 
 
-def gateway_limits(spec: JobSpec, upstream: providers.Upstream, runtime: runtime_settings.RuntimeSettings):
-    """The job's token budget and the day's cap; the model is held to only when it names one exactly (pi
-    also takes fuzzy patterns like `sonnet`, which the gateway cannot tell apart from another model)."""
+def gateway_limits(spec: JobSpec, upstream: providers.Upstream, runtime: runtime_settings.RuntimeSettings,
+                   max_cost_micros: int | None = None):
+    """The job's token budget, the day's cap and its dollar cap; the model is held to only when it names one
+    exactly (pi also takes fuzzy patterns like `sonnet`, which the gateway cannot tell apart from another model)."""
     model = job_model(spec)
     exact = model and (not upstream.builtin or prices.is_listed(upstream.provider, model))
     return gateway.Limits(max_tokens=runtime.max_tokens, daily_token_cap=runtime.daily_token_cap,
-                          model=model if exact else "")
+                          model=model if exact else "", max_cost_micros=max_cost_micros)
 
 
 def classify(result: container.ContainerExit, egress: gateway.EgressReport | None = None,
@@ -250,7 +264,8 @@ def run(spec: JobSpec, host: str) -> Verdict | Deferred:
     if isinstance(outcome, Deferred):
         logger.info("job_deferred job=%s reason=%s until=%s", spec.job_id, outcome.reason, outcome.until.isoformat())
         return outcome
-    return replace(outcome, image=attempt.image, started_at=attempt.now, ended_at=timezone.now())
+    dollars = attempt.dollars.record_fields() if attempt.dollars is not None else {}
+    return replace(outcome, image=attempt.image, started_at=attempt.now, ended_at=timezone.now(), dollars=dollars)
 
 
 def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
@@ -373,6 +388,18 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     if runtime.daily_token_cap and budget.tokens_spent_today(redis, now) >= runtime.daily_token_cap:
         return Verdict.refused("daily-token-cap")
 
+    # 11b. The dollar windows: the job's per-job cap held in each, in one atomic step (none when one has no room).
+    try:
+        attempt.dollars = budget.reserve_dollars(redis, spec, limit, runtime, now)
+    except budget.DollarRefusal as refusal:
+        window = refusal.window
+        logger.info("dollar_refused job=%s reason=%s ledger=%s window=%s", spec.job_id, refusal.reason,
+                    window.ledger if window else "-", window.window if window else "-")
+        if refusal.reason == "cost-cap-unset":
+            logger.error("dollar_cap_unset job=%s ledger=%s set=PI_MAX_COST_USD,max_cost_usd,run.maxCostUsd "
+                         "why=a scoped limit's dollar window needs a per-job cap", spec.job_id, window.ledger)
+        return Verdict.refused(refusal.reason)
+
     # 12. Job-count caps, narrowest first.
     try:
         reservation = budget.reserve(redis, limit, runtime, now)
@@ -388,7 +415,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     attempt.spending = True
     egress = gateway.EgressGateway(
         job_id=spec.job_id, upstream=upstream, key=credential[1], allow=parse_allowlist(settings.PI_EGRESS_ALLOW),
-        limits=gateway_limits(spec, upstream, runtime), redis=redis, owner=user,
+        limits=gateway_limits(spec, upstream, runtime, attempt.dollars.cap_micros), redis=redis, owner=user,
         on_stop=lambda reason: container.stop_job_container(spec.job_id),
     )
     try:
@@ -398,6 +425,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         reservation.give_back(redis)
         return Verdict.infrastructure_fault("egress-gateway-unavailable")
     watch.start()
+    attempt.container_ran = True
     try:
         result = container.run_container(
             client,
@@ -413,11 +441,14 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             memory=runtime.job_memory,
             cpus=runtime.job_cpus,
             egress_mounts=egress.mounts(),
+            log_bytes=settings.PI_JOB_LOG_MAX_BYTES if settings.PI_CAPTURE_JOB_LOGS else 0,
         )
     except container.ImageMissing:
+        attempt.container_ran = False
         reservation.give_back(redis)
         return Verdict.refused("job-image-missing")
     except container.NeverStarted:
+        attempt.container_ran = False
         reservation.give_back(redis)
         return Verdict.infrastructure_fault("container-never-started")
     except container.EngineUnavailable:
@@ -442,16 +473,27 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
                                       telemetry=verdict.telemetry, budget_reserved=True)
         if not verdict.budget_reserved:
             reservation.give_back(redis)  # nothing ran, so nothing was spent
+        # The dollar hold: charged what the gateway metered, unless that cannot be the whole cost (a run stopped
+        # from outside may have had a call cut mid-answer): then the whole hold stays (floor).
+        killed = result.timed_out or watch.exceeded or verdict.reason in ("operator-cancel", "oom-killed")
+        attempt.container_ran = verdict.budget_reserved
+        budget.settle_dollars(redis, attempt.dollars, ran=verdict.budget_reserved,
+                              cost=None if killed else egress.report.meter.known_cost())
         # The gateway counted its tokens into the day as they were spent; what it could not is settled here.
         unmetered = 0 if egress.report.meter.metered else (verdict.telemetry.tokens_total or 0)
         budget.record_tokens(redis, unmetered + egress.unrecorded_tokens, now)
     except RedisError:
         logger.warning("job_post_run_redis_failed job=%s", spec.job_id)
 
+    # The agent's summary is kept only with its run's log (PI_CAPTURE_JOB_LOGS), scrubbed like it.
+    summary = parse_summary(result.output_tail)
+    scrub = [credential[1], *secret_values.values()]
+    verdict = replace(verdict, summary=summary, log=run_logs.captured(result.log, summary, scrub))
+
     # 14. Publish: the worker, not the agent, takes the work to the forge.
     if verdict.outcome == Outcome.COMPLETED and attempt.forge is not None:
         publication, reason = publishing.publish_run(spec, attempt.forge, dirs.root, dirs.workspace,
-                                                     parse_summary(result.output_tail), result.ended_at)
+                                                     summary, result.ended_at)
         verdict = replace(verdict, publication=publication)
         if reason == publishing.UNAVAILABLE:
             verdict = replace(verdict, outcome=Outcome.FAILED, reason=reason, retryable=False)

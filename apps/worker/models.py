@@ -55,6 +55,15 @@ class Run(models.Model):
     pull_request = models.PositiveIntegerField(null=True, blank=True, help_text="The PR/MR number published to.")
     pushed_commits = models.PositiveIntegerField(null=True, blank=True)
     publish_url = models.URLField(max_length=500, blank=True, help_text="The pull/merge request or the comment.")
+    # Dollar caps (apps/worker/budget.py): what was held in the dollar windows before the container, what the
+    # windows were charged after it, and how: `metered` (the gateway's metered cost), `floor` (the cost could
+    # not be known: the whole hold stays charged), `refunded` (no container ran), `unreserved` (a per-job cap
+    # but no window). Blank when no dollar cap applied.
+    dollars_reserved = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    dollars_charged = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    dollar_basis = models.CharField(max_length=16, blank=True)
+    # The length of the agent's last message; the text itself is kept only with the run's log (RunLog).
+    summary_chars = models.PositiveIntegerField(null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
 
@@ -79,6 +88,29 @@ class Run(models.Model):
     @property
     def duration(self):
         return self.ended_at - self.started_at
+
+
+class RunLog(models.Model):
+    """A run's container output and the agent's summary, kept only with PI_CAPTURE_JOB_LOGS, scrubbed of every
+    resolved secret value and the provider key, bounded by PI_JOB_LOG_MAX_BYTES, and deleted by the worker's
+    sweep after PI_JOB_LOG_RETENTION_DAYS (apps/worker/run_logs.py). It holds issue text and the agent's
+    output, which the Run record never does: reading it is a permission of its own."""
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="log")
+    output = models.TextField(blank=True)
+    summary = models.TextField(blank=True)
+    output_bytes = models.PositiveBigIntegerField(default=0, help_text="The output's size before it was cut.")
+    truncated = models.BooleanField(default=False)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        default_permissions = ()  # written by the worker only; reading is view_run_log
+        permissions = [("view_run_log", "Can read a run's log (its container output and summary, which hold "
+                                        "issue text and the agent's output)")]
+        indexes = [models.Index(fields=["created_at"], name="runlog_created_idx")]
+
+    def __str__(self):
+        return f"log of {self.run_id}"
 
 
 class PauseWindow(models.Model):
@@ -125,6 +157,12 @@ class ScopedLimit(models.Model):
     concurrent = models.PositiveIntegerField(
         null=True, blank=True, help_text="Runs at the same time across all hosts; more wait, never refused."
     )
+    day_usd = models.DecimalField("day $", max_digits=13, decimal_places=6, null=True, blank=True,
+                                  help_text="Dollars per UTC day (needs a per-job cap: PI_MAX_COST_USD).")
+    week_usd = models.DecimalField("week $", max_digits=13, decimal_places=6, null=True, blank=True,
+                                   help_text="Dollars per UTC week (from Monday).")
+    month_usd = models.DecimalField("month $", max_digits=13, decimal_places=6, null=True, blank=True,
+                                    help_text="Dollars per UTC calendar month.")
     note = models.CharField(max_length=200, blank=True)
 
     class Meta:
@@ -168,6 +206,16 @@ class DispatchSettings(models.Model):
         help_text="Containers one worker host runs at once, below its number of worker processes (PI_CONCURRENCY). "
                   "Every host applies a change to the next job it takes; running jobs finish.",
     )
+    max_cost_usd = models.DecimalField(
+        "max cost per run ($)", max_digits=13, decimal_places=6, null=True, blank=True,
+        help_text="Dollars one run may spend (PI_MAX_COST_USD); the gateway stops it there (cost-cap). "
+                  "Every dollar window needs it.")
+    daily_cost_usd = models.DecimalField("dollars per day", max_digits=13, decimal_places=6, null=True, blank=True,
+                                         help_text="Dollars per UTC day across all runs (PI_DAILY_COST_USD).")
+    weekly_cost_usd = models.DecimalField("dollars per week", max_digits=13, decimal_places=6, null=True,
+                                          blank=True, help_text="Dollars per UTC week (PI_WEEKLY_COST_USD).")
+    monthly_cost_usd = models.DecimalField("dollars per month", max_digits=13, decimal_places=6, null=True,
+                                           blank=True, help_text="Dollars per UTC month (PI_MONTHLY_COST_USD).")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

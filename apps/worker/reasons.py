@@ -227,6 +227,10 @@ REFUSED = {
     "scope-cap": "Refused: over the run cap for this repository. Not run.",
     "over-budget": "Refused: over the deployment's budget cap. Not run.",
     "soft-hold": "Refused: new starts are paused while spend is inside the budget's hold band. Not run.",
+    # Never an amount: a window's cap and spend are the operator's.
+    "dollar-cap": "Refused: the dollar budget has no room for this run's cost limit. Not run.",
+    "cost-cap-unset": "Refused: this repository has a dollar budget but no cost limit per run is set. Ask the "
+                      "operator to set one. Not run.",
     "job-payload-invalid": "Refused: this worker could not read the job (a version mismatch). Not run.",
     "workspace-too-large": "Refused: the repository takes more disk than this deployment lets a job use. Not run.",
 }

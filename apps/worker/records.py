@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 from django.dispatch import Signal
 from django.utils import timezone
 
+from . import run_logs
 from .jobs import JobSpec
 from .models import Outcome, Run
 from .verdicts import Verdict
@@ -81,9 +82,13 @@ def record_run(spec: JobSpec, verdict: Verdict, *, attempt: int, host: str, queu
         replica=spec.replica,
         replicas=spec.replicas,
         parent_job_id=spec.parent_job_id,
+        # Only the summary's length: its text (agent output) is kept with the run's log, or not at all.
+        summary_chars=len(verdict.summary) if verdict.exit_code is not None else None,
+        **verdict.dollars,
         **publication_fields(verdict.publication),
     ))
     if created:
+        run_logs.keep(run, verdict.log)
         logger.info(
             "run_recorded job=%s attempt=%s outcome=%s reason=%s exit=%s",
             spec.job_id, attempt, verdict.outcome, verdict.reason or "-", verdict.exit_code,

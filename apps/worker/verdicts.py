@@ -41,6 +41,10 @@ class Verdict:
     # never recorded or logged.
     summary: str = field(default="", repr=False)
     publication: Publication | None = None
+    # The Run record's dollar fields (budget.DollarHold.record_fields), set once the climb let go of its hold.
+    dollars: dict = field(default_factory=dict)
+    # The run's scrubbed output and summary (run_logs.CapturedLog), only with PI_CAPTURE_JOB_LOGS.
+    log: object | None = field(default=None, repr=False)
 
     @classmethod
     def refused(cls, reason: str, **fields) -> Verdict:

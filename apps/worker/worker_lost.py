@@ -47,7 +47,7 @@ from apps.fleet.cancel import is_cancel_requested
 from apps.fleet.connection import text
 from apps.fleet.union import existing_queues
 
-from . import container, jobfiles
+from . import budget, container, jobfiles, money, run_logs
 from .jobs import JobSpec, forget_container_texts
 from .models import Outcome, Run
 from .records import record_run
@@ -120,10 +120,22 @@ def _record(job: Job, attempt: int, *, host: str, reason: str, budget_reserved: 
         started = job.started_at or timezone.now()
         verdict = Verdict(outcome=outcome.outcome, reason=reason, budget_reserved=budget_reserved,
                           started_at=started if started.tzinfo else started.replace(tzinfo=UTC),
-                          ended_at=timezone.now())
+                          ended_at=timezone.now(), dollars=_kept_hold(job))
         record_run(spec, verdict, attempt=attempt, host=host, queue=job.origin)
     except DatabaseError as exc:
         logger.error("job_lost_unrecorded job=%s why=database-%s", job.id, type(exc).__name__)
+
+
+def _kept_hold(job: Job) -> dict:
+    """A dollar hold the dead horse never settled stays whole until its keys expire: its record says so."""
+    try:
+        held = budget.open_hold_micros(job.connection, job.id)
+    except RedisError:
+        return {}
+    if held is None:
+        return {}
+    amount = money.to_usd(held)
+    return {"dollars_reserved": amount, "dollars_charged": amount, "dollar_basis": budget.FLOOR}
 
 
 # --- the horse died, the worker lives ------------------------------------------------------------------
@@ -259,6 +271,7 @@ def sweep(worker) -> None:
     and jobs started by a worker process that is gone, in any queue of the fleet."""
     reap_overdue(worker.presence.host.name)
     reap_job_folders()
+    run_logs.sweep()  # logs past PI_JOB_LOG_RETENTION_DAYS, beside the job folders
     redis = worker.connection
     try:
         queues = existing_queues(redis) | set(worker.queue_names())

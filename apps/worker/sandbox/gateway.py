@@ -4,7 +4,7 @@ Two unix sockets, bind-mounted read-only into the container (the runner's loopba
 
     provider.sock  pi's provider calls (origin-form HTTP): forwarded over HTTPS to the provider's real
                    endpoint with the key added, metered from the provider's own answers, and refused once the
-                   job is past its token budget or the day's token cap (the job is then stopped)
+                   job is past its token budget, the day's token cap or its dollar cap (the job is then stopped)
     proxy.sock     the HTTP(S)_PROXY of everything else: CONNECT tunnels and absolute-form requests, only to
                    the host:port pairs of PI_EGRESS_ALLOW; anything else is answered 403 before a name is
                    resolved or a socket opened
@@ -39,7 +39,7 @@ from django.conf import settings
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from .. import budget
+from .. import budget, money
 from . import image_contract, prices
 from .egress_policy import log_safe, split_authority
 from .metering import Meter, ResponseReader
@@ -71,6 +71,7 @@ class Limits:
     max_tokens: int | None = None
     daily_token_cap: int | None = None
     model: str = ""
+    max_cost_micros: int | None = None  # the job's dollar cap: no call is forwarded once its cost reaches it
 
 
 @dataclass
@@ -239,6 +240,9 @@ class EgressGateway:
             return self.report.stop_reason
         if self.limits.max_tokens and self.report.meter.tokens_total >= self.limits.max_tokens:
             return "token-budget"
+        cap = self.limits.max_cost_micros
+        if cap and money.cost_micros(self.report.meter.priced_cost) >= cap:
+            return "cost-cap"
         if self.limits.daily_token_cap:
             try:
                 spent = budget.tokens_spent_today(self.redis, timezone.now())
@@ -351,6 +355,7 @@ class EgressGateway:
                     await response.write_eof()
                 except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
                     response.force_close()  # the provider or the container went away mid-answer
+                    self.report.meter.incomplete += 1  # its usage may be only partly read
                 return response
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             self.report.faults += 1
@@ -360,6 +365,8 @@ class EgressGateway:
         finally:
             if answered:
                 usage = reader.finish() if reader is not None else None
+                if reader is not None and usage is None:
+                    self.report.meter.incomplete += 1  # a successful answer that said nothing of what it cost
                 self._count_tokens(self.report.meter.record(self.upstream.provider, self._recorded_model(model),
                                                             usage))
 

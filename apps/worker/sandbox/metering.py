@@ -185,6 +185,8 @@ class ModelRow:
                "cacheWrite": self.usage.cache_write, "total": self.usage.total}
         if self.priced:
             row["cost"] = str(self.cost.quantize(Decimal("0.000001")))
+            if self.provider != "other" and (date := prices.price_date(self.provider, self.model)):
+                row["priceDate"] = date
         return row
 
 
@@ -194,10 +196,22 @@ class Meter:
     def __init__(self):
         self.rows: dict[tuple[str, str], ModelRow] = {}
         self.calls = 0
+        self.incomplete = 0  # answers whose usage could not be read whole (cut mid-stream, none reported)
 
     @property
     def metered(self) -> bool:
         return self.calls > 0
+
+    @property
+    def priced_cost(self) -> Decimal:
+        """What the priced calls cost so far (unrounded): the dollar cap's running count."""
+        return sum((row.cost for row in self.rows.values()), Decimal(0))
+
+    def known_cost(self) -> Decimal | None:
+        """The whole cost, when every answer was read whole and priced; None when it cannot be known."""
+        if not self.metered or self.incomplete or not all(row.priced for row in self.rows.values()):
+            return None
+        return self.priced_cost
 
     @property
     def tokens_total(self) -> int:

@@ -4,7 +4,9 @@
 
     {"acme/coder-1": {"input": 3, "output": 15, "cacheRead": 0.3, "cacheWrite": 3.75}}
 
-in dollars per million tokens, keyed `provider/model`. A model priced nowhere has no cost (None), never 0.
+in dollars per million tokens, keyed `provider/model`, with an optional `"date": "YYYY-MM-DD"` saying when the
+operator took them. A model priced nowhere has no cost (None), never 0. Each priced row of a run's usage ledger
+names the date of the table that priced it (`priceDate`: the operator's, or pi's list as of its registry).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from .providers import builtin_providers
+from .providers import builtin_providers, registry
 
 PRICE_FIELDS = ("input", "output", "cacheRead", "cacheWrite")
 MILLION = Decimal(1_000_000)
@@ -37,6 +39,10 @@ def parse_operator_prices(raw) -> dict[str, dict[str, Decimal]]:
         raise ImproperlyConfigured('PI_MODEL_PRICES: expected {"provider/model": {"input": ..., "output": ...}}')
     table = {}
     for key, entry in raw.items():
+        if key == "date":
+            if not isinstance(entry, str) or not _is_date(entry):
+                raise ImproperlyConfigured("PI_MODEL_PRICES: date must be YYYY-MM-DD (when these prices were taken)")
+            continue
         if not isinstance(key, str) or "/" not in key or not isinstance(entry, dict):
             raise ImproperlyConfigured(f"PI_MODEL_PRICES: {key!r} must be provider/model with an object of prices")
         row = {}
@@ -47,6 +53,32 @@ def parse_operator_prices(raw) -> dict[str, dict[str, Decimal]]:
             row[name] = Decimal(str(value))
         table[key.lower()] = row
     return table
+
+
+def _is_date(text: str) -> bool:
+    from datetime import date
+
+    try:
+        date.fromisoformat(text)
+    except ValueError:
+        return False
+    return len(text) == 10
+
+
+@cache
+def _operator_date(path: str) -> str:
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return ""
+    return raw.get("date", "") if isinstance(raw, dict) and isinstance(raw.get("date"), str) else ""
+
+
+def price_date(provider: str, model: str) -> str:
+    """The date of the price table that prices this model ("" when none does, or the operator gave none)."""
+    if settings.PI_MODEL_PRICES and f"{provider}/{model}".lower() in _operator_prices(settings.PI_MODEL_PRICES):
+        return _operator_date(settings.PI_MODEL_PRICES)
+    return str(registry().get("generated", "")) if price(provider, model) is not None else ""
 
 
 def price(provider: str, model: str) -> dict[str, Decimal] | None:

@@ -1,0 +1,179 @@
+"""Run logs, kept on purpose: a run's container output and the agent's summary (RunLog), only with
+PI_CAPTURE_JOB_LOGS, since they hold issue text and the agent's output, which no Run record or log line may.
+
+- Scrubbed before anything is kept: every value the job's secrets resolved to and the provider key, as they are
+  and as they appear inside a JSON string (the runner prints JSON events), become `[scrubbed]`. The scrub runs on
+  the whole output, before it is cut, so a cut can never leave half a secret behind.
+- Bounded: at most PI_JOB_LOG_MAX_BYTES of it (the first half and the last, with a line saying how much was left
+  out); the engine itself keeps a container's last 1 MB.
+- Kept for PI_JOB_LOG_RETENTION_DAYS, then deleted by every worker's periodic sweep (sweep()).
+- Read only with `worker.view_run_log`: run_log_text() for any caller (the admin, the API), run_log_view() at
+  run_log_url(run) for a person in the admin.
+
+The summary (the runner's last assistant message) is kept in the log row only, so it goes with it; the Run record
+keeps its length alone (Run.summary_chars).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.contrib.admin.views.decorators import staff_member_required
+from django.core.exceptions import PermissionDenied
+from django.db import DatabaseError
+from django.http import Http404, HttpResponse
+from django.urls import path, reverse
+from django.utils import timezone
+
+logger = logging.getLogger("pidispatch.run_logs")
+
+PERMISSION = "worker.view_run_log"
+SCRUBBED = "[scrubbed]"
+
+
+@dataclass(frozen=True)
+class CapturedLog:
+    output: str
+    summary: str
+    output_bytes: int  # before it was cut
+    truncated: bool
+
+
+def scrub(text: str, values) -> str:
+    """Every non-empty value, raw and JSON-escaped, replaced; the longest first (one may contain another)."""
+    forms = set()
+    for value in values:
+        if value:
+            forms.add(value)
+            forms.add(json.dumps(value)[1:-1])
+            forms.add(json.dumps(value, ensure_ascii=False)[1:-1])
+    for form in sorted(forms, key=len, reverse=True):
+        text = text.replace(form, SCRUBBED)
+    return text
+
+
+def _bounded(text: str, limit: int) -> tuple[str, bool]:
+    raw = text.encode()
+    if len(raw) <= limit:
+        return text, False
+    head, tail = limit // 2, limit - limit // 2
+    cut = len(raw) - head - tail
+    return (raw[:head].decode(errors="ignore") + f"\n[pidispatch: {cut} bytes left out]\n"
+            + raw[-tail:].decode(errors="ignore")), True
+
+
+def captured(output: bytes | None, summary: str, secret_values) -> CapturedLog | None:
+    """What a run keeps of its output and summary: None unless its output was captured (PI_CAPTURE_JOB_LOGS)."""
+    if output is None:
+        return None
+    values = list(secret_values)
+    # NUL is the one character no database text column takes (PostgreSQL refuses it).
+    text = scrub(output.decode(errors="replace"), values).replace("\x00", "\ufffd")
+    summary = summary.replace("\x00", "\ufffd")
+    bounded, truncated = _bounded(text, settings.PI_JOB_LOG_MAX_BYTES)
+    return CapturedLog(output=bounded, summary=scrub(summary, values), output_bytes=len(output), truncated=truncated)
+
+
+def keep(run, log: CapturedLog | None) -> None:
+    """Called by the run's one record write (records.record_run)."""
+    if log is None:
+        return
+    from .models import RunLog
+
+    RunLog.objects.create(run=run, output=log.output, summary=log.summary, output_bytes=log.output_bytes,
+                          truncated=log.truncated, created_at=timezone.now())
+    logger.info("run_log_kept job=%s attempt=%s bytes=%d truncated=%s", run.job_id, run.attempt,
+                log.output_bytes, log.truncated)
+
+
+def sweep(now: datetime | None = None) -> int:
+    """Delete the logs older than PI_JOB_LOG_RETENTION_DAYS (whether capture is on now or not)."""
+    from .models import RunLog
+
+    cutoff = (now or timezone.now()) - timedelta(days=settings.PI_JOB_LOG_RETENTION_DAYS)
+    expired = RunLog.objects.filter(created_at__lt=cutoff)
+    try:
+        # Looked for first: this runs at every worker's beat, and a DELETE takes SQLite's write lock even when
+        # it matches nothing.
+        deleted = expired.delete()[0] if expired.exists() else 0
+    except DatabaseError as exc:
+        logger.warning("run_log_sweep_failed error=%s", type(exc).__name__)
+        return 0
+    if deleted:
+        logger.info("run_logs_swept count=%d", deleted)
+    return deleted
+
+
+# --- reading ------------------------------------------------------------------------------------------
+
+def can_view_run_log(user) -> bool:
+    return bool(user and user.is_active and user.has_perm(PERMISSION))
+
+
+def run_log_text(run, user) -> str:
+    """The run's kept log as text (its summary, then its output). Raises PermissionDenied without
+    `worker.view_run_log`, Http404 when the run has no log (never captured, or swept)."""
+    from .models import RunLog
+
+    if not can_view_run_log(user):
+        raise PermissionDenied("reading a run's log needs the permission worker.view_run_log")
+    try:
+        log = RunLog.objects.get(run=run)
+    except RunLog.DoesNotExist:
+        raise Http404("this run has no log: PI_CAPTURE_JOB_LOGS was off, or it is older than "
+                      "PI_JOB_LOG_RETENTION_DAYS") from None
+    cut = f", cut to {settings.PI_JOB_LOG_MAX_BYTES} bytes" if log.truncated else ""
+    return (f"run {run.job_id} attempt {run.attempt} ({run.outcome} {run.reason or ''})\n"
+            f"--- summary ---\n{log.summary}\n"
+            f"--- output ({log.output_bytes} bytes{cut}) ---\n{log.output}")
+
+
+def has_log(run) -> bool:
+    from .models import RunLog
+
+    return RunLog.objects.filter(run=run).exists()
+
+
+@staff_member_required
+def run_log_view(request, pk: int):
+    from .models import Run
+
+    try:
+        run = Run.objects.get(pk=pk)
+    except Run.DoesNotExist:
+        raise Http404("no such run") from None
+    text = run_log_text(run, request.user)
+    logger.info("run_log_read job=%s attempt=%s user_id=%s", run.job_id, run.attempt, request.user.pk)
+    response = HttpResponse(text, content_type="text/plain; charset=utf-8")
+    response["Cache-Control"] = "no-store"
+    response["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+def run_log_url(run) -> str:
+    """Where the run's admin page links `View log` (for users with the permission, when the run has one)."""
+    return reverse("worker-run-log", args=[run.pk])
+
+
+def admin_link(run) -> str:
+    """The run admin page's `View log` (the page shows it only to whoever may read it: admin_fieldsets)."""
+    from django.utils.html import format_html
+
+    if not has_log(run):
+        return "none kept (PI_CAPTURE_JOB_LOGS off, or past PI_JOB_LOG_RETENTION_DAYS)"
+    return format_html('<a href="{}">View log</a>', run_log_url(run))
+
+
+def admin_fieldsets(fieldsets, user):
+    """The run admin's fieldsets without `view_log` for a user without worker.view_run_log."""
+    if can_view_run_log(user):
+        return fieldsets
+    return [(name, {**options, "fields": tuple(field for field in options["fields"] if field != "view_log")})
+            for name, options in fieldsets]
+
+
+urlpatterns = [path("admin/worker/run/<int:pk>/log/", run_log_view, name="worker-run-log")]

@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "apps.worker",
     "apps.receiver",
     "apps.access",
+    "apps.insight",  # the cost page and /metrics: read-only views over the run history and Redis
 ]
 
 MIDDLEWARE = [

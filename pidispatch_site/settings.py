@@ -34,6 +34,8 @@ if env.bool("DJANGO_SECURE", default=False):
 
 # The public edge serves only /hooks/ and /healthz; the admin and API run on a private instance.
 PI_PUBLIC_EDGE = env.bool("PI_PUBLIC_EDGE", default=False)
+# /metrics (private instance only): when set, a scrape must send `Authorization: Bearer <token>`.
+PI_METRICS_TOKEN = env("PI_METRICS_TOKEN", default="")
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -3,6 +3,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
+from apps.insight import views as insight_views
 from apps.receiver import views as receiver_views
 
 from .health import healthz
@@ -23,4 +24,6 @@ if not settings.PI_PUBLIC_EDGE:
         path("admin/fleet/", RedirectView.as_view(pattern_name="admin:fleet_fleetpanel_changelist"), name="fleet-panel"),
         path("admin/", admin.site.urls),
         path("api/v1/", include(("pidispatch_site.api", "api"), namespace="api")),
+        # Prometheus scrapes the private instance; the run history's numbers never reach the public edge.
+        path("metrics", insight_views.metrics, name="metrics"),
     ]

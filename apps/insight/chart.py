@@ -7,7 +7,7 @@ running total turns dashed from the first such day: from there on it is no longe
 
 from __future__ import annotations
 
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 
 from django.utils.html import conditional_escape, escape
 from django.utils.safestring import SafeString, mark_safe
@@ -24,15 +24,17 @@ def format_html(template: str, *args) -> SafeString:
                                        else conditional_escape(a) for a in args)))
 
 
-def _nice_ceiling(value: Decimal) -> Decimal:
-    """A round axis top at or above the value (1, 2, 2.5, 5 times a power of ten)."""
+def _scale(value: Decimal) -> tuple[Decimal, Decimal]:
+    """A round axis for the value: (top, step), at most five steps of 1, 2, 2.5 or 5 times a power of ten."""
     if value <= 0:
-        return Decimal(1)
-    magnitude = Decimal(10) ** (value.adjusted())
-    for step in (1, 2, Decimal("2.5"), 5, 10):
-        if value <= magnitude * step:
-            return magnitude * step
-    return magnitude * 10
+        return Decimal(1), Decimal("0.25")
+    magnitude = Decimal(10) ** (value.adjusted() - 1)
+    for factor in (1, 2, Decimal("2.5"), 5, 10, 20, 25, 50, 100):
+        step = magnitude * factor
+        if value <= step * 5:
+            steps = (value / step).to_integral_value(rounding=ROUND_CEILING)
+            return step * steps, step
+    return value, value / 4
 
 
 def daily_spend(days, window_label: str) -> SafeString:
@@ -40,9 +42,9 @@ def daily_spend(days, window_label: str) -> SafeString:
     count = max(1, len(days))
     slot = plot_w / count
     column_w = max(2.0, slot * 0.7)
-    top = _nice_ceiling(max((day.spend for day in days), default=Decimal(0)))
+    top, step = _scale(max((day.spend for day in days), default=Decimal(0)))
     total = sum((day.spend for day in days), Decimal(0))
-    cumulative_top = _nice_ceiling(total)
+    cumulative_top, cumulative_step = _scale(total)
     estimated_days = sum(1 for day in days if day.estimated)
     base_y = TOP + plot_h
 
@@ -52,16 +54,21 @@ def daily_spend(days, window_label: str) -> SafeString:
         'data-total="{}">', WIDTH, HEIGHT, window_label, len(days), estimated_days, total)]
     parts.append(format_html('<title>Daily spend over {}: {} in all</title>', window_label,
                              dollars(total, estimated=bool(estimated_days))))
-    # Grid and the two scales: dollars per day on the left, the running total on the right.
-    for step in range(5):
-        fraction = Decimal(step) / 4
-        y = base_y - float(fraction) * plot_h
+    # Grid and the two scales: dollars per day on the left (with the grid), the running total on the right.
+    tick = Decimal(0)
+    while tick <= top:
+        y = base_y - float(tick / top) * plot_h
         parts.append(format_html('<line class="grid" x1="{}" y1="{:.1f}" x2="{}" y2="{:.1f}"/>', LEFT, y,
                                  LEFT + plot_w, y))
         parts.append(format_html('<text class="axis" x="{}" y="{:.1f}" text-anchor="end">{}</text>', LEFT - 6, y + 4,
-                                 dollars(top * fraction, compact=True)))
+                                 dollars(tick, compact=True, step=step)))
+        tick += step
+    tick = Decimal(0)
+    while tick <= cumulative_top:
+        y = base_y - float(tick / cumulative_top) * plot_h
         parts.append(format_html('<text class="axis cumulative-axis" x="{}" y="{:.1f}">{}</text>', LEFT + plot_w + 6,
-                                 y + 4, dollars(cumulative_top * fraction, compact=True)))
+                                 y + 4, dollars(tick, compact=True, step=cumulative_step)))
+        tick += cumulative_step
     label_every = max(1, round(count / 10))
     running = Decimal(0)
     solid, dashed = [], []
@@ -111,7 +118,7 @@ def daily_spend(days, window_label: str) -> SafeString:
     return mark_safe("".join(parts))
 
 
-def bar(value, largest, *, estimated: bool = False, width: int = 180) -> SafeString:
+def bar(value, largest, *, estimated: bool = False, width: int = 110) -> SafeString:
     """One breakdown row's share of its largest row."""
     share = float(value / largest) if largest else 0.0
     filled = max(1.0, share * width) if value else 0.0

@@ -183,41 +183,44 @@ def _by_field(win: Window, name: str, column: str, empty: str, param: str) -> Br
 
 
 MODEL_SQL = {
-    # One row per (run, model row of its ledger); the run's estimate flag comes along for the marker.
+    # One row per (run, model row of its ledger) over the window's runs, which the ORM selects (with the estimate
+    # flag of estimated_expression, so the hook stays one function).
     "sqlite": """
         SELECT json_extract(m.value, '$.provider') || '/' || json_extract(m.value, '$.model') AS name,
                COUNT(DISTINCT r.id), SUM(CAST(json_extract(m.value, '$.cost') AS REAL)),
                SUM(COALESCE(json_extract(m.value, '$.input'), 0) + COALESCE(json_extract(m.value, '$.output'), 0)
                    + COALESCE(json_extract(m.value, '$.cacheRead'), 0) + COALESCE(json_extract(m.value, '$.cacheWrite'), 0)),
-               COUNT(DISTINCT CASE WHEN r.outcome = 'completed' THEN r.id END)
-        FROM {table} r, json_each(r.usage, '$.models') m
-        WHERE r.started_at >= %s AND r.started_at <= %s AND r.usage IS NOT NULL
+               COUNT(DISTINCT CASE WHEN r.outcome = 'completed' THEN r.id END),
+               COUNT(DISTINCT CASE WHEN r.est = 1 THEN r.id END)
+        FROM ({runs}) r, json_each(r.usage, '$.models') m
         GROUP BY name""",
     "postgresql": """
         SELECT (m.value->>'provider') || '/' || (m.value->>'model') AS name,
                COUNT(DISTINCT r.id), SUM((m.value->>'cost')::numeric),
                SUM(COALESCE((m.value->>'input')::bigint, 0) + COALESCE((m.value->>'output')::bigint, 0)
                    + COALESCE((m.value->>'cacheRead')::bigint, 0) + COALESCE((m.value->>'cacheWrite')::bigint, 0)),
-               COUNT(DISTINCT r.id) FILTER (WHERE r.outcome = 'completed')
-        FROM {table} r CROSS JOIN LATERAL jsonb_array_elements(r.usage->'models') m
-        WHERE r.started_at >= %s AND r.started_at <= %s AND jsonb_typeof(r.usage->'models') = 'array'
+               COUNT(DISTINCT r.id) FILTER (WHERE r.outcome = 'completed'),
+               COUNT(DISTINCT r.id) FILTER (WHERE r.est = 1)
+        FROM ({runs}) r CROSS JOIN LATERAL jsonb_array_elements(
+            CASE WHEN jsonb_typeof(r.usage->'models') = 'array' THEN r.usage->'models' ELSE '[]'::jsonb END) m
         GROUP BY name""",
 }
 
 
 def _by_model(win: Window) -> Breakdown:
-    from apps.worker.models import Run
-
     sql = MODEL_SQL.get(connection.vendor)
     if sql is None:
         return Breakdown("model", [])
+    runs = (_runs(win).filter(usage__models__isnull=False).annotate(est=estimated_expression())
+            .values("id", "outcome", "usage", "est"))
+    runs_sql, params = runs.query.sql_with_params()
     with connection.cursor() as cursor:
-        cursor.execute(sql.format(table=connection.ops.quote_name(Run._meta.db_table)), [win.start, win.end])
+        cursor.execute(sql.format(runs=runs_sql), params)
         found = cursor.fetchall()
     rows = []
-    for name, runs, spend, tokens, completed in found:
+    for name, runs, spend, tokens, completed, estimated in found:
         model = name.split("/", 1)[1] if name and "/" in name else name
-        rows.append(Row(label=name or "(unknown)", runs=runs, completed=completed,
+        rows.append(Row(label=name or "(unknown)", runs=runs, completed=completed, estimated=estimated,
                         spend=Decimal(str(spend or 0)).quantize(Decimal("0.000001")), tokens=int(tokens or 0),
                         # The ledger's model names are the record's own; the run list finds them in its usage.
                         link=run_list_url(win, usage__icontains=f'"model": "{model}"')))

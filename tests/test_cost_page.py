@@ -189,16 +189,41 @@ def test_dollar_windows_appear_once_the_dollar_caps_exist(admin_client, monkeypa
     assert 'id="budget-no-dollars"' not in page
 
 
-def test_the_page_costs_the_same_queries_for_a_long_history(admin_client):
+def test_the_page_costs_the_same_queries_for_a_long_history(admin_client, redis_conn):
     make_run("gh-q0", 0, cost="1", tokens=10)
     admin_client.get(PAGE)
+    redis_conn.flushdb()
     with CaptureQueriesContext(connection) as few:
         admin_client.get(PAGE)
     for index in range(60):
         make_run(f"gh-q{index + 1}", index % 30, cost="1", tokens=10, host=f"h{index % 12}", flow=f"f{index % 9}")
+    redis_conn.flushdb()
     with CaptureQueriesContext(connection) as many:
         admin_client.get(PAGE)
     assert len(many) == len(few)
+    with CaptureQueriesContext(connection) as kept:
+        admin_client.get(PAGE)
+    assert len(kept) < len(many)  # the closed days' partials were kept: only yesterday and today are read
+
+
+def test_a_run_recorded_late_for_a_closed_day_shows_at_once(admin_client, redis_conn):
+    make_run("gh-c1", 5, cost="1.00", tokens=10)
+    assert tile(admin_client.get(PAGE).content.decode(), "spend") == "$1.00"
+    assert redis_conn.exists(costs.partial_key(costs.window("30d").days[-6]))  # kept
+
+    make_run("gh-c2", 5, cost="2.00", tokens=10)  # a lost worker's run, settled days later
+    assert tile(admin_client.get(PAGE).content.decode(), "spend") == "$3.00"
+    from apps.worker.models import Run
+
+    Run.objects.filter(job_id="gh-c1").delete()
+    assert tile(admin_client.get(PAGE).content.decode(), "spend") == "$2.00"
+
+
+def test_without_redis_the_page_reads_every_day_from_the_database(admin_client, settings):
+    make_run("gh-n1", 5, cost="1.00", tokens=10)
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    page = admin_client.get(PAGE).content.decode()
+    assert tile(page, "spend") == "$1.00" and "the budget counters could not be read" in page
 
 
 def test_dollars_read_like_dollars():

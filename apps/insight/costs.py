@@ -8,16 +8,18 @@ SQLite, jsonb_array_elements on PostgreSQL).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from urllib.parse import urlencode
 
-from django.db import connection
-from django.db.models import Case, Count, IntegerField, Max, Q, Sum, Value, When
+from django.db import connection, transaction
+from django.db.models import Case, Count, IntegerField, Q, Sum, Value, When
 from django.db.models.functions import TruncDate
 from django.urls import reverse
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 WINDOWS = {"7d": "7 days", "30d": "30 days", "mtd": "month to date"}
 DEFAULT_WINDOW = "30d"
@@ -130,10 +132,11 @@ def run_list_url(win: Window, **filters) -> str:
     return f"{reverse('admin:worker_run_changelist')}?{urlencode(params)}"
 
 
-def _runs(win: Window):
+def _span(start: datetime, end: datetime):
+    """Runs started in [start, end): an index range of run_started_idx."""
     from apps.worker.models import Run
 
-    return Run.objects.filter(started_at__gte=win.start, started_at__lte=win.end).order_by()
+    return Run.objects.filter(started_at__gte=start, started_at__lt=end).order_by()
 
 
 def _top(name: str, rows: list[Row]) -> Breakdown:
@@ -142,43 +145,153 @@ def _top(name: str, rows: list[Row]) -> Breakdown:
     return Breakdown(name, rows[:TOP], more=len(rest), more_spend=sum((row.spend for row in rest), Decimal(0)))
 
 
-# The groupings the page shows; PostgreSQL computes them all in one pass over the window (GROUPING SETS),
-# other databases with one GROUP BY each.
-GROUPINGS = {"day": ("day",), "flow": ("flow", "command"), "trigger": ("trigger_id", "trigger_type"),
+# --- per-day partial aggregates ---------------------------------------------------------------------------
+#
+# The page sums per-day partials: for each UTC day, its runs grouped by each breakdown's columns (and by model).
+# Closed days (before yesterday: a run's record is written when it ends, at most PI_JOB_TIMEOUT_SECONDS after its
+# start) are kept in Redis, so a 30-day window over a long history reads one day and a bit from the database.
+# Any run record written or deleted for a day drops that day's partial (signals in apps.py), from whichever
+# process writes it; a partial also expires after PARTIAL_TTL_SECONDS, so one that missed its drop (Redis down
+# at that moment) is not kept for long. Without Redis every day is read from the database.
+
+GROUPINGS = {"day": (), "flow": ("flow", "command"), "trigger": ("trigger_id", "trigger_type"),
              "scope": ("scope",), "host": ("host",), "outcome": ("outcome",)}
+MEASURES = ("runs", "completed", "spend", "tokens", "estimated")
+PARTIAL_PREFIX = "pidispatch:insight:day:v1:"
+PARTIAL_TTL_SECONDS = 6 * 3600
 
 
-def _grouped_separately(win: Window) -> dict[str, list[dict]]:
-    runs = _runs(win).annotate(day=TruncDate("started_at", tzinfo=UTC))
-    return {name: list(runs.values(*fields).annotate(**_measures())) for name, fields in GROUPINGS.items()}
+def _row(values: dict, columns) -> dict:
+    row = {column: values[column] for column in columns}
+    row.update(runs=values["runs"] or 0, completed=values["completed"] or 0, tokens=int(values["tokens"] or 0),
+               estimated=int(values["estimated"] or 0),
+               spend=str(Decimal(str(values["spend"] or 0)).quantize(Decimal("0.000001"))))
+    return row
 
 
-def _grouped_in_one_pass(win: Window) -> dict[str, list[dict]]:
-    """PostgreSQL: one scan of the window's rows (run_started_idx) feeds every grouping. The rows are the
-    ORM's own query (the estimate flag included), so the SQL here adds only the grouping."""
+def _partials_separately(start: datetime, end: datetime) -> dict[date, dict]:
+    runs = _span(start, end).annotate(day=TruncDate("started_at", tzinfo=UTC))
+    partials: dict[date, dict] = {}
+    for name, columns in GROUPINGS.items():
+        for values in runs.values("day", *columns).annotate(**_measures()):
+            partials.setdefault(values["day"], {}).setdefault(name, []).append(_row(values, columns))
+    return partials
+
+
+def _partials_in_one_pass(start: datetime, end: datetime) -> dict[date, dict]:
+    """PostgreSQL: one scan of the span's rows feeds every grouping (GROUPING SETS). The rows are the ORM's own
+    query (the estimate flag included), so the SQL here adds only the grouping."""
     columns = [column for fields in GROUPINGS.values() for column in fields]
-    rows = (_runs(win).annotate(day=TruncDate("started_at", tzinfo=UTC), est=estimated_expression())
-            .values(*columns, "cost", "tokens_total", "est"))
+    rows = (_span(start, end).annotate(day=TruncDate("started_at", tzinfo=UTC), est=estimated_expression())
+            .values("day", *columns, "cost", "tokens_total", "est"))
     rows_sql, params = rows.query.sql_with_params()
     quote = connection.ops.quote_name
-    sets = ", ".join("(" + ", ".join(quote(column) for column in fields) + ")" for fields in GROUPINGS.values())
-    flags = ", ".join(f"GROUPING({quote(fields[0])})" for fields in GROUPINGS.values())
-    sql = (f"SELECT {flags}, {', '.join(f'r.{quote(column)}' for column in columns)}, COUNT(*), "
+    sets = ", ".join("(" + ", ".join(quote(column) for column in ("day", *fields)) + ")" for fields in GROUPINGS.values())
+    keyed = [name for name, fields in GROUPINGS.items() if fields]
+    flags = ", ".join(f"GROUPING(r.{quote(GROUPINGS[name][0])})" for name in keyed)
+    sql = (f"SELECT {flags}, r.day, {', '.join(f'r.{quote(column)}' for column in columns)}, COUNT(*), "
            f"COUNT(*) FILTER (WHERE r.outcome = 'completed'), SUM(r.cost), SUM(r.tokens_total), SUM(r.est) "
            f"FROM ({rows_sql}) r GROUP BY GROUPING SETS ({sets})")
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         found = cursor.fetchall()
-    grouped: dict[str, list[dict]] = {name: [] for name in GROUPINGS}
-    names, width = list(GROUPINGS), len(GROUPINGS)
+    partials: dict[date, dict] = {}
     for record in found:
-        # GROUPING(x) is 0 for the columns the row is grouped by: exactly one set per row.
-        name = names[[flag for flag in record[:width]].index(0)]
-        values = dict(zip(columns, record[width:width + len(columns)]))
-        runs, completed, spend, tokens, estimated = record[width + len(columns):]
-        grouped[name].append({**{column: values[column] for column in GROUPINGS[name]}, "runs": runs,
-                              "completed": completed, "spend": spend, "tokens": tokens, "estimated": estimated})
-    return grouped
+        grouped_by = [name for name, flag in zip(keyed, record[:len(keyed)]) if flag == 0]  # 0: grouped by it
+        name = grouped_by[0] if grouped_by else "day"
+        values = dict(zip(("day", *columns, *MEASURES), record[len(keyed):]))
+        partials.setdefault(values["day"], {}).setdefault(name, []).append(_row(values, GROUPINGS[name]))
+    return partials
+
+
+def _partials(start: datetime, end: datetime) -> dict[date, dict]:
+    if connection.vendor != "postgresql":
+        partials = _partials_separately(start, end)
+        model = _model_partials(start, end)
+    else:
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                # The planner guesses 100 ledger rows per run, so a short span looks costly enough to JIT-compile:
+                # 150 ms of compiling for a 10 ms query.
+                cursor.execute("SET LOCAL jit = off")
+            partials = _partials_in_one_pass(start, end)
+            model = _model_partials(start, end)
+    for day, names in model.items():
+        partials.setdefault(day, {})["model"] = names
+    return partials
+
+
+def _redis():
+    from apps.fleet.connection import get_redis
+
+    return get_redis()
+
+
+def partial_key(day: date) -> str:
+    return f"{PARTIAL_PREFIX}{day.isoformat()}"
+
+
+def _read_partials(days: list[date]) -> dict[date, dict]:
+    if not days:
+        return {}
+    try:
+        found = _redis().mget([partial_key(day) for day in days])
+    except (RedisError, OSError):
+        return {}
+    return {day: json.loads(value) for day, value in zip(days, found) if value}
+
+
+def _write_partials(partials: dict[date, dict]) -> None:
+    if not partials:
+        return
+    try:
+        with _redis().pipeline(transaction=False) as pipe:
+            for day, partial in partials.items():
+                pipe.set(partial_key(day), json.dumps(partial, default=str), ex=PARTIAL_TTL_SECONDS)
+            pipe.execute()
+    except (RedisError, OSError):
+        pass  # the next view reads those days from the database again
+
+
+def forget_day(moment: datetime) -> None:
+    """A run record for that day was written or deleted: its partial is no longer the truth."""
+    try:
+        _redis().delete(partial_key(moment.astimezone(UTC).date()))
+    except (RedisError, OSError):
+        pass  # bounded by PARTIAL_TTL_SECONDS
+
+
+def _midnight(day: date) -> datetime:
+    return datetime(day.year, day.month, day.day, tzinfo=UTC)
+
+
+def _window_partials(win: Window) -> dict[date, dict]:
+    closed_before = win.end.date() - timedelta(days=1)  # yesterday may still gain records of runs ending now
+    closed = [day for day in win.days if day < closed_before]
+    open_days = [day for day in win.days if day >= closed_before]
+    partials = _read_partials(closed)
+    missing = [day for day in closed if day not in partials]
+    if missing:
+        computed = _partials(_midnight(missing[0]), _midnight(missing[-1] + timedelta(days=1)))
+        fresh = {day: computed.get(day, {}) for day in missing}
+        _write_partials(fresh)
+        partials.update(fresh)
+    if open_days:
+        computed = _partials(_midnight(open_days[0]), win.end + timedelta(microseconds=1))
+        partials.update({day: computed.get(day, {}) for day in open_days})
+    return partials
+
+
+def _merged(partials: dict[date, dict], name: str, columns) -> list[dict]:
+    merged: dict[tuple, dict] = {}
+    for partial in partials.values():
+        for row in partial.get(name, ()):
+            key = tuple(row[column] for column in columns)
+            into = merged.setdefault(key, {**{column: row[column] for column in columns}, "runs": 0, "completed": 0,
+                                           "spend": Decimal(0), "tokens": 0, "estimated": 0})
+            for measure in MEASURES:
+                into[measure] += Decimal(row[measure]) if measure == "spend" else row[measure]
+    return list(merged.values())
 
 
 def _by_flow(win: Window, grouped) -> Breakdown:
@@ -217,54 +330,65 @@ def _by_field(win: Window, grouped, name: str, column: str, empty: str, param: s
 
 
 MODEL_SQL = {
-    # One row per (run, model row of its ledger) over the window's runs, which the ORM selects (with the estimate
+    # One row per (run, model row of its ledger) over the span's runs, which the ORM selects (with the estimate
     # flag of estimated_expression, so the hook stays one function). A ledger names each model once, so a plain
     # count is a count of runs (no DISTINCT, whose sorts cost more than the rest of the page).
     "sqlite": """
-        SELECT json_extract(m.value, '$.provider') || '/' || json_extract(m.value, '$.model') AS name,
-               COUNT(*), SUM(CAST(json_extract(m.value, '$.cost') AS REAL)),
+        SELECT r.day, json_extract(m.value, '$.provider') || '/' || json_extract(m.value, '$.model') AS name,
+               COUNT(*), SUM(CASE WHEN r.outcome = 'completed' THEN 1 ELSE 0 END),
+               SUM(CAST(json_extract(m.value, '$.cost') AS REAL)),
                SUM(COALESCE(json_extract(m.value, '$.input'), 0) + COALESCE(json_extract(m.value, '$.output'), 0)
                    + COALESCE(json_extract(m.value, '$.cacheRead'), 0) + COALESCE(json_extract(m.value, '$.cacheWrite'), 0)),
-               SUM(CASE WHEN r.outcome = 'completed' THEN 1 ELSE 0 END), SUM(r.est)
+               SUM(r.est)
         FROM ({runs}) r, json_each(r.usage, '$.models') m
-        GROUP BY name""",
+        GROUP BY r.day, name""",
     "postgresql": """
-        SELECT (m.value->>'provider') || '/' || (m.value->>'model') AS name,
-               COUNT(*), SUM((m.value->>'cost')::numeric),
+        SELECT r.day, (m.value->>'provider') || '/' || (m.value->>'model') AS name,
+               COUNT(*), COUNT(*) FILTER (WHERE r.outcome = 'completed'), SUM((m.value->>'cost')::numeric),
                SUM(COALESCE((m.value->>'input')::bigint, 0) + COALESCE((m.value->>'output')::bigint, 0)
                    + COALESCE((m.value->>'cacheRead')::bigint, 0) + COALESCE((m.value->>'cacheWrite')::bigint, 0)),
-               COUNT(*) FILTER (WHERE r.outcome = 'completed'), COUNT(*) FILTER (WHERE r.est = 1)
+               COUNT(*) FILTER (WHERE r.est = 1)
         FROM ({runs}) r CROSS JOIN LATERAL jsonb_array_elements(
             CASE WHEN jsonb_typeof(r.usage->'models') = 'array' THEN r.usage->'models' ELSE '[]'::jsonb END) m
-        GROUP BY name""",
+        GROUP BY r.day, name""",
 }
 
 
-def _by_model(win: Window) -> Breakdown:
+def _model_partials(start: datetime, end: datetime) -> dict[date, list[dict]]:
     sql = MODEL_SQL.get(connection.vendor)
     if sql is None:
-        return Breakdown("model", [])
-    runs = (_runs(win).filter(usage__models__isnull=False).annotate(est=estimated_expression())
-            .values("id", "outcome", "usage", "est"))
+        return {}
+    runs = (_span(start, end).filter(usage__models__isnull=False)
+            .annotate(day=TruncDate("started_at", tzinfo=UTC), est=estimated_expression())
+            .values("id", "day", "outcome", "usage", "est"))
     runs_sql, params = runs.query.sql_with_params()
     with connection.cursor() as cursor:
         cursor.execute(sql.format(runs=runs_sql), params)
         found = cursor.fetchall()
+    partials: dict[date, list[dict]] = {}
+    for day, *values in found:
+        if isinstance(day, str):  # SQLite's date function answers text
+            day = date.fromisoformat(day)
+        partials.setdefault(day, []).append(_row(dict(zip(("name", *MEASURES[:2], "spend", "tokens", "estimated"),
+                                                           values)), ("name",)))
+    return partials
+
+
+def _by_model(win: Window, grouped) -> Breakdown:
     rows = []
-    for name, runs, spend, tokens, completed, estimated in found:
+    for values in grouped:
+        name = values["name"]
         model = name.split("/", 1)[1] if name and "/" in name else name
-        rows.append(Row(label=name or "(unknown)", runs=runs, completed=completed, estimated=estimated,
-                        spend=Decimal(str(spend or 0)).quantize(Decimal("0.000001")), tokens=int(tokens or 0),
-                        # The ledger's model names are the record's own; the run list finds them in its usage.
-                        link=run_list_url(win, usage__icontains=f'"model": "{model}"')))
+        # The ledger's model names are the record's own; the run list finds them in its usage.
+        rows.append(_fill(Row(label=name or "(unknown)", link=run_list_url(win, usage__icontains=f'"model": "{model}"')),
+                          values))
     return _top("model", rows)
 
 
 def summary(key: str = DEFAULT_WINDOW, now: datetime | None = None) -> CostSummary:
     win = window(key, now)
-    grouped = (_grouped_in_one_pass if connection.vendor == "postgresql" else _grouped_separately)(win)
-    by_day = {values["day"]: values for values in grouped["day"]}
-    days = [_fill(Day(day=day), by_day.get(day, {})) for day in win.days]
+    partials = _window_partials(win)
+    days = [_fill(Day(day=day), (_merged({day: partials.get(day, {})}, "day", ()) or [{}])[0]) for day in win.days]
     totals = Totals()
     for day in days:
         totals.runs += day.runs
@@ -272,8 +396,10 @@ def summary(key: str = DEFAULT_WINDOW, now: datetime | None = None) -> CostSumma
         totals.spend += day.spend
         totals.tokens += day.tokens
         totals.estimated += day.estimated
+    grouped = {name: _merged(partials, name, columns) for name, columns in GROUPINGS.items()}
     breakdowns = [
-        _by_flow(win, grouped["flow"]), _by_trigger(win, grouped["trigger"]), _by_model(win),
+        _by_flow(win, grouped["flow"]), _by_trigger(win, grouped["trigger"]),
+        _by_model(win, _merged(partials, "model", ("name",))),
         _by_field(win, grouped["scope"], "repository / folder", "scope", "(no scope)", "scope__exact"),
         _by_field(win, grouped["host"], "host", "host", "(no host)", "host__exact"),
         _by_field(win, grouped["outcome"], "outcome", "outcome", "(none)", "outcome__exact"),

@@ -219,6 +219,22 @@ def test_a_run_recorded_late_for_a_closed_day_shows_at_once(admin_client, redis_
     assert tile(admin_client.get(PAGE).content.decode(), "spend") == "$2.00"
 
 
+def test_a_record_written_while_a_partial_is_computed_does_not_leave_it_stale(admin_client, monkeypatch):
+    make_run("gh-r1", 5, cost="1.00", tokens=10)
+    real = costs._partials
+
+    def slow_partials(start, end):
+        computed = real(start, end)
+        if start < costs._midnight(costs.window("30d").days[-2]):  # the closed days, read before this record
+            make_run("gh-r2", 5, cost="2.00", tokens=10)
+        return computed
+
+    monkeypatch.setattr(costs, "_partials", slow_partials)
+    assert tile(admin_client.get(PAGE).content.decode(), "spend") == "$1.00"  # computed before gh-r2 existed
+    monkeypatch.setattr(costs, "_partials", real)
+    assert tile(admin_client.get(PAGE).content.decode(), "spend") == "$3.00"
+
+
 def test_without_redis_the_page_reads_every_day_from_the_database(admin_client, settings):
     make_run("gh-n1", 5, cost="1.00", tokens=10)
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there

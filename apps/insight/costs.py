@@ -231,32 +231,55 @@ def partial_key(day: date) -> str:
     return f"{PARTIAL_PREFIX}{day.isoformat()}"
 
 
-def _read_partials(days: list[date]) -> dict[date, dict]:
+def generation_key(day: date) -> str:
+    return f"{PARTIAL_PREFIX}gen:{day.isoformat()}"
+
+
+GENERATION_TTL_SECONDS = 40 * 86400  # longer than any window reaches back
+
+
+def _read_partials(days: list[date]) -> tuple[dict[date, dict], dict[date, int]]:
+    """The kept partials still true (their day's generation unchanged since they were computed), and every
+    day's generation now, for the partials computed next."""
     if not days:
-        return {}
+        return {}, {}
     try:
-        found = _redis().mget([partial_key(day) for day in days])
+        found = _redis().mget([partial_key(day) for day in days] + [generation_key(day) for day in days])
     except (RedisError, OSError):
-        return {}
-    return {day: json.loads(value) for day, value in zip(days, found) if value}
+        return {}, {}
+    generations = {day: int(value or 0) for day, value in zip(days, found[len(days):])}
+    partials = {}
+    for day, value in zip(days, found[:len(days)]):
+        partial = json.loads(value) if value else None
+        if partial and partial.get("generation") == generations[day]:
+            partials[day] = partial
+    return partials, generations
 
 
-def _write_partials(partials: dict[date, dict]) -> None:
-    if not partials:
+def _write_partials(partials: dict[date, dict], generations: dict[date, int]) -> None:
+    if not partials or not generations:
         return
     try:
         with _redis().pipeline(transaction=False) as pipe:
             for day, partial in partials.items():
-                pipe.set(partial_key(day), json.dumps(partial, default=str), ex=PARTIAL_TTL_SECONDS)
+                # A record written while this was computed moved the generation on: this partial is then
+                # never read (a plain delete could land before this write and be lost).
+                pipe.set(partial_key(day), json.dumps({**partial, "generation": generations[day]}, default=str),
+                         ex=PARTIAL_TTL_SECONDS)
             pipe.execute()
     except (RedisError, OSError):
         pass  # the next view reads those days from the database again
 
 
 def forget_day(moment: datetime) -> None:
-    """A run record for that day was written or deleted: its partial is no longer the truth."""
+    """A run record for that day was written or deleted: its kept partial is no longer the truth."""
+    day = moment.astimezone(UTC).date()
     try:
-        _redis().delete(partial_key(moment.astimezone(UTC).date()))
+        with _redis().pipeline(transaction=True) as pipe:
+            pipe.incr(generation_key(day))
+            pipe.expire(generation_key(day), GENERATION_TTL_SECONDS)
+            pipe.delete(partial_key(day))
+            pipe.execute()
     except (RedisError, OSError):
         pass  # bounded by PARTIAL_TTL_SECONDS
 
@@ -269,12 +292,12 @@ def _window_partials(win: Window) -> dict[date, dict]:
     closed_before = win.end.date() - timedelta(days=1)  # yesterday may still gain records of runs ending now
     closed = [day for day in win.days if day < closed_before]
     open_days = [day for day in win.days if day >= closed_before]
-    partials = _read_partials(closed)
+    partials, generations = _read_partials(closed)
     missing = [day for day in closed if day not in partials]
     if missing:
         computed = _partials(_midnight(missing[0]), _midnight(missing[-1] + timedelta(days=1)))
         fresh = {day: computed.get(day, {}) for day in missing}
-        _write_partials(fresh)
+        _write_partials(fresh, generations)
         partials.update(fresh)
     if open_days:
         computed = _partials(_midnight(open_days[0]), win.end + timedelta(microseconds=1))

@@ -101,6 +101,26 @@ def test_a_scrape_with_redis_down_says_so_and_still_counts_runs(client, settings
     assert not any(name == "pidispatch_queue_depth" for name, _ in samples)  # unknown, not zero
 
 
+def test_runs_of_closed_days_are_counted_from_kept_partials_and_late_records_count(client, redis_conn):
+    from tests.cost_support import make_run
+
+    make_run("gh-k1", 40, outcome="failed", reason="runner-infra", cost="1.00", tokens=100)
+    make_run("gh-k2", 5, outcome="policy", reason="token-budget", cost="0.50", tokens=50)
+    make_run("gh-k3", 0)
+    first = scrape(client)
+    assert redis_conn.keys("pidispatch:insight:day:*")  # the closed days were kept
+    assert scrape(client) == first
+    assert value(first, "pidispatch_runs_total", outcome="failed", reason="runner-infra") == 1
+    assert value(first, "pidispatch_gateway_refusals_total", reason="token-budget") == 1
+    assert value(first, "pidispatch_run_cost_dollars_total") == pytest.approx(1.5)
+
+    make_run("gh-k4", 40, outcome="failed", reason="runner-infra", cost="2.00", tokens=10)  # settled late
+    later = scrape(client)
+    assert value(later, "pidispatch_runs_total", outcome="failed", reason="runner-infra") == 2
+    assert value(later, "pidispatch_run_cost_dollars_total") == pytest.approx(3.5)
+    assert value(later, "pidispatch_run_tokens_total") == 160
+
+
 def test_a_bearer_token_guards_the_scrape_when_set(client, settings):
     settings.PI_METRICS_TOKEN = "scrape-token-for-tests"
     assert client.get("/metrics").status_code == 401

@@ -155,9 +155,10 @@ def _top(name: str, rows: list[Row]) -> Breakdown:
 # at that moment) is not kept for long. Without Redis every day is read from the database.
 
 GROUPINGS = {"day": (), "flow": ("flow", "command"), "trigger": ("trigger_id", "trigger_type"),
-             "scope": ("scope",), "host": ("host",), "outcome": ("outcome",)}
+             "scope": ("scope",), "host": ("host",), "outcome": ("outcome",),
+             "reason": ("reason", "outcome")}  # for /metrics: runs by outcome and reason over the whole history
 MEASURES = ("runs", "completed", "spend", "tokens", "estimated")
-PARTIAL_PREFIX = "pidispatch:insight:day:v1:"
+PARTIAL_PREFIX = "pidispatch:insight:day:v2:"
 PARTIAL_TTL_SECONDS = 6 * 3600
 
 
@@ -181,25 +182,25 @@ def _partials_separately(start: datetime, end: datetime) -> dict[date, dict]:
 def _partials_in_one_pass(start: datetime, end: datetime) -> dict[date, dict]:
     """PostgreSQL: one scan of the span's rows feeds every grouping (GROUPING SETS). The rows are the ORM's own
     query (the estimate flag included), so the SQL here adds only the grouping."""
-    columns = [column for fields in GROUPINGS.values() for column in fields]
+    columns = list(dict.fromkeys(column for fields in GROUPINGS.values() for column in fields))
     rows = (_span(start, end).annotate(day=TruncDate("started_at", tzinfo=UTC), est=estimated_expression())
             .values("day", *columns, "cost", "tokens_total", "est"))
     rows_sql, params = rows.query.sql_with_params()
     quote = connection.ops.quote_name
     sets = ", ".join("(" + ", ".join(quote(column) for column in ("day", *fields)) + ")" for fields in GROUPINGS.values())
-    keyed = [name for name, fields in GROUPINGS.items() if fields]
-    flags = ", ".join(f"GROUPING(r.{quote(GROUPINGS[name][0])})" for name in keyed)
+    flags = ", ".join(f"GROUPING(r.{quote(column)})" for column in columns)
     sql = (f"SELECT {flags}, r.day, {', '.join(f'r.{quote(column)}' for column in columns)}, COUNT(*), "
            f"COUNT(*) FILTER (WHERE r.outcome = 'completed'), SUM(r.cost), SUM(r.tokens_total), SUM(r.est) "
            f"FROM ({rows_sql}) r GROUP BY GROUPING SETS ({sets})")
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         found = cursor.fetchall()
+    by_columns = {frozenset(fields): name for name, fields in GROUPINGS.items()}
     partials: dict[date, dict] = {}
     for record in found:
-        grouped_by = [name for name, flag in zip(keyed, record[:len(keyed)]) if flag == 0]  # 0: grouped by it
-        name = grouped_by[0] if grouped_by else "day"
-        values = dict(zip(("day", *columns, *MEASURES), record[len(keyed):]))
+        # GROUPING(x) is 0 for the columns the row is grouped by, which name its set.
+        name = by_columns[frozenset(column for column, flag in zip(columns, record[:len(columns)]) if flag == 0)]
+        values = dict(zip(("day", *columns, *MEASURES), record[len(columns):]))
         partials.setdefault(values["day"], {}).setdefault(name, []).append(_row(values, GROUPINGS[name]))
     return partials
 
@@ -288,21 +289,43 @@ def _midnight(day: date) -> datetime:
     return datetime(day.year, day.month, day.day, tzinfo=UTC)
 
 
-def _window_partials(win: Window) -> dict[date, dict]:
-    closed_before = win.end.date() - timedelta(days=1)  # yesterday may still gain records of runs ending now
-    closed = [day for day in win.days if day < closed_before]
-    open_days = [day for day in win.days if day >= closed_before]
+def _stretches(days: list[date]) -> list[tuple[date, date]]:
+    """Consecutive days as (first, last) pairs: each is one index range to read."""
+    stretches: list[list[date]] = []
+    for day in sorted(days):
+        if stretches and (day - stretches[-1][1]).days == 1:
+            stretches[-1][1] = day
+        else:
+            stretches.append([day, day])
+    return [(first, last) for first, last in stretches]
+
+
+def day_partials(days: list[date], end: datetime) -> dict[date, dict]:
+    """Each day's partial aggregates up to `end` (now): kept ones for closed days, the rest from the database."""
+    closed_before = end.date() - timedelta(days=1)  # yesterday may still gain records of runs ending now
+    closed = [day for day in days if day < closed_before]
+    open_days = [day for day in days if day >= closed_before]
     partials, generations = _read_partials(closed)
-    missing = [day for day in closed if day not in partials]
-    if missing:
-        computed = _partials(_midnight(missing[0]), _midnight(missing[-1] + timedelta(days=1)))
-        fresh = {day: computed.get(day, {}) for day in missing}
-        _write_partials(fresh, generations)
-        partials.update(fresh)
+    fresh: dict[date, dict] = {}
+    for first, last in _stretches([day for day in closed if day not in partials]):
+        computed = _partials(_midnight(first), _midnight(last + timedelta(days=1)))
+        fresh.update({first + timedelta(days=n): computed.get(first + timedelta(days=n), {})
+                      for n in range((last - first).days + 1)})
+    _write_partials(fresh, generations)
+    partials.update(fresh)
     if open_days:
-        computed = _partials(_midnight(open_days[0]), win.end + timedelta(microseconds=1))
+        computed = _partials(_midnight(open_days[0]), end + timedelta(microseconds=1))
         partials.update({day: computed.get(day, {}) for day in open_days})
     return partials
+
+
+def _window_partials(win: Window) -> dict[date, dict]:
+    return day_partials(win.days, win.end)
+
+
+def merged(partials: dict[date, dict], name: str) -> list[dict]:
+    """One grouping's rows summed over the days."""
+    return _merged(partials, name, GROUPINGS.get(name, ("name",)))
 
 
 def _merged(partials: dict[date, dict], name: str, columns) -> list[dict]:

@@ -223,8 +223,8 @@ def test_a_record_written_while_a_partial_is_computed_does_not_leave_it_stale(ad
     make_run("gh-r1", 5, cost="1.00", tokens=10)
     real = costs._partials
 
-    def slow_partials(start, end):
-        computed = real(start, end)
+    def slow_partials(start, end, kind="page"):
+        computed = real(start, end, kind)
         if start < costs._midnight(costs.window("30d").days[-2]):  # the closed days, read before this record
             make_run("gh-r2", 5, cost="2.00", tokens=10)
         return computed

@@ -150,16 +150,19 @@ def _top(name: str, rows: list[Row]) -> Breakdown:
 # The page sums per-day partials: for each UTC day, its runs grouped by each breakdown's columns (and by model).
 # Closed days (before yesterday: a run's record is written when it ends, at most PI_JOB_TIMEOUT_SECONDS after its
 # start) are kept in Redis, so a 30-day window over a long history reads one day and a bit from the database.
-# Any run record written or deleted for a day drops that day's partial (signals in apps.py), from whichever
-# process writes it; a partial also expires after PARTIAL_TTL_SECONDS, so one that missed its drop (Redis down
-# at that moment) is not kept for long. Without Redis every day is read from the database.
+# Any run record written or deleted for a day moves that day's generation on (signals in apps.py), from whichever
+# process writes it, and a partial computed under an older generation is never read; a partial also expires
+# after PARTIAL_TTL_SECONDS, so one that missed its drop (Redis down at that moment) is not kept for long.
+# Without Redis every day is read from the database.
 
 GROUPINGS = {"day": (), "flow": ("flow", "command"), "trigger": ("trigger_id", "trigger_type"),
-             "scope": ("scope",), "host": ("host",), "outcome": ("outcome",),
-             "reason": ("reason", "outcome")}  # for /metrics: runs by outcome and reason over the whole history
+             "scope": ("scope",), "host": ("host",), "outcome": ("outcome",)}
+# /metrics keeps partials of its own, runs by outcome and reason over the whole history: one cheap grouping, so
+# reading a year of days afresh costs one GROUP BY, not the page's seven.
+KINDS = {"page": GROUPINGS, "reasons": {"reason": ("reason", "outcome")}}
 MEASURES = ("runs", "completed", "spend", "tokens", "estimated")
 PARTIAL_PREFIX = "pidispatch:insight:day:v2:"
-PARTIAL_TTL_SECONDS = 6 * 3600
+PARTIAL_TTL_SECONDS = 24 * 3600
 
 
 def _row(values: dict, columns) -> dict:
@@ -170,24 +173,24 @@ def _row(values: dict, columns) -> dict:
     return row
 
 
-def _partials_separately(start: datetime, end: datetime) -> dict[date, dict]:
+def _partials_separately(start: datetime, end: datetime, groupings: dict) -> dict[date, dict]:
     runs = _span(start, end).annotate(day=TruncDate("started_at", tzinfo=UTC))
     partials: dict[date, dict] = {}
-    for name, columns in GROUPINGS.items():
+    for name, columns in groupings.items():
         for values in runs.values("day", *columns).annotate(**_measures()):
             partials.setdefault(values["day"], {}).setdefault(name, []).append(_row(values, columns))
     return partials
 
 
-def _partials_in_one_pass(start: datetime, end: datetime) -> dict[date, dict]:
+def _partials_in_one_pass(start: datetime, end: datetime, groupings: dict) -> dict[date, dict]:
     """PostgreSQL: one scan of the span's rows feeds every grouping (GROUPING SETS). The rows are the ORM's own
     query (the estimate flag included), so the SQL here adds only the grouping."""
-    columns = list(dict.fromkeys(column for fields in GROUPINGS.values() for column in fields))
+    columns = list(dict.fromkeys(column for fields in groupings.values() for column in fields))
     rows = (_span(start, end).annotate(day=TruncDate("started_at", tzinfo=UTC), est=estimated_expression())
             .values("day", *columns, "cost", "tokens_total", "est"))
     rows_sql, params = rows.query.sql_with_params()
     quote = connection.ops.quote_name
-    sets = ", ".join("(" + ", ".join(quote(column) for column in ("day", *fields)) + ")" for fields in GROUPINGS.values())
+    sets = ", ".join("(" + ", ".join(quote(column) for column in ("day", *fields)) + ")" for fields in groupings.values())
     flags = ", ".join(f"GROUPING(r.{quote(column)})" for column in columns)
     sql = (f"SELECT {flags}, r.day, {', '.join(f'r.{quote(column)}' for column in columns)}, COUNT(*), "
            f"COUNT(*) FILTER (WHERE r.outcome = 'completed'), SUM(r.cost), SUM(r.tokens_total), SUM(r.est) "
@@ -195,28 +198,30 @@ def _partials_in_one_pass(start: datetime, end: datetime) -> dict[date, dict]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         found = cursor.fetchall()
-    by_columns = {frozenset(fields): name for name, fields in GROUPINGS.items()}
+    by_columns = {frozenset(fields): name for name, fields in groupings.items()}
     partials: dict[date, dict] = {}
     for record in found:
         # GROUPING(x) is 0 for the columns the row is grouped by, which name its set.
         name = by_columns[frozenset(column for column, flag in zip(columns, record[:len(columns)]) if flag == 0)]
         values = dict(zip(("day", *columns, *MEASURES), record[len(columns):]))
-        partials.setdefault(values["day"], {}).setdefault(name, []).append(_row(values, GROUPINGS[name]))
+        partials.setdefault(values["day"], {}).setdefault(name, []).append(_row(values, groupings[name]))
     return partials
 
 
-def _partials(start: datetime, end: datetime) -> dict[date, dict]:
+def _partials(start: datetime, end: datetime, kind: str = "page") -> dict[date, dict]:
+    groupings = KINDS[kind]
+    with_models = kind == "page"
     if connection.vendor != "postgresql":
-        partials = _partials_separately(start, end)
-        model = _model_partials(start, end)
+        partials = _partials_separately(start, end, groupings)
+        model = _model_partials(start, end) if with_models else {}
     else:
         with transaction.atomic():
             with connection.cursor() as cursor:
                 # The planner guesses 100 ledger rows per run, so a short span looks costly enough to JIT-compile:
                 # 150 ms of compiling for a 10 ms query.
                 cursor.execute("SET LOCAL jit = off")
-            partials = _partials_in_one_pass(start, end)
-            model = _model_partials(start, end)
+            partials = _partials_in_one_pass(start, end, groupings)
+            model = _model_partials(start, end) if with_models else {}
     for day, names in model.items():
         partials.setdefault(day, {})["model"] = names
     return partials
@@ -228,8 +233,8 @@ def _redis():
     return get_redis()
 
 
-def partial_key(day: date) -> str:
-    return f"{PARTIAL_PREFIX}{day.isoformat()}"
+def partial_key(day: date, kind: str = "page") -> str:
+    return f"{PARTIAL_PREFIX}{kind}:{day.isoformat()}"
 
 
 def generation_key(day: date) -> str:
@@ -239,13 +244,13 @@ def generation_key(day: date) -> str:
 GENERATION_TTL_SECONDS = 40 * 86400  # longer than any window reaches back
 
 
-def _read_partials(days: list[date]) -> tuple[dict[date, dict], dict[date, int]]:
+def _read_partials(days: list[date], kind: str) -> tuple[dict[date, dict], dict[date, int]]:
     """The kept partials still true (their day's generation unchanged since they were computed), and every
     day's generation now, for the partials computed next."""
     if not days:
         return {}, {}
     try:
-        found = _redis().mget([partial_key(day) for day in days] + [generation_key(day) for day in days])
+        found = _redis().mget([partial_key(day, kind) for day in days] + [generation_key(day) for day in days])
     except (RedisError, OSError):
         return {}, {}
     generations = {day: int(value or 0) for day, value in zip(days, found[len(days):])}
@@ -257,7 +262,7 @@ def _read_partials(days: list[date]) -> tuple[dict[date, dict], dict[date, int]]
     return partials, generations
 
 
-def _write_partials(partials: dict[date, dict], generations: dict[date, int]) -> None:
+def _write_partials(partials: dict[date, dict], generations: dict[date, int], kind: str) -> None:
     if not partials or not generations:
         return
     try:
@@ -265,7 +270,7 @@ def _write_partials(partials: dict[date, dict], generations: dict[date, int]) ->
             for day, partial in partials.items():
                 # A record written while this was computed moved the generation on: this partial is then
                 # never read (a plain delete could land before this write and be lost).
-                pipe.set(partial_key(day), json.dumps({**partial, "generation": generations[day]}, default=str),
+                pipe.set(partial_key(day, kind), json.dumps({**partial, "generation": generations[day]}, default=str),
                          ex=PARTIAL_TTL_SECONDS)
             pipe.execute()
     except (RedisError, OSError):
@@ -279,7 +284,7 @@ def forget_day(moment: datetime) -> None:
         with _redis().pipeline(transaction=True) as pipe:
             pipe.incr(generation_key(day))
             pipe.expire(generation_key(day), GENERATION_TTL_SECONDS)
-            pipe.delete(partial_key(day))
+            pipe.delete(*(partial_key(day, kind) for kind in KINDS))
             pipe.execute()
     except (RedisError, OSError):
         pass  # bounded by PARTIAL_TTL_SECONDS
@@ -300,21 +305,21 @@ def _stretches(days: list[date]) -> list[tuple[date, date]]:
     return [(first, last) for first, last in stretches]
 
 
-def day_partials(days: list[date], end: datetime) -> dict[date, dict]:
+def day_partials(days: list[date], end: datetime, kind: str = "page") -> dict[date, dict]:
     """Each day's partial aggregates up to `end` (now): kept ones for closed days, the rest from the database."""
     closed_before = end.date() - timedelta(days=1)  # yesterday may still gain records of runs ending now
     closed = [day for day in days if day < closed_before]
     open_days = [day for day in days if day >= closed_before]
-    partials, generations = _read_partials(closed)
+    partials, generations = _read_partials(closed, kind)
     fresh: dict[date, dict] = {}
     for first, last in _stretches([day for day in closed if day not in partials]):
-        computed = _partials(_midnight(first), _midnight(last + timedelta(days=1)))
+        computed = _partials(_midnight(first), _midnight(last + timedelta(days=1)), kind)
         fresh.update({first + timedelta(days=n): computed.get(first + timedelta(days=n), {})
                       for n in range((last - first).days + 1)})
-    _write_partials(fresh, generations)
+    _write_partials(fresh, generations, kind)
     partials.update(fresh)
     if open_days:
-        computed = _partials(_midnight(open_days[0]), end + timedelta(microseconds=1))
+        computed = _partials(_midnight(open_days[0]), end + timedelta(microseconds=1), kind)
         partials.update({day: computed.get(day, {}) for day in open_days})
     return partials
 
@@ -325,7 +330,8 @@ def _window_partials(win: Window) -> dict[date, dict]:
 
 def merged(partials: dict[date, dict], name: str) -> list[dict]:
     """One grouping's rows summed over the days."""
-    return _merged(partials, name, GROUPINGS.get(name, ("name",)))
+    columns = next((groupings[name] for groupings in KINDS.values() if name in groupings), ("name",))
+    return _merged(partials, name, columns)
 
 
 def _merged(partials: dict[date, dict], name: str, columns) -> list[dict]:

@@ -38,9 +38,9 @@ CALLS_SQL = {
 
 
 def _runs_by_reason(Run) -> list[dict]:
-    """Every run record by outcome and reason, with its dollars and tokens: the cost page's per-day partials
-    over the whole history (closed days kept in Redis), so a scrape reads yesterday and today from the
-    database, not every row."""
+    """Every run record by outcome and reason, with its dollars and tokens, from per-day partials over the whole
+    history (closed days kept in Redis as the cost page keeps its own), so a scrape reads yesterday and today
+    from the database, not every row."""
     from . import costs
 
     first = Run.objects.order_by("started_at").values_list("started_at", flat=True).first()  # run_started_idx
@@ -49,7 +49,7 @@ def _runs_by_reason(Run) -> list[dict]:
     now = timezone.now()
     first_day, today = first.astimezone(UTC).date(), now.astimezone(UTC).date()
     days = [first_day + timedelta(days=n) for n in range((today - first_day).days + 1)]
-    return costs.merged(costs.day_partials(days, now), "reason")
+    return costs.merged(costs.day_partials(days, now, "reasons"), "reason")
 
 
 class DispatchCollector:

@@ -107,8 +107,9 @@ def changelist_count(client, url: str) -> int:
     return response.context["cl"].result_count
 
 
-def test_every_breakdown_row_links_to_exactly_its_runs(admin_client):
+def test_every_breakdown_row_links_to_exactly_its_runs(admin_client, label_trigger):
     known_history()
+    make_run("gh-t1", 2, cost="0.30", tokens=300, trigger=label_trigger, trigger_type="label")
     make_run("gh-b1", 1, cost="0.10", tokens=100, flow="", command="summarise", trigger_type="manual", host="hostB")
     summary = costs.summary("7d")
 
@@ -123,8 +124,9 @@ def test_every_breakdown_row_links_to_exactly_its_runs(admin_client):
     assert checked >= 15
     by = {b.name: {row.label: row for row in b.rows} for b in summary.breakdowns}
     assert by["host"]["hostB"].runs == 3 and by["host"]["(no host)"].runs == 1
+    assert by["trigger"][str(label_trigger)].runs == 1 and by["trigger"]["(no trigger)"].runs == 5
     assert "hostC" not in by["host"]  # outside the window, and so outside its link's date range
-    assert by["model"]["anthropic/gpt-5"].runs == 1 and by["model"]["anthropic/claude-sonnet-4-5"].runs == 4
+    assert by["model"]["anthropic/gpt-5"].runs == 1 and by["model"]["anthropic/claude-sonnet-4-5"].runs == 5
     assert set(by["outcome"]) == {"completed", "failed", "policy"}
     assert by["flow"]["/summarise"].runs == 1 and by["trigger"]["(manual)"].runs == 1
 

@@ -1,9 +1,10 @@
 """What the cost page shows, aggregated in the database: a window of UTC days, its totals, its days, and where
 its dollars went (flow, trigger, model, repository/folder, host, outcome).
 
-Every number comes from a GROUP BY over the window's rows (run_started_idx bounds the scan); nothing is
-stored beside the run history. The model breakdown unrolls each run's usage ledger in SQL (json_each on
-SQLite, jsonb_array_elements on PostgreSQL).
+Every number comes from GROUP BYs over the window's rows (run_started_idx bounds each scan), summed from per-day
+partials of which the closed days' are kept in Redis (below: a cache with exact invalidation, never the truth).
+The model breakdown unrolls each run's usage ledger in SQL (json_each on SQLite, jsonb_array_elements on
+PostgreSQL).
 """
 
 from __future__ import annotations

@@ -119,13 +119,18 @@ class Budget:
 
 
 def _call_with(function, **available):
-    """Call a function from another module with the arguments it names among `available` (its signature is
-    another engineer's to settle)."""
+    """Call a function from another module with what it asks for among `available`, by name, else by position
+    in `available`'s order (its signature is another engineer's to settle)."""
     try:
-        names = inspect.signature(function).parameters
+        parameters = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):
         return function()
-    return function(**{name: value for name, value in available.items() if name in names})
+    named = {p.name: available[p.name] for p in parameters if p.name in available}
+    if named:
+        return function(**named)
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                  and p.default is p.empty]
+    return function(*list(available.values())[:len(positional)])
 
 
 def _field(item, *names, default=None):

@@ -50,8 +50,13 @@ def test_only_who_may_read_runs_sees_it(client):
     assert reverse("admin:insight_spend_changelist") == PAGE
 
 
-def test_the_fleet_panel_links_to_it(admin_client):
+def test_the_fleet_panel_links_to_it_for_who_may_see_it(admin_client, client):
     assert f'href="{PAGE}"' in admin_client.get("/admin/fleet/fleetpanel/").content.decode()
+    fleet_only = User.objects.create_user("fleet-viewer", password="pw", is_staff=True)
+    fleet_only.user_permissions.add(Permission.objects.get(codename="view_fleet"))
+    client.force_login(fleet_only)
+    panel = client.get("/admin/fleet/fleetpanel/")
+    assert panel.status_code == 200 and f'href="{PAGE}"' not in panel.content.decode()
 
 
 def test_tiles_follow_the_window(admin_client):

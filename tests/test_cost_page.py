@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.db import connection
-from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone

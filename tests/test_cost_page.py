@@ -175,6 +175,24 @@ def test_the_budget_in_force_with_its_state_words(admin_client, redis_conn, sett
     assert '<span class="state over">over</span>' in row("jobs", "day")
 
 
+def test_each_scoped_limit_shows_its_windows(admin_client, redis_conn, settings):
+    from apps.worker.models import ScopedLimit
+
+    settings.PI_DAILY_CAP = 100
+    limit = ScopedLimit.objects.create(scope="acme/web", day=2, month=40)
+    ScopedLimit.objects.create(scope="acme/quiet", concurrent=1)  # no count cap: no window to show
+    for _ in range(2):
+        budget.reserve(redis_conn, limit, current(), timezone.now())
+
+    page = admin_client.get(PAGE).content.decode()
+
+    day = re.sub(r"\s+", " ", page.split('id="budget-jobs-acmeweb-day"')[1].split("</tr>")[0])
+    assert '<td class="num">2</td>' in day and ">over<" in day  # the next job of acme/web is refused scope-cap
+    month = re.sub(r"\s+", " ", page.split('id="budget-jobs-acmeweb-month"')[1].split("</tr>")[0])
+    assert '<td class="num">40</td>' in month and ">ok<" in month
+    assert 'data-scope="acme/quiet"' not in page
+
+
 def test_dollar_windows_appear_once_the_dollar_caps_exist(admin_client, monkeypatch):
     seen = {}
 

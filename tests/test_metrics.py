@@ -78,13 +78,13 @@ def test_the_numbers_follow_deliveries_queues_and_runs(client, post_github, labe
     assert value(after, "pidispatch_queue_oldest_job_age_seconds", queue="pi-jobs") == 0
     assert value(after, "pidispatch_queue_paused", queue="pi-jobs") == 0
     # The budget: two reservations against a cap of one (the refused one counts), the run's tokens today.
-    assert value(after, "pidispatch_budget_used", ledger="jobs", window="day") == 2
-    assert value(after, "pidispatch_budget_cap", ledger="jobs", window="day") == 1
-    assert value(after, "pidispatch_budget_state", ledger="jobs", window="day", state="over") == 1
-    assert value(after, "pidispatch_budget_state", ledger="jobs", window="day", state="ok") == 0
-    assert value(after, "pidispatch_budget_used", ledger="tokens", window="day") == 1545
-    assert value(after, "pidispatch_budget_cap", ledger="tokens", window="day") is None  # this process: no cap
-    assert value(after, "pidispatch_budget_state", ledger="tokens", window="day", state="off") == 1
+    assert value(after, "pidispatch_budget_used", ledger="jobs", window="day", scope="") == 2
+    assert value(after, "pidispatch_budget_cap", ledger="jobs", window="day", scope="") == 1
+    assert value(after, "pidispatch_budget_state", ledger="jobs", window="day", scope="", state="over") == 1
+    assert value(after, "pidispatch_budget_state", ledger="jobs", window="day", scope="", state="ok") == 0
+    assert value(after, "pidispatch_budget_used", ledger="tokens", window="day", scope="") == 1545
+    assert value(after, "pidispatch_budget_cap", ledger="tokens", window="day", scope="") is None  # this process: no cap
+    assert value(after, "pidispatch_budget_state", ledger="tokens", window="day", scope="", state="off") == 1
 
 
 def test_a_scrape_with_redis_down_says_so_and_still_counts_runs(client, settings):

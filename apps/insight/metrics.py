@@ -177,7 +177,7 @@ class DispatchCollector:
         from apps.worker.spend import OFF, OK, OVER, SOFT_HOLD, budget_in_force
 
         budget = budget_in_force(self._redis())
-        labels = ["ledger", "window"]
+        labels = ["ledger", "window", "scope"]  # scope: a scoped limit's, "" for the deployment
         used = GaugeMetricFamily("pidispatch_budget_used", "Spent (or reserved, refusals included) in the window: "
                                  "jobs, tokens or dollars.", labels=labels)
         held = GaugeMetricFamily("pidispatch_budget_held", "Reserved and not yet settled in the window.", labels=labels)
@@ -186,7 +186,7 @@ class DispatchCollector:
         state = GaugeMetricFamily("pidispatch_budget_state", "1 for the window's state (ok, soft hold, over, off).",
                                   labels=[*labels, "state"])
         for line in budget.lines:
-            key = [line.ledger, line.window]
+            key = [line.ledger, line.window, line.scope]
             used.add_metric(key, float(line.used))
             held.add_metric(key, float(line.held))
             if line.cap:

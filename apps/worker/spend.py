@@ -88,6 +88,7 @@ class BudgetLine:
     held: int | Decimal = 0
     soft_hold_pct: int | None = None
     given_state: str = ""  # a ledger that knows its own state better (the dollar caps) says it
+    scope: str = ""  # a scoped limit's repository or folder; "" for the deployment's own windows
 
     @property
     def committed(self):
@@ -159,13 +160,33 @@ def _dollar_lines(redis, now: datetime) -> tuple[list[BudgetLine], bool]:
     return lines, True
 
 
+def _scoped_lines(redis, now: datetime) -> list[BudgetLine]:
+    """Each scoped limit's capped windows, from the counters its reservations increment (no soft hold there: a
+    scope past its cap refuses `scope-cap`)."""
+    from . import budget
+    from .models import ScopedLimit
+    from .scopes import scope_hash
+
+    wanted = []
+    for limit in ScopedLimit.objects.order_by("scope"):
+        keys = budget.window_keys(f"s:{scope_hash(limit.scope)}", now)
+        wanted += [(limit.scope, name, keys[name], cap) for name, cap in
+                   ((budget.DAY, limit.day), (budget.WEEK, limit.week), (budget.MONTH, limit.month)) if cap]
+    if not wanted:
+        return []
+    values = redis.mget([key for _, _, key, _ in wanted])
+    return [BudgetLine("jobs", name, int(value or 0), cap, scope=scope)
+            for (scope, name, _, cap), value in zip(wanted, values)]
+
+
 def budget_in_force(redis, now: datetime | None = None) -> Budget:
-    """Every deployment window with a cap or a counter: job counts (day, week, month), tokens (day), and the
-    dollar windows when this version has them."""
+    """Every window with a cap or a counter: the deployment's job counts (day, week, month), tokens (day), the
+    dollar windows when this version has them, then each scoped limit's capped windows."""
     now = now or timezone.now()
     current = spend(redis, now)
     lines = [BudgetLine("jobs", meter.window, meter.used, meter.cap, soft_hold_pct=current.soft_hold_pct)
              for meter in current.meters]
     lines.append(BudgetLine("tokens", "day", current.tokens_today, current.token_cap))
     dollars, known = _dollar_lines(redis, now)
-    return Budget(tuple(lines + dollars), caps_error=current.caps_error, dollars_known=known)
+    return Budget(tuple(lines + dollars + _scoped_lines(redis, now)), caps_error=current.caps_error,
+                  dollars_known=known)

@@ -10,6 +10,7 @@ PostgreSQL).
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -278,11 +279,22 @@ def _write_partials(partials: dict[date, dict], generations: dict[date, int], ki
         pass  # the next view reads those days from the database again
 
 
+@lru_cache(maxsize=None)
+def _quick_redis(url: str):
+    """For the drop on the run record's write path: a worker settling a run while Redis is down must not wait
+    the shared pool's connect timeout (the drop is best-effort, bounded by PARTIAL_TTL_SECONDS)."""
+    import redis
+
+    return redis.Redis.from_url(url, socket_connect_timeout=0.3, socket_timeout=0.5)
+
+
 def forget_day(moment: datetime) -> None:
     """A run record for that day was written or deleted: its kept partial is no longer the truth."""
+    from django.conf import settings
+
     day = moment.astimezone(UTC).date()
     try:
-        with _redis().pipeline(transaction=True) as pipe:
+        with _quick_redis(settings.REDIS_URL).pipeline(transaction=True) as pipe:
             pipe.incr(generation_key(day))
             pipe.expire(generation_key(day), GENERATION_TTL_SECONDS)
             pipe.delete(*(partial_key(day, kind) for kind in KINDS))

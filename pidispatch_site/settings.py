@@ -40,6 +40,8 @@ if env.bool("DJANGO_SECURE", default=False):
 
 # The public edge serves only /hooks/ and /healthz; the admin and API run on a private instance.
 PI_PUBLIC_EDGE = env.bool("PI_PUBLIC_EDGE", default=False)
+# /metrics (private instance only): when set, a scrape must send `Authorization: Bearer <token>`.
+PI_METRICS_TOKEN = env("PI_METRICS_TOKEN", default="")
 
 INSTALLED_APPS = [
     "pidispatch_site.admin_site.PidispatchAdminConfig",  # django.contrib.admin with our site
@@ -57,6 +59,7 @@ INSTALLED_APPS = [
     "apps.worker",
     "apps.receiver",
     "apps.access",
+    "apps.insight",  # the cost page and /metrics: read-only views over the run history and Redis
 ]
 
 MIDDLEWARE = [

@@ -3,6 +3,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
+from apps.insight import views as insight_views
 from apps.receiver import views as receiver_views
 from apps.worker import run_logs
 
@@ -24,4 +25,6 @@ if not settings.PI_PUBLIC_EDGE:
         *run_logs.urlpatterns,  # a run's `View log` (worker.view_run_log), before the admin's own pages
         path("admin/", admin.site.urls),
         path("api/v1/", include(("pidispatch_site.api", "api"), namespace="api")),
+        # Prometheus scrapes the private instance; the run history's numbers never reach the public edge.
+        path("metrics", insight_views.metrics, name="metrics"),
     ]

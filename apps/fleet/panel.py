@@ -7,67 +7,13 @@ and today's cost from the run history.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-
 from django.db import DatabaseError
-from django.db.models import Sum
-from django.utils import timezone
 from redis.exceptions import RedisError
 
+# The spend computation is the worker's (apps/worker/spend.py), shared with the API and the cost page.
+from apps.worker.spend import Meter, Spend, spend, windows  # noqa: F401
+
 from . import status
-
-
-@dataclass(frozen=True)
-class Meter:
-    window: str
-    used: int
-    cap: int | None
-
-    @property
-    def percent(self) -> int:
-        return min(100, round(100 * self.used / self.cap)) if self.cap else 0
-
-    @property
-    def state(self) -> str:
-        return "off" if not self.cap else "over" if self.used >= self.cap else "ok"
-
-
-@dataclass(frozen=True)
-class Spend:
-    meters: tuple[Meter, ...]
-    tokens_today: int
-    token_cap: int | None
-    cost_today: object
-    caps_error: str = ""
-
-
-def windows(now: datetime) -> dict[str, datetime]:
-    """UTC calendar windows; weeks start on Monday."""
-    day = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    return {"day": day, "week": day - timedelta(days=day.weekday()), "month": day.replace(day=1)}
-
-
-def spend(redis, now: datetime | None = None) -> Spend:
-    """The counters the caps are checked against (Redis: reservations, refusals included) and today's cost."""
-    from apps.worker import budget
-    from apps.worker.limits import deployment_caps
-    from apps.worker.models import Run
-
-    now = now or timezone.now()
-    starts = windows(now)
-    totals = {**budget.deployment_counts(redis, now), "tokens": budget.tokens_spent_today(redis, now)}
-    totals["cost"] = Run.objects.filter(started_at__gte=starts["day"]).aggregate(cost=Sum("cost"))["cost"]
-    try:
-        caps = deployment_caps()
-        cap_of, token_cap, caps_error = {"day": caps.day, "week": caps.week, "month": caps.month}, caps.daily_tokens, ""
-    except Exception as exc:  # an invalid settings overlay refuses every job; say so rather than guess caps
-        cap_of, token_cap, caps_error = {}, None, f"caps unknown: {exc}"
-    return Spend(
-        meters=tuple(Meter(name, totals[name], cap_of.get(name)) for name in starts),
-        tokens_today=totals["tokens"] or 0, token_cap=token_cap, cost_today=totals["cost"] or 0,
-        caps_error=caps_error,
-    )
 
 
 def failure_reasons(job_ids) -> dict[str, str]:

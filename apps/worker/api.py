@@ -291,7 +291,7 @@ class SpendView(APIView):
         "token_cap": serializers.IntegerField(allow_null=True), "cost_today": serializers.CharField(),
         "caps_error": serializers.CharField()})}, operation_id="spend")
     def get(self, request):
-        from apps.fleet.panel import spend
+        from .spend import spend
 
         try:
             current = spend(get_redis())

@@ -165,7 +165,6 @@ def test_the_budget_in_force_with_its_state_words(admin_client, redis_conn, sett
     assert '<span class="state soft-hold">soft hold</span>' in row("jobs", "day")  # the next start would wait
     assert "no cap" in row("jobs", "week") and ">off<" in row("jobs", "week")
     assert '<td class="num">1,500</td>' in row("tokens", "day") and ">over<" in row("tokens", "day")
-    assert 'id="budget-no-dollars"' in page
 
     for _ in range(2):  # held, and refused: a refused reservation still counts against the cap
         with pytest.raises(budget.CapRefusal):
@@ -193,24 +192,28 @@ def test_each_scoped_limit_shows_its_windows(admin_client, redis_conn, settings)
     assert 'data-scope="acme/quiet"' not in page
 
 
-def test_dollar_windows_appear_once_the_dollar_caps_exist(admin_client, monkeypatch):
-    seen = {}
+def test_the_dollar_windows_show_what_settled_runs_used_and_running_jobs_hold(admin_client, redis_conn, settings):
+    from decimal import Decimal
 
-    def dollar_windows_in_force(redis, now):
-        seen["called"] = (redis is not None, now is not None)
-        return [{"window": "day", "spent": "1.25", "held": "2.00", "cap": "5.00"},
-                {"window": "month", "spent": "40", "held": "12.5", "cap": "50"}]
+    from apps.worker import runtime_settings
+    from tests.jobspecs import forge_spec
 
-    monkeypatch.setattr(budget, "dollar_windows_in_force", dollar_windows_in_force, raising=False)
+    settings.PI_MAX_COST_USD, settings.PI_DAILY_COST_USD, settings.PI_MONTHLY_COST_USD = "2", "5", "10"
+    runtime, now = runtime_settings.current(), timezone.now()
+    settled = budget.reserve_dollars(redis_conn, forge_spec("gh-cost-settled"), None, runtime, now)
+    budget.settle_dollars(redis_conn, settled, ran=True, cost=Decimal("1.25"))
+    budget.reserve_dollars(redis_conn, forge_spec("gh-cost-running"), None, runtime, now)  # $2 held
 
     page = re.sub(r"\s+", " ", admin_client.get(PAGE).content.decode())
 
-    assert seen["called"] == (True, True)
     day = page.split('id="budget-dollars-day"')[1].split("</tr>")[0]
     assert "$1.25" in day and "$2.00" in day and "$5.00" in day and "65%" in day and ">ok<" in day
     month = page.split('id="budget-dollars-month"')[1].split("</tr>")[0]
-    assert "$40.00" in month and "$12.50" in month and ">over<" in month  # spent + held past the cap
-    assert 'id="budget-no-dollars"' not in page
+    assert "$10.00" in month and "32%" in month and ">ok<" in month  # $3.25 of $10
+    with pytest.raises(budget.DollarRefusal):  # $5.25 would pass the day's $5: refused, nothing held
+        budget.reserve_dollars(redis_conn, forge_spec("gh-cost-third"), None, runtime, now)
+    again = re.sub(r"\s+", " ", admin_client.get(PAGE).content.decode())
+    assert again.split('id="budget-dollars-day"')[1].split("</tr>")[0] == day
 
 
 def test_the_page_costs_the_same_queries_for_a_long_history(admin_client, redis_conn):

@@ -28,20 +28,17 @@ DEFAULT_WINDOW = "30d"
 TOP = 8  # rows per breakdown before "+N more"
 
 # The cost basis another change adds to Run (apps/worker migration 0007): these values are a floor or an estimate.
-ESTIMATED_BASES = ("floor", "estimate", "estimated")
 
 
 def estimated_expression():
     """1 for a run whose dollars are a floor or an estimate rather than metered, else 0: the one hook for the
-    cost basis. With Run.cost_basis, that field decides; until it lands, a run that used tokens and was not
-    priced by its egress gateway (the runner's own claim, or an unpriced model) is an estimate. Runs refused
-    before they could spend (no tokens) are an exact $0."""
-    from apps.worker.models import Run
-
-    if any(f.name == "cost_basis" for f in Run._meta.get_fields()):
-        return Case(When(cost_basis__in=ESTIMATED_BASES, then=Value(1)), default=Value(0), output_field=IntegerField())
+    cost basis. A dollar-capped run says so itself (`dollar_basis`: `metered`, or `floor` when its cost could not
+    be known and its whole hold was kept). Otherwise a run that used tokens and was not priced by its egress
+    gateway (the runner's own claim, or an unpriced model) is an estimate; a run refused before it could spend
+    (no tokens) is an exact $0."""
     # Case/When, not a negated Q: a missing JSON key compares as NULL, which a NOT would drop from both sides.
-    return Case(When(Q(usage__source="gateway", cost__isnull=False), then=Value(0)),
+    return Case(When(dollar_basis="floor", then=Value(1)), When(dollar_basis="metered", then=Value(0)),
+                When(Q(usage__source="gateway", cost__isnull=False), then=Value(0)),
                 When(tokens_total__gt=0, then=Value(1)), default=Value(0), output_field=IntegerField())
 
 

@@ -8,7 +8,6 @@ today's tokens (the gateway's counter), today's cost from the run history, and, 
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -116,48 +115,14 @@ class BudgetLine:
 class Budget:
     lines: tuple[BudgetLine, ...]
     caps_error: str = ""
-    dollars_known: bool = False  # the dollar caps exist in this version
 
 
-def _call_with(function, **available):
-    """Call a function from another module with what it asks for among `available`, by name, else by position
-    in `available`'s order (its signature is another engineer's to settle)."""
-    try:
-        parameters = list(inspect.signature(function).parameters.values())
-    except (TypeError, ValueError):
-        return function()
-    named = {p.name: available[p.name] for p in parameters if p.name in available}
-    if named:
-        return function(**named)
-    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-                  and p.default is p.empty]
-    return function(*list(available.values())[:len(positional)])
-
-
-def _field(item, *names, default=None):
-    for name in names:
-        value = item.get(name) if isinstance(item, dict) else getattr(item, name, None)
-        if value is not None:
-            return value
-    return default
-
-
-def _dollar_lines(redis, now: datetime) -> tuple[list[BudgetLine], bool]:
+def _dollar_lines(redis, now: datetime) -> list[BudgetLine]:
+    """Each dollar window in force (the deployment's and each scoped limit's), as used and held over its cap."""
     from . import budget
 
-    windows_in_force = getattr(budget, "dollar_windows_in_force", None)  # the dollar caps are not in every version
-    if windows_in_force is None:
-        return [], False
-    lines = []
-    for item in _call_with(windows_in_force, redis=redis, now=now) or ():
-        cap = _field(item, "cap", "cap_usd")
-        state = _field(item, "state", default="")
-        lines.append(BudgetLine(
-            "dollars", str(_field(item, "window", "name", default="")),
-            Decimal(str(_field(item, "spent", "used", "used_usd", default=0))), None if cap is None else Decimal(str(cap)),
-            held=Decimal(str(_field(item, "held", "held_usd", default=0))),
-            given_state=str(state).replace("-", " ") if state else ""))
-    return lines, True
+    return [BudgetLine("dollars", window.window, window.used, window.cap, held=window.held, scope=window.scope)
+            for window in budget.dollar_windows_in_force(redis, now)]
 
 
 def _scoped_lines(redis, now: datetime) -> list[BudgetLine]:
@@ -181,12 +146,10 @@ def _scoped_lines(redis, now: datetime) -> list[BudgetLine]:
 
 def budget_in_force(redis, now: datetime | None = None) -> Budget:
     """Every window with a cap or a counter: the deployment's job counts (day, week, month), tokens (day), the
-    dollar windows when this version has them, then each scoped limit's capped windows."""
+    dollar windows, then each scoped limit's capped windows."""
     now = now or timezone.now()
     current = spend(redis, now)
     lines = [BudgetLine("jobs", meter.window, meter.used, meter.cap, soft_hold_pct=current.soft_hold_pct)
              for meter in current.meters]
     lines.append(BudgetLine("tokens", "day", current.tokens_today, current.token_cap))
-    dollars, known = _dollar_lines(redis, now)
-    return Budget(tuple(lines + dollars + _scoped_lines(redis, now)), caps_error=current.caps_error,
-                  dollars_known=known)
+    return Budget(tuple(lines + _dollar_lines(redis, now) + _scoped_lines(redis, now)), caps_error=current.caps_error)

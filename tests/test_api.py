@@ -254,3 +254,46 @@ def test_a_run_says_what_its_reason_means_from_the_one_table(client, operator):
     assert shown == reasons.explain("container-exit-unknown").as_json() and shown["next"]
     table = client.get("/api/v1/reasons", **bearer(operator, "read")).json()
     assert {"token": "container-exit-unknown", **{k: shown[k] for k in ("means", "next")}} in table
+
+
+def test_a_runs_log_is_read_only_with_its_own_permission(client, operator):
+    from apps.worker.models import RunLog
+
+    run = Run.objects.create(job_id="gh-logged", kind="github", target="acme/web#7", started_at=timezone.now(),
+                             ended_at=timezone.now(), outcome=Outcome.COMPLETED)
+    path = f"/api/v1/runs/{run.pk}/log"
+    assert client.get(path, **bearer(operator, "admin")).status_code == 403  # view_run is not enough
+    reader = user_with("log-reader", READ_PERMISSIONS + ("worker.view_run_log",))
+    missing = client.get(path, **bearer(reader, "read"))
+    assert missing.status_code == 404 and "PI_CAPTURE_JOB_LOGS" in missing.json()["detail"]
+    RunLog.objects.create(run=run, output="the container said hello", summary="Fixed the footer.",
+                          created_at=timezone.now())
+    shown = client.get(path, **bearer(reader, "read")).json()
+    assert "Fixed the footer." in shown["log"] and "the container said hello" in shown["log"]
+
+
+def test_spend_shows_every_window_in_force_dollars_included(client, operator, settings, redis_conn):
+    from decimal import Decimal
+
+    from apps.worker import budget, runtime_settings
+    from tests.jobspecs import forge_spec
+
+    settings.PI_MAX_COST_USD, settings.PI_DAILY_COST_USD = "2", "5"
+    hold = budget.reserve_dollars(redis_conn, forge_spec("gh-spend"), None, runtime_settings.current(),
+                                  timezone.now())
+    budget.settle_dollars(redis_conn, hold, ran=True, cost=Decimal("0.75"))
+    budget.reserve_dollars(redis_conn, forge_spec("gh-spend-2"), None, runtime_settings.current(), timezone.now())
+
+    lines = client.get("/api/v1/spend", **bearer(operator, "read")).json()["budget"]
+    dollars_today = next(line for line in lines if (line["ledger"], line["window"], line["scope"]) ==
+                         ("dollars", "day", ""))
+    assert (Decimal(dollars_today["used"]), Decimal(dollars_today["held"]), Decimal(dollars_today["cap"])) == \
+        (Decimal("0.75"), Decimal("2"), Decimal("5")) and dollars_today["state"] == "ok"
+    assert {(line["ledger"], line["window"]) for line in lines} >= {("jobs", "day"), ("tokens", "day")}
+
+
+def test_a_scoped_limit_takes_dollar_caps_through_the_api(client, operator):
+    made = call(client, "post", "/api/v1/limits", bearer(operator, "admin"),
+                {"scope": "acme/web", "day": 3, "day_usd": "12.50"})
+    assert made.status_code == 201, made.content
+    assert made.json()["day_usd"].startswith("12.5")

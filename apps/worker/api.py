@@ -8,13 +8,15 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.conf import settings
+from django.http import Http404
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (OpenApiParameter, extend_schema, extend_schema_field, extend_schema_view,
                                    inline_serializer)
 from redis.exceptions import RedisError
 from rest_framework import mixins, serializers, status, viewsets
-from rest_framework.exceptions import ValidationError
+from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -23,7 +25,7 @@ from apps.fleet.api import RedisUnavailable
 from apps.fleet.connection import get_redis
 from pidispatch_site.api_base import StrictCursorPagination, StrictSerializer
 
-from . import reasons
+from . import reasons, run_logs
 from .manual_runs import ManualRunRefused, start_forge_run, start_local_run
 from .models import DispatchSettings, PauseWindow, Run, ScopedLimit
 
@@ -139,7 +141,21 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     pagination_class = NewestFirst
     scopes = {"create": "operate"}
     required_permissions = {"list": ("worker.view_run",), "retrieve": ("worker.view_run",),
-                            "create": ("worker.start_run",)}
+                            "create": ("worker.start_run",), "log": ("worker.view_run", "worker.view_run_log")}
+
+    @extend_schema(responses={200: inline_serializer("RunLog", {"job_id": serializers.CharField(),
+                                                                 "attempt": serializers.IntegerField(),
+                                                                 "log": serializers.CharField()})},
+                   operation_id="run_log")
+    @action(detail=True, methods=["get"])
+    def log(self, request, pk=None):
+        """The run's kept log, secrets scrubbed (PI_CAPTURE_JOB_LOGS; `worker.view_run_log` only)."""
+        run = self.get_object()
+        try:
+            text = run_logs.run_log_text(run, request.user)
+        except Http404 as missing:
+            raise NotFound(str(missing)) from None
+        return Response({"job_id": run.job_id, "attempt": run.attempt, "log": text})
 
     def get_queryset(self):
         runs = Run.objects.all()
@@ -196,7 +212,7 @@ def _instant(name: str, text: str) -> datetime:
 class ScopedLimitSerializer(StrictModelSerializer):
     class Meta:
         model = ScopedLimit
-        fields = ["id", "scope", "day", "week", "month", "concurrent", "note"]
+        fields = ["id", "scope", "day", "week", "month", "day_usd", "week_usd", "month_usd", "concurrent", "note"]
 
 
 class PauseWindowSerializer(StrictModelSerializer):
@@ -289,12 +305,19 @@ class SpendView(APIView):
     @extend_schema(responses={200: inline_serializer("Spend", {
         "windows": serializers.ListField(child=serializers.DictField()), "tokens_today": serializers.IntegerField(),
         "token_cap": serializers.IntegerField(allow_null=True), "cost_today": serializers.CharField(),
-        "caps_error": serializers.CharField()})}, operation_id="spend")
+        "caps_error": serializers.CharField(),
+        "budget": serializers.ListField(child=inline_serializer("BudgetLine", {
+            "ledger": serializers.CharField(help_text="jobs, tokens or dollars"), "window": serializers.CharField(),
+            "scope": serializers.CharField(help_text="a scoped limit's repository or folder; empty: the deployment"),
+            "used": serializers.CharField(), "held": serializers.CharField(),
+            "cap": serializers.CharField(allow_null=True), "state": serializers.CharField()}))})},
+        operation_id="spend")
     def get(self, request):
-        from .spend import spend
+        from .spend import budget_in_force, spend
 
         try:
-            current = spend(get_redis())
+            redis = get_redis()
+            current, in_force = spend(redis), budget_in_force(redis)
         except RedisError:
             raise RedisUnavailable() from None
         return Response({
@@ -302,4 +325,8 @@ class SpendView(APIView):
                         for meter in current.meters],
             "tokens_today": current.tokens_today, "token_cap": current.token_cap,
             "cost_today": str(current.cost_today), "caps_error": current.caps_error,
+            # Every window in force on one footing (what the cost page shows): job counts, tokens, dollars.
+            "budget": [{"ledger": line.ledger, "window": line.window, "scope": line.scope, "used": str(line.used),
+                        "held": str(line.held), "cap": None if line.cap is None else str(line.cap),
+                        "state": line.state} for line in in_force.lines],
         })

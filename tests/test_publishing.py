@@ -103,6 +103,7 @@ def test_new_commits_become_one_draft_pull_request_against_the_default_branch(tm
     publication, reason = publish(spec, dirs, workspace)
 
     assert reason == "" and publication.outcome == "published" and publication.pushed_commits == 1
+    assert publication.changed_files == 1  # what the run page says the agent changed
     head = forge.branches()["pi/7-fix-bug"]
     assert forge.git("rev-parse", f"{head}^") == forge.sha  # on top of the commit the job started from
     assert forge.git("show", f"{head}:src/footer.css") == "footer { margin-top: 2em; }"

@@ -102,7 +102,7 @@ def test_a_labelled_issue_is_worked_on_by_the_real_pi_and_becomes_a_pull_request
     assert not any(entry.split("=", 1)[0] in FORGE_TOKEN_NAMES for entry in environment)  # nor a forge token
 
     # The worker, not the agent, took the agent's commit to the forge: a branch and one draft pull request.
-    assert (run.publish_outcome, run.pushed_commits) == ("published", 1)
+    assert (run.publish_outcome, run.pushed_commits) == ("published", 1) and run.changed_files >= 1
     (pull,) = [pr for pr in github_stand_in.created_pull_requests if pr["number"] == run.pull_request]
     assert pull["head"].startswith("pi/7-fix-bug") and pull["base"] == "main" and pull["draft"] is True
     assert pull["title"] == "Fix the README" and "The README now says what the repository is." in pull["body"]

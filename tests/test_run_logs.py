@@ -120,13 +120,16 @@ def test_the_run_page_links_the_log_only_for_those_who_may_read_it(client):
     now = timezone.now()
     run = Run.objects.create(job_id="gh-page", kind="github", started_at=now, ended_at=now,
                              outcome=Outcome.COMPLETED, summary_chars=12, dollar_basis="metered")
-    RunLog.objects.create(run=run, output="output", summary="summary", created_at=now)
+    RunLog.objects.create(run=run, output="output", summary="Fixed the footer link.", created_at=now)
     page = f"/admin/worker/run/{run.pk}/change/"
     viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
     viewer.user_permissions.add(Permission.objects.get(codename="view_run"))
     client.force_login(viewer)
     shown = client.get(page).content.decode()
     assert "metered" in shown and "View log" not in shown
+    assert "Fixed the footer link." not in shown and "12" in shown  # the summary's length, not its words
 
     client.force_login(User.objects.create_superuser("root", password="pw"))
-    assert f'<a href="{run_logs.run_log_url(run)}">View log</a>' in client.get(page).content.decode()
+    shown = client.get(page).content.decode()
+    assert f'<a href="{run_logs.run_log_url(run)}">View log</a>' in shown
+    assert '<div class="agent-summary" style="white-space: pre-wrap">Fixed the footer link.</div>' in shown

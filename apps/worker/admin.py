@@ -108,7 +108,8 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("job_id", "attempt", "attempts_display", "outcome", "reason", "explanation",
                            "forge_sentence", "exit_code")}),
-        ("What it did", {"fields": ("publish_outcome", "publish_display", "pull_request", "pushed_commits")}),
+        ("What it did", {"fields": ("publish_outcome", "publish_display", "pull_request", "pushed_commits",
+                                    "changed_files", "agent_summary", "summary_chars")}),
         ("What ran", {"fields": ("kind", "target_display", "scope", "flow", "command", "image",
                                  "replica", "replicas", "parent_job_id")}),
         ("Where and when", {"fields": ("host", "queue", "started_display", "ended_display", "duration_display")}),
@@ -117,12 +118,21 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                               "budget_reserved")}),
         # Dollar caps and run logs (apps/worker/budget.py, apps/worker/run_logs.py).
         ("Dollars", {"fields": ("dollar_basis", "dollars_reserved", "dollars_charged")}),
-        ("Log", {"fields": ("summary_chars", "view_log")}),
+        ("Log", {"fields": ("view_log",)}),
     )
 
     @admin.display(description="log")
     def view_log(self, run: Run) -> str:
         return run_logs.admin_link(run)
+
+    @admin.display(description="the agent's summary")
+    def agent_summary(self, run: Run) -> str:
+        # Shown only to readers of run logs (run_logs.admin_fieldsets): it is the agent's words about the issue.
+        summary = run_logs.kept_summary(run)
+        if summary is None:
+            return (f"{run.summary_chars} characters, not kept (PI_CAPTURE_JOB_LOGS)" if run.summary_chars
+                    else "none kept")
+        return format_html('<div class="agent-summary" style="white-space: pre-wrap">{}</div>', summary)
 
     def get_fieldsets(self, request, obj=None):
         return run_logs.admin_fieldsets(super().get_fieldsets(request, obj), request.user)
@@ -268,7 +278,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         return [field.name for field in self.model._meta.fields] + [
             "duration_display", "explanation", "forge_sentence", "attempts_display", "target_display",
             "publish_display", "delivery_display", "cost_display", "usage_display", "started_display",
-            "ended_display", "view_log"]
+            "ended_display", "view_log", "agent_summary"]
 
     @admin.action(description="Publish again (work kept on this host after a failed publish)",
                   permissions=["publish_again"])

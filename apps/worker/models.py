@@ -54,6 +54,8 @@ class Run(models.Model):
     publish_outcome = models.CharField(max_length=40, blank=True)
     pull_request = models.PositiveIntegerField(null=True, blank=True, help_text="The PR/MR number published to.")
     pushed_commits = models.PositiveIntegerField(null=True, blank=True)
+    changed_files = models.PositiveIntegerField(null=True, blank=True,
+                                                help_text="Paths the agent's work changed, pushed or not.")
     publish_url = models.URLField(max_length=500, blank=True, help_text="The pull/merge request or the comment.")
     # Dollar caps (apps/worker/budget.py): what was held in the dollar windows before the container, what the
     # windows were charged after it, and how: `metered` (the gateway's metered cost), `floor` (the cost could

@@ -74,7 +74,8 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
     "oom-killed": ("The container ran out of memory.", "Raise the job memory (Settings or PI_JOB_MEMORY)."),
     "provider-auth-refused": ("The model provider refused the deployment's key.",
                               "Fix the provider key on the worker hosts (e.g. ANTHROPIC_API_KEY)."),
-    "cost-cap": ("The run reached its cost limit.", "Raise the cost cap, or give a smaller task."),
+    "cost-cap": ("The run reached its per-run dollar cap; the gateway stopped forwarding its provider calls.",
+                 "Raise PI_MAX_COST_USD (Settings) or the trigger's maxCostUsd, or give a smaller task."),
     "model-not-allowed": ("The run asked for a model other than the one PI_MODEL allows.",
                           "Align the trigger's model with PI_MODEL."),
     "cost-cap-unenforceable": ("The job image cannot enforce the cost limit.", "Rebuild the job image (`make image`)."),
@@ -143,6 +144,12 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
     "secret-unresolved": ("The resolver does not know a reference the trigger asks for.", _TRIGGER),
     "scope-cap": ("Over the run cap of this repository or folder (scoped limit).",
                   "Wait for the window to end, or raise the scoped limit."),
+    "dollar-cap": ("A dollar window (day, week or month; the deployment's or a repository's) had no room left for "
+                   "this run's per-run cap.",
+                   "Wait for the window to roll over, or raise its dollar cap (Settings or the scoped limit); the "
+                   "cost page shows what is used and held."),
+    "cost-cap-unset": ("A scoped limit has a dollar cap but no per-run cap applies, so the run's cost could not be held.",
+                       "Set PI_MAX_COST_USD (Settings) so every run holds its cap before it starts."),
     "over-budget": ("Over the deployment's job-count cap (day, week or month).",
                     "Wait for the window to end, or raise the cap in Settings."),
     "soft-hold": ("Inside the cap's hold band: new starts wait for the next window.", "Lower soft hold % in Settings."),

@@ -43,7 +43,8 @@ def publication_fields(publication) -> dict:
     if publication is None:
         return {}
     return {"publish_outcome": publication.outcome, "pull_request": publication.pull_request,
-            "pushed_commits": publication.pushed_commits, "publish_url": publication.url}
+            "pushed_commits": publication.pushed_commits, "publish_url": publication.url,
+            "changed_files": publication.changed_files}
 
 
 def record_publication(run: Run, publication) -> None:

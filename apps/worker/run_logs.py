@@ -168,12 +168,22 @@ def admin_link(run) -> str:
     return format_html('<a href="{}">View log</a>', run_log_url(run))
 
 
+LOG_FIELDS = ("view_log", "agent_summary")  # what only a reader of run logs sees on the run page
+
+
 def admin_fieldsets(fieldsets, user):
-    """The run admin's fieldsets without `view_log` for a user without worker.view_run_log."""
+    """The run admin's fieldsets without the log's fields for a user without worker.view_run_log."""
     if can_view_run_log(user):
         return fieldsets
-    return [(name, {**options, "fields": tuple(field for field in options["fields"] if field != "view_log")})
+    return [(name, {**options, "fields": tuple(field for field in options["fields"] if field not in LOG_FIELDS)})
             for name, options in fieldsets]
+
+
+def kept_summary(run) -> str | None:
+    """The agent's summary as its run log keeps it; None when no log is kept (only its length is then known)."""
+    from .models import RunLog
+
+    return RunLog.objects.filter(run=run).values_list("summary", flat=True).first()
 
 
 urlpatterns = [path("admin/worker/run/<int:pk>/log/", run_log_view, name="worker-run-log")]

@@ -24,6 +24,7 @@ class Publication:
     pull_request: int | None = None
     pushed_commits: int | None = None
     url: str = ""
+    changed_files: int | None = None  # paths the agent's work changed (pushed or not)
 
 
 @dataclass(frozen=True)

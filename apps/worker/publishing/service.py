@@ -19,6 +19,7 @@ publishing it again needs (kept.py).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import re
@@ -120,6 +121,7 @@ def deliver(spec, destination: Destination, work: Work, client: ForgeClient, cre
         publication, reason = Publication(refusal, pushed_commits=0), refusal
     else:
         publication, reason = _with_retries(spec, destination, work, client, credential, summary)
+    publication = dataclasses.replace(publication, changed_files=len(work.changes))
     if publication.outcome not in (PUBLISHED, COMMENTED, NOTHING) and not work.empty:
         kept.keep(job_root, spec, destination, work, summary)
     logger.info("publish job=%s outcome=%s commits=%d pr=%s publish_ms=%.0f", spec.job_id, publication.outcome,

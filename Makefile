@@ -4,13 +4,18 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: run test image install clean
+.PHONY: run test lint image install clean
 
 run: $(INSTALLED)
 	$(PY) -m devtools.stack run
 
+# PART=receiver|worker|fleet|api|admin|site runs one part of the suite (tests/<part>/).
 test: $(INSTALLED)
-	$(PY) -m devtools.stack test -- $(PYTEST_ARGS)
+	$(PY) -m devtools.stack test -- $(if $(PART),tests/$(PART)) $(PYTEST_ARGS)
+
+# ruff (pyflakes, pycodestyle, import order; pyproject.toml says which rules).
+lint: $(INSTALLED)
+	$(VENV)/bin/ruff check .
 
 # The production job image on this worker host (docker build where a registry answers, else from packages).
 image: $(INSTALLED)

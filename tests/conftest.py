@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from tests.receiver_support import STAND_IN_TOKEN, github_stand_in  # noqa: F401  (a fixture)
+from tests.receiver_support import STAND_IN_TOKEN
+
+# Fixtures kept beside what they set up, offered to every test module (none imports another's fixtures).
+pytest_plugins = ["tests.receiver_support", "tests.local_repos", "tests.browser_support"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PAYLOADS = Path(__file__).resolve().parent / "payloads"

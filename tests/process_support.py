@@ -58,3 +58,11 @@ def horse_of(worker_pid: int) -> int:
     horses = [int(pid) for pid in children if os.getpgid(int(pid)) == int(pid)]
     assert len(horses) == 1, children
     return horses[0]
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False

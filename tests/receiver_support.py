@@ -92,10 +92,15 @@ def post(client, forge: str, body: bytes, headers: dict, path: str | None = None
 # --- a stand-in for the forges' APIs and git remotes (devtools/fake_forge.py; the make run demo uses it too) ---
 
 from devtools.fake_forge import (  # noqa: E402,F401  (re-exported for the tests)
-    GIT_IDENTITY, FakeForge, basic, commit_files, git, github_for_any_repository, make_repository,
+    GIT_IDENTITY,
+    FakeForge,
+    basic,
+    commit_files,
+    git,
+    github_for_any_repository,
+    make_repository,
     prune_unreachable,
 )
-
 
 STAND_IN_TOKEN = "ghp-worker-test-token"
 
@@ -175,3 +180,13 @@ def job_spec(redis_conn, job_id: str, queue: str = "pi-jobs") -> dict:
     job = Queue(queue, connection=redis_conn).fetch_job(job_id)
     assert job is not None, f"no job {job_id} in {queue}"
     return job.args[0]
+
+
+def deliver(post_github, delivery: str, body_text: str = "Please fix it.") -> str:
+    """A signed GitHub delivery of an issue labelled for a run; the one job id it queued."""
+    from tests.conftest import github_payload
+
+    response = post_github(github_payload(body_text=body_text), delivery=delivery)
+    assert response.status_code == 202, response.content
+    (job_id,) = response.json()["jobs"]
+    return job_id

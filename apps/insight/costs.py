@@ -10,10 +10,10 @@ PostgreSQL).
 from __future__ import annotations
 
 import json
-from functools import lru_cache
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from functools import lru_cache
 from urllib.parse import urlencode
 
 from django.db import connection, transaction

@@ -14,7 +14,6 @@ from apps.fleet import job_states
 from apps.fleet.connection import get_redis
 from apps.worker import start_run_view
 from pidispatch_site import admin_display
-
 from pidispatch_site.admin_mixins import ManagedChangesAdmin
 
 from . import intake, trigger_form, triggers

@@ -15,8 +15,9 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
-from pidispatch_site.api_base import StrictCursorPagination
 from rest_framework.response import Response
+
+from pidispatch_site.api_base import StrictCursorPagination
 
 from . import intake, triggerfile, triggers
 from .models import Delivery, DeliveryStatus, Trigger

@@ -1,6 +1,6 @@
 from django.db import models
-from django.utils import timezone
 from django.db.models import Q
+from django.utils import timezone
 
 from apps import forge_registry
 

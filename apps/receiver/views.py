@@ -13,6 +13,7 @@ from . import intake
 from .forge_config import forge_settings
 from .hooks.base import HookRefused, require_json_content_type
 
+
 def _hook(forge: str):
     verify = forge_registry.hook(forge).verify
 

@@ -6,10 +6,10 @@ from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connection
 from django.db.models import Count, OuterRef, Subquery
-from django.utils import timezone
-from django.utils.functional import cached_property
 from django.shortcuts import redirect
 from django.urls import reverse
+from django.utils import timezone
+from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
@@ -17,9 +17,9 @@ from pidispatch_site import admin_display
 from pidispatch_site.admin_mixins import ManagedChangesAdmin, ReadOnlyAdminMixin
 
 from . import reasons, run_logs, runtime_settings
-from .publishing import kept
 from .jobs import KINDS
 from .models import DispatchSettings, PauseWindow, Run, ScopedLimit
+from .publishing import kept
 
 
 class RecentValuesFilter(admin.SimpleListFilter):

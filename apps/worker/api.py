@@ -8,11 +8,16 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.conf import settings
-from django.http import Http404
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import (OpenApiParameter, extend_schema, extend_schema_field, extend_schema_view,
-                                   inline_serializer)
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    extend_schema,
+    extend_schema_field,
+    extend_schema_view,
+    inline_serializer,
+)
 from redis.exceptions import RedisError
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action

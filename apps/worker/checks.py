@@ -4,7 +4,8 @@ acts with, and with its secret resolvers, before a job finds out."""
 import os
 
 from django.conf import settings
-from django.core.checks import Error, Warning as CheckWarning, register
+from django.core.checks import Error, register
+from django.core.checks import Warning as CheckWarning
 from django.core.exceptions import ImproperlyConfigured
 
 from apps.fleet.capabilities import parse_profiles

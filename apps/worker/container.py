@@ -14,9 +14,9 @@ from pathlib import Path
 
 import docker
 import requests
+from django.conf import settings
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import LogConfig, Mount
-from django.conf import settings
 
 from .sandbox import image_contract
 

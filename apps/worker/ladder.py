@@ -68,13 +68,14 @@ from . import (
     waitfor,
 )
 from .exitline import Telemetry, parse_exit_line, parse_summary
-from .publishing import kept, service as publishing
-from .publishing.work import bot_identity
-from .sandbox import agent_config, gateway, prices, providers
-from .sandbox.egress_policy import parse_allowlist
 from .forges import ForgeFailure
 from .jobs import FORGE_KINDS, JobSpec, job_time_budget_seconds
 from .models import Outcome, PauseWindow, Run
+from .publishing import kept
+from .publishing import service as publishing
+from .publishing.work import bot_identity
+from .sandbox import agent_config, gateway, prices, providers
+from .sandbox.egress_policy import parse_allowlist
 from .scopes import job_scopes, normalise_folder, scope_hash
 from .verdicts import Deferred, Verdict, database_unavailable
 from .workspace import WorkspaceRefused, check_local_folder

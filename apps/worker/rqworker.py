@@ -31,9 +31,9 @@ import os
 import signal
 import time
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
-from django.conf import settings
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -51,9 +51,12 @@ from apps.fleet.connection import text
 from apps.fleet.queues import SHARED_QUEUE, host_of_queue, is_dispatch_queue
 from apps.fleet.union import register_queues
 
-from . import ladder, redis_outage
-from . import tasks  # noqa: F401  preloaded: every forked work horse starts with the job code imported
-from . import worker_lost
+from . import (
+    ladder,
+    redis_outage,
+    tasks,  # noqa: F401  preloaded: every forked work horse starts with the job code imported
+    worker_lost,
+)
 from .jobs import forget_container_texts
 from .verdicts import Deferred
 from .worker_cancel import CancelWatch

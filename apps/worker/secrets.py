@@ -30,10 +30,10 @@ from django.conf import settings
 
 from apps.fleet.capabilities import parse_profiles
 
-from .sandbox import providers
 from .forges import forge_client_classes
 from .hostscripts import run_script
 from .jobs import JobSpec
+from .sandbox import providers
 
 logger = logging.getLogger("pidispatch.secrets")
 

@@ -8,8 +8,19 @@ import hashlib
 import re
 
 from .base import (
-    Actor, ForgeEvent, HookRefused, MAX_EVENT, Verified, checked_delivery_id, digests_equal, obj,
-    parse_json_object, positive_int, read_bounded_body, refuse_declared_oversize, text,
+    MAX_EVENT,
+    Actor,
+    ForgeEvent,
+    HookRefused,
+    Verified,
+    checked_delivery_id,
+    digests_equal,
+    obj,
+    parse_json_object,
+    positive_int,
+    read_bounded_body,
+    refuse_declared_oversize,
+    text,
 )
 
 FORGE = "azure"

@@ -8,8 +8,23 @@ Rules list Forgejo's own action words (`label_updated`, `synchronized`); matchin
 from __future__ import annotations
 
 from .base import (
-    MAX_EVENT, Actor, ForgeEvent, HookRefused, Verified, checked_delivery_id, constant_time_equal, full_name, header,
-    hmac_sha256_hex, names, numbered, numeric_id, obj, parse_json_object, read_bounded_body, text,
+    MAX_EVENT,
+    Actor,
+    ForgeEvent,
+    HookRefused,
+    Verified,
+    checked_delivery_id,
+    constant_time_equal,
+    full_name,
+    header,
+    hmac_sha256_hex,
+    names,
+    numbered,
+    numeric_id,
+    obj,
+    parse_json_object,
+    read_bounded_body,
+    text,
 )
 from .github import verify_signature as verify_github_signature
 

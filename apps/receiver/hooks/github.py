@@ -3,8 +3,24 @@
 from __future__ import annotations
 
 from .base import (
-    MAX_EVENT, Actor, ForgeEvent, HookRefused, Verified, checked_delivery_id, constant_time_equal, full_name, header,
-    hmac_sha256_hex, names, numbered, numeric_id, obj, parse_json_object, positive_int, read_bounded_body, text,
+    MAX_EVENT,
+    Actor,
+    ForgeEvent,
+    HookRefused,
+    Verified,
+    checked_delivery_id,
+    constant_time_equal,
+    full_name,
+    header,
+    hmac_sha256_hex,
+    names,
+    numbered,
+    numeric_id,
+    obj,
+    parse_json_object,
+    positive_int,
+    read_bounded_body,
+    text,
 )
 
 FORGE = "github"

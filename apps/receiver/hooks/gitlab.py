@@ -10,8 +10,22 @@ import hmac
 import time
 
 from .base import (
-    Actor, ForgeEvent, HookRefused, Verified, ascii_number, checked_delivery_id, digests_equal, header, names,
-    numeric_id, obj, parse_json_object, positive_int, read_bounded_body, text, MAX_EVENT,
+    MAX_EVENT,
+    Actor,
+    ForgeEvent,
+    HookRefused,
+    Verified,
+    ascii_number,
+    checked_delivery_id,
+    digests_equal,
+    header,
+    names,
+    numeric_id,
+    obj,
+    parse_json_object,
+    positive_int,
+    read_bounded_body,
+    text,
 )
 
 FORGE = "gitlab"

@@ -23,13 +23,20 @@ from django.conf import settings
 
 from apps import forge_registry
 
-from .azure import AzureClient
-from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, IdentityUnavailable,
-    PullHead, PullRequest, RepoRef, Subject)
-from .forgejo import ForgejoClient
-from .github import GitHubClient
+from .base import (
+    Authority,
+    BranchHead,
+    Credential,
+    ForgeClient,
+    ForgeFailure,
+    Identity,
+    IdentityUnavailable,
+    PullHead,
+    PullRequest,
+    RepoRef,
+    Subject,
+)
 from .github_app import AppKeyError, GitHubApp, load_private_key
-from .gitlab import GitLabClient
 
 __all__ = ["Authority", "BranchHead", "Credential", "ForgeClient", "ForgeFailure", "Identity", "IdentityUnavailable",
            "PullHead", "PullRequest", "RepoRef", "Subject", "forge_client", "forge_client_classes",

@@ -18,8 +18,22 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from django.conf import settings
 
-from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, IdentityUnavailable,
-    PullHead, PullRequest, RepoRef, Response, Subject, TTLCache, is_int_like)
+from .base import (
+    Authority,
+    BranchHead,
+    Credential,
+    ForgeClient,
+    ForgeFailure,
+    Identity,
+    IdentityUnavailable,
+    PullHead,
+    PullRequest,
+    RepoRef,
+    Response,
+    Subject,
+    TTLCache,
+    is_int_like,
+)
 
 API_VERSION = "7.1-preview.1"
 GIT_API_VERSION = "7.1"

@@ -8,8 +8,21 @@ from urllib.parse import quote, urlencode
 
 from django.conf import settings
 
-from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, PullHead, PullRequest,
-    RepoRef, Response, Subject, is_int_like, repo_halves)
+from .base import (
+    Authority,
+    BranchHead,
+    Credential,
+    ForgeClient,
+    ForgeFailure,
+    Identity,
+    PullHead,
+    PullRequest,
+    RepoRef,
+    Response,
+    Subject,
+    is_int_like,
+    repo_halves,
+)
 
 WRITE_PERMISSIONS = {"owner", "admin", "write"}
 # The pull request listing has no head/base filter: open ones are read a page at a time, most recently

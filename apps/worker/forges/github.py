@@ -12,8 +12,23 @@ from urllib.parse import quote, urlencode
 
 from django.conf import settings
 
-from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, IdentityUnavailable,
-    PullHead, PullRequest, RepoRef, Response, Subject, Unreachable, is_int_like, repo_halves)
+from .base import (
+    Authority,
+    BranchHead,
+    Credential,
+    ForgeClient,
+    ForgeFailure,
+    Identity,
+    IdentityUnavailable,
+    PullHead,
+    PullRequest,
+    RepoRef,
+    Response,
+    Subject,
+    Unreachable,
+    is_int_like,
+    repo_halves,
+)
 from .github_app import GitHubApp
 
 # The legacy `permission` field folds `maintain` into `write`; both spellings count.

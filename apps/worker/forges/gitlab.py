@@ -8,8 +8,20 @@ from urllib.parse import quote, urlencode
 
 from django.conf import settings
 
-from .base import (Authority, BranchHead, Credential, ForgeClient, ForgeFailure, Identity, PullHead, PullRequest,
-    RepoRef, Response, Subject, is_int_like)
+from .base import (
+    Authority,
+    BranchHead,
+    Credential,
+    ForgeClient,
+    ForgeFailure,
+    Identity,
+    PullHead,
+    PullRequest,
+    RepoRef,
+    Response,
+    Subject,
+    is_int_like,
+)
 
 DEVELOPER_ACCESS = 30  # Developer and above may start work (Guest 10, Reporter 20, Maintainer 40, Owner 50)
 

@@ -15,8 +15,8 @@ from django.core.management.base import BaseCommand, CommandError
 from redis.exceptions import RedisError
 
 from apps.fleet import cancel, failed, pauses, status
-from apps.fleet.display import age, detail_text, instant
 from apps.fleet.connection import get_redis
+from apps.fleet.display import age, detail_text, instant
 from apps.fleet.union import resolve_scope
 
 

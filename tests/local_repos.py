@@ -1,0 +1,44 @@
+"""Git repositories on this host for local jobs: a folder their owner can reach, one committed repository
+owned by OWNER (a uid no test runs as), and git as root may run it there. Fixtures: `owner_space`, `repo`."""
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+OWNER = (1234, 1234)
+
+
+def git(folder, *args):
+    subprocess.run(["git", "-c", f"safe.directory={folder}", "-C", str(folder), *args], check=True,
+                   capture_output=True)
+
+
+@pytest.fixture
+def owner_space():
+    """A folder the repositories' owner can reach (pytest's own temp folders are root-only, 0700)."""
+    base = Path(tempfile.mkdtemp(prefix="pidispatch-local-"))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def committed_repository(folder, readme="hello\n"):
+    """A new repository in `folder` with one commit (README.md), as root made it."""
+    folder.mkdir()
+    git(folder, "init", "-q", "-b", "main")
+    (folder / "README.md").write_text(readme)
+    git(folder, "add", ".")
+    git(folder, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "-m", "init")
+    return folder
+
+
+@pytest.fixture
+def repo(owner_space):
+    folder = committed_repository(owner_space / "app")
+    for path in [folder, *folder.rglob("*")]:
+        os.lchown(path, *OWNER)
+    return folder

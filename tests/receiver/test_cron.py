@@ -1,0 +1,142 @@
+"""Cron triggers: fire on their pattern onto the host that holds the folder, no backfill, at most one
+pending occurrence, exactly one job per occurrence across hosts, edits applied without a restart."""
+
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from rq import Queue
+
+from apps.fleet.hosts import HostIdentity
+from apps.receiver.cron import tick
+from apps.receiver.models import Trigger
+from apps.worker.models import Outcome, Run
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.django_db
+HOST_A = HostIdentity("hostA", True)
+T0 = datetime(2026, 3, 4, 12, 0, 30, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def schedule(tmp_path):
+    def make(pattern="*/5 * * * *", folder=None, **fields):
+        return Trigger.objects.create(position=0, on_type="cron", cron_id=fields.pop("cron_id", "nightly"),
+                                      cron_pattern=pattern, kind="local", folder=str(folder or tmp_path),
+                                      flow="tidy", task="Tidy up.", **fields)
+    return make
+
+
+def host_jobs(redis_conn, host="hostA"):
+    return Queue(f"pi-jobs@{host}", connection=redis_conn).get_job_ids()
+
+
+def test_a_new_schedule_waits_for_its_next_occurrence(redis_conn, schedule):
+    trigger = schedule()
+    assert tick(redis_conn, HOST_A, T0).fired == []  # 12:00 is in the past for a trigger first seen now
+
+    result = tick(redis_conn, HOST_A, T0 + timedelta(minutes=5))
+
+    stamp = int(datetime(2026, 3, 4, 12, 5, tzinfo=timezone.utc).timestamp())
+    assert result.fired == [f"cron-{trigger.pk}-{stamp}"]
+    assert host_jobs(redis_conn) == result.fired
+    job = Queue("pi-jobs@hostA", connection=redis_conn).fetch_job(result.fired[0])
+    spec = job.args[0]
+    assert (spec["kind"], spec["trigger_type"], spec["flow"], spec["task"]) == ("local", "cron", "tidy", "Tidy up.")
+    assert tick(redis_conn, HOST_A, T0 + timedelta(minutes=5, seconds=20)).fired == []  # once per occurrence
+
+
+def test_downtime_fires_only_the_latest_missed_occurrence(redis_conn, schedule):
+    schedule()
+    tick(redis_conn, HOST_A, T0)
+    result = tick(redis_conn, HOST_A, T0 + timedelta(hours=3))  # 36 occurrences were missed
+    assert len(result.fired) == 1 and result.fired[0].endswith(
+        str(int(datetime(2026, 3, 4, 15, 0, tzinfo=timezone.utc).timestamp())))
+
+
+def test_at_most_one_pending_occurrence(redis_conn, schedule):
+    schedule()
+    tick(redis_conn, HOST_A, T0)
+    first = tick(redis_conn, HOST_A, T0 + timedelta(minutes=5)).fired
+    second = tick(redis_conn, HOST_A, T0 + timedelta(minutes=10))  # nobody ran the first one yet
+
+    assert second.fired == [] and second.skipped == ["nightly"]
+    assert host_jobs(redis_conn) == first
+
+
+def test_a_folder_on_another_host_is_not_fired_here(redis_conn, schedule, tmp_path):
+    schedule(folder=tmp_path / "not-here")
+    tick(redis_conn, HOST_A, T0)
+    assert tick(redis_conn, HOST_A, T0 + timedelta(minutes=5)).fired == []
+
+
+def test_two_hosts_holding_the_folder_make_one_job(redis_conn, schedule):
+    schedule()
+    tick(redis_conn, HOST_A, T0)
+    later = T0 + timedelta(minutes=5)
+    fired = tick(redis_conn, HOST_A, later).fired + tick(redis_conn, HostIdentity("hostB", True), later).fired
+    assert len(fired) == 1
+    assert len(host_jobs(redis_conn, "hostA")) + len(host_jobs(redis_conn, "hostB")) == 1
+
+
+def test_edits_apply_on_the_next_tick(redis_conn, schedule):
+    trigger = schedule()
+    tick(redis_conn, HOST_A, T0)
+    trigger.enabled = False
+    trigger.save()
+    assert tick(redis_conn, HOST_A, T0 + timedelta(minutes=5)).fired == []
+    trigger.enabled, trigger.cron_pattern = True, "0 * * * *"
+    trigger.save()
+    assert tick(redis_conn, HOST_A, T0 + timedelta(minutes=10)).fired == []  # hourly now: 12:00 was handled
+    assert len(tick(redis_conn, HOST_A, T0 + timedelta(hours=1)).fired) == 1
+
+
+def test_six_fields_put_the_seconds_first(redis_conn, schedule):
+    schedule(pattern="*/20 * * * * *")
+    tick(redis_conn, HOST_A, T0)
+    result = tick(redis_conn, HOST_A, T0 + timedelta(seconds=15))
+    assert result.fired and result.fired[0].endswith(str(int((T0 + timedelta(seconds=10)).timestamp())))
+
+
+def test_an_undeclared_host_uses_the_shared_queue(redis_conn, schedule):
+    schedule()
+    tick(redis_conn, HostIdentity("box", False), T0)
+    fired = tick(redis_conn, HostIdentity("box", False), T0 + timedelta(minutes=5)).fired
+    assert Queue("pi-jobs", connection=redis_conn).get_job_ids() == fired
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_cron_and_a_worker_run_the_schedule(repo, schedule, worker_env, run_worker):  # noqa: F811
+    trigger = schedule(pattern="* * * * * *", folder=repo)  # every second
+    env = {**worker_env, "PI_WORKER_NAME": "hostA"}
+    command = [sys.executable, "manage.py", "run_cron", "--once"]
+    subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True)  # first sight
+    time.sleep(1.2)
+    fired = subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True, text=True).stdout
+
+    assert fired.startswith(f"fired cron-{trigger.pk}-")
+    run_worker("pi-jobs", "pi-jobs@hostA", env_overrides={"PI_WORKER_NAME": "hostA"})
+    run = Run.objects.get(trigger=trigger)
+    assert (run.outcome, run.trigger_type, run.target, run.host) == (Outcome.COMPLETED, "cron", "local:app", "hostA")
+
+
+def test_an_occurrence_whose_enqueue_failed_fires_on_the_next_tick(redis_conn, schedule, monkeypatch):
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from apps.receiver import cron
+
+    schedule()
+    tick(redis_conn, HOST_A, T0)
+    real_enqueue = cron.enqueue
+
+    def flaky(spec, queue):
+        monkeypatch.setattr(cron, "enqueue", real_enqueue)
+        raise RedisConnectionError("connection reset")
+
+    monkeypatch.setattr(cron, "enqueue", flaky)
+    with pytest.raises(RedisConnectionError):
+        tick(redis_conn, HOST_A, T0 + timedelta(minutes=5))
+
+    assert len(tick(redis_conn, HOST_A, T0 + timedelta(minutes=5, seconds=1)).fired) == 1

@@ -1,0 +1,215 @@
+"""`manage.py doctor`, run as an operator runs it, against the test stack's own Redis and Docker engine: what it
+says works, what it says to do about what does not, its exit code (0 only when a job could run here), and
+that it never prints a secret."""
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+
+import docker
+import pytest
+
+from apps.fleet import registry
+from devtools.scripted_provider import ScriptedProvider
+from tests.conftest import PROVIDER_KEY, ROOT, WEBHOOK_SECRET
+from tests.receiver_support import STAND_IN_TOKEN
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def doctor(worker_env):
+    """Run `manage.py doctor` with the worker's environment, changed as a test says (None: unset)."""
+
+    def run(*args, **changes):
+        env = {**worker_env}
+        for name, value in changes.items():
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = str(value)
+        result = subprocess.run([sys.executable, "manage.py", "doctor", *args], cwd=ROOT, env=env,
+                                capture_output=True, text=True, timeout=120)
+        for secret in (PROVIDER_KEY, WEBHOOK_SECRET, STAND_IN_TOKEN, env.get("ANTHROPIC_API_KEY") or PROVIDER_KEY):
+            assert secret not in result.stdout + result.stderr
+        return result
+
+    return run
+
+
+def line(output: str, status: str, check: str) -> str:
+    """The finding of `check` with `status`, and its what-to-do line when it has one."""
+    lines = output.splitlines()
+    for index, text in enumerate(lines):
+        if text.split()[:2] == [status, check]:
+            follow = lines[index + 1] if index + 1 < len(lines) else ""
+            return text + ("\n" + follow if follow.strip().startswith("->") else "")
+    raise AssertionError(f"no `{status} {check}` line in:\n{output}")
+
+
+def test_a_working_host_can_run_a_job_and_says_what_to_improve(doctor, redis_conn):
+    result = doctor()
+    assert result.returncode == 0, result.stdout
+    out = result.stdout
+    assert "ok    database" in out and "migrations applied" in out
+    assert "Redis" in line(out, "ok", "redis")
+    # The tests' Redis keeps no append-only file: said, with the command that fixes it.
+    assert "appendonly no" in line(out, "warn", "redis-aof")
+    assert "-> redis-cli CONFIG SET appendonly yes; CONFIG SET appendfsync always" in line(out, "warn", "redis-aof")
+    assert os.environ["DOCKER_HOST"] in line(out, "ok", "docker")
+    assert "runner protocol 2" in line(out, "ok", "job-image")
+    assert "ANTHROPIC_API_KEY set (20 chars)" in line(out, "ok", "provider")
+    assert "GITHUB_TOKEN set" in line(out, "ok", "forge-github")
+    assert "GiB free under" in line(out, "ok", "disk")
+    assert "python manage.py rqworker pi-jobs" in line(out, "warn", "workers")  # no worker runs now
+    assert "nothing else" in line(out, "ok", "settings")
+    assert re.search(r"a job can run on this host \(\d+ warnings\)$", out.rstrip())
+
+    # An append-only file synced on every write is what a queued job needs: then it is ok.
+    redis_conn.config_set("appendfsync", "always")
+    redis_conn.config_set("appendonly", "yes")
+    try:
+        report = json.loads(doctor("--json").stdout)
+    finally:
+        redis_conn.config_set("appendonly", "no")
+        redis_conn.config_set("appendfsync", "everysec")
+    assert report["job_could_run"] is True
+    here = report["hosts"][0]
+    assert here["this_host"] is True
+    assert {c["check"]: c["status"] for c in here["checks"]}["redis-aof"] == "ok"
+
+
+def test_redis_unreachable(doctor):
+    from devtools.services import free_port
+
+    port = free_port()
+    result = doctor(REDIS_URL=f"redis://:hunter2-redis-password@127.0.0.1:{port}/0")
+    assert result.returncode == 1
+    assert f"no answer at redis://127.0.0.1:{port}/0" in line(result.stdout, "FAIL", "redis")
+    assert "-> start Redis, or set REDIS_URL" in line(result.stdout, "FAIL", "redis")
+    assert "hunter2-redis-password" not in result.stdout
+    assert "no job can run on this host: 1 FAIL (redis)" in result.stdout
+
+
+def test_job_image_missing_or_unlabelled(doctor):
+    result = doctor(PI_JOB_IMAGE="pidispatch-doctor-missing:none")
+    assert result.returncode == 1
+    assert "-> build it here with `make image`" in line(result.stdout, "FAIL", "job-image")
+
+    # An image built without the runner's labels: the worker would refuse it, so the doctor says so first.
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("hello")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"hi"))
+    engine = docker.from_env()
+    engine.api.import_image_from_data(buffer.getvalue(), repository="pidispatch-doctor-unlabelled", tag="latest")
+    try:
+        result = doctor(PI_JOB_IMAGE="pidispatch-doctor-unlabelled:latest")
+    finally:
+        engine.images.remove("pidispatch-doctor-unlabelled:latest", force=True)
+    assert result.returncode == 1
+    found = line(result.stdout, "FAIL", "job-image")
+    assert "job-image-unlabelled" in found and "-> rebuild it with this checkout's `make image`" in found
+
+
+def test_no_provider_key(doctor):
+    result = doctor(ANTHROPIC_API_KEY=None)
+    assert result.returncode == 1
+    found = line(result.stdout, "FAIL", "provider")
+    assert "ANTHROPIC_API_KEY not set" in found and "provider-unconfigured" in found
+    assert "-> set ANTHROPIC_API_KEY in the worker's environment" in found
+
+
+def test_disk_below_the_threshold_fails_and_below_a_jobs_size_warns(doctor):
+    result = doctor(PI_DOCTOR_MIN_FREE_MB=10**9)
+    assert result.returncode == 1
+    assert "below PI_DOCTOR_MIN_FREE_MB" in line(result.stdout, "FAIL", "disk")
+    assert "-> free space on that filesystem, or point PI_JOB_ROOT" in line(result.stdout, "FAIL", "disk")
+
+    result = doctor(PI_JOB_DISK_MB=10**9)
+    assert result.returncode == 0
+    assert "-> free space, or lower PI_JOB_DISK_MB" in line(result.stdout, "warn", "disk")
+
+
+def test_profiles_and_forge_config_are_validated(doctor, tmp_path):
+    resolver = tmp_path / "resolver"
+    resolver.write_text("#!/bin/sh\necho x\n")  # not executable
+    result = doctor(PI_SECRET_PROFILES=f"vault:{resolver}", PI_WAIT_PROFILES="ci:relative/path",
+                    PI_EGRESS_ALLOW="registry.npmjs.org:443")
+    assert result.returncode == 1
+    assert f"-> install it at {resolver} and chmod +x it" in line(result.stdout, "FAIL", "secret-profiles")
+    assert "is not `name:/absolute/path`" in line(result.stdout, "FAIL", "wait-profiles")
+    assert "registry.npmjs.org:443" in line(result.stdout, "ok", "egress-allowlist")
+
+    result = doctor(GITHUB_SELF_ID=None, GITHUB_TOKEN=None, PI_EGRESS_ALLOW="not a host")
+    assert result.returncode == 1
+    assert "GITHUB_SELF_ID is required" in line(result.stdout, "FAIL", "forges")
+    assert "-> fix PI_EGRESS_ALLOW" in line(result.stdout, "FAIL", "egress-allowlist")
+
+    # What else `manage.py check` refuses, the worker would refuse to start with.
+    result = doctor(PI_JOB_DISK_MB=-1)
+    assert result.returncode == 1
+    assert "PI_JOB_DISK_MB must be at least 0" in line(result.stdout, "FAIL", "settings")
+
+
+def test_live_calls_the_provider_through_a_gateway_and_reads_the_token_scopes(doctor, fake_forge):
+    provider = ScriptedProvider(key="sk-doctor-live-key")
+    fake_forge.routes["/user"] = (200, {"login": "pi-bot", "id": 42}, {"X-OAuth-Scopes": "repo, workflow"})
+    fake_forge.routes["/api/v4/user"] = (200, {"username": "pi-gl-bot", "id": 7})
+    fake_forge.routes["/api/v4/personal_access_tokens/self"] = (200, {"scopes": ["api", "sudo"]})
+    common = {"PI_PROVIDER_BASE_URL": provider.url, "PI_MODEL": "claude-sonnet-4-5",
+              "GITHUB_API_URL": fake_forge.url, "GITLAB_URL": fake_forge.url, "GITLAB_WEBHOOK_MODE": "token",
+              "GITLAB_WEBHOOK_SECRET": "gitlab-hook-secret", "GITLAB_TOKEN": "glpat-doctor-token",
+              "GITLAB_SELF_ID": "7"}
+    try:
+        result = doctor("--live", ANTHROPIC_API_KEY="sk-doctor-live-key", **common)
+        assert result.returncode == 0, result.stdout
+        assert "answered through a gateway (" in line(result.stdout, "ok", "provider-call")
+        # The key reached the provider from the gateway, not from the doctor's request.
+        assert [seen.key_accepted for seen in provider.seen] == [True]
+        scopes = line(result.stdout, "warn", "forge-github-live")
+        assert "token of pi-bot has scopes repo, workflow" in scopes and "-> use a token with only `repo`" in scopes
+        github_asked = [r for r in fake_forge.requests if r["path"] == "/user"]
+        assert github_asked[-1]["headers"]["authorization"] == f"Bearer {STAND_IN_TOKEN}"
+        assert "token of pi-gl-bot has scopes api, sudo" in line(result.stdout, "warn", "forge-gitlab-live")
+        assert "-> drop sudo" in line(result.stdout, "warn", "forge-gitlab-live")
+        assert "glpat-doctor-token" not in result.stdout and "gitlab-hook-secret" not in result.stdout
+
+        fake_forge.routes["/user"] = (401, {"message": "Bad credentials"})
+        result = doctor("--live", ANTHROPIC_API_KEY="sk-a-wrong-key", **common)
+        assert result.returncode == 1
+        refused = line(result.stdout, "FAIL", "provider-call")
+        assert "the provider refused the key (HTTP 401)" in refused and "-> replace the key" in refused
+        assert "-> create a new token and set GITHUB_TOKEN" in line(result.stdout, "FAIL", "forge-github-live")
+        assert "sk-a-wrong-key" not in result.stdout
+    finally:
+        provider.close()
+
+
+def test_other_live_hosts_as_they_last_reported(doctor, redis_conn):
+    now = time.time()
+    registry.publish(redis_conn, registry.HostFacts(name="hostB", declared=True, version="0.0.1-old",
+                                                    image="pi-job:other", capabilities=("wait:ci",), concurrency=2),
+                     registry.ProcessFacts(worker_name="rq:worker:hostB-1", pid=1, proc="elsewhere/1/1",
+                                           started_at=now, queues=("pi-jobs", "pi-jobs@hostB")), now=now)
+    # A worker of this machine declared by its queue (`rqworker pi-jobs@hostA`): this host's, not another's.
+    registry.publish(redis_conn, registry.HostFacts(name="hostA", declared=True, version="x", image="y"),
+                     registry.ProcessFacts(worker_name="rq:worker:hostA-1", pid=os.getpid(),
+                                           proc=registry.process_identity(), started_at=now,
+                                           queues=("pi-jobs", "pi-jobs@hostA")), now=now)
+    result = doctor()
+    assert result.returncode == 0
+    assert "hostA: 1 worker process (pi-jobs, pi-jobs@hostA), 0 busy" in line(result.stdout, "ok", "workers")
+    assert "== hostA" not in result.stdout
+    section = result.stdout[result.stdout.index("== hostB (live, as it reported"):]
+    assert "1 worker process, 0 busy, cap 2, capabilities wait:ci" in line(section, "ok", "registry")
+    assert "runs pidispatch 0.0.1-old" in line(section, "warn", "version")
+    assert "runs pi-job:other" in line(section, "warn", "job-image")
+    report = json.loads(doctor("--json").stdout)
+    assert [host["name"] for host in report["hosts"]][1:] == ["hostB"]

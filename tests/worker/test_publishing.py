@@ -1,0 +1,301 @@
+"""Publishing a completed run (apps/worker/publishing/): the worker pushes the agent's work over smart HTTP to a
+real local git remote and opens the pull/merge request through each forge's API on the stand-in forge, or
+pushes to the triggering PR's branch, or comments. In process: the clone is a real one (forge_workspace), the
+agent's work is files written into it."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from apps.worker import container, forge_workspace, jobfiles
+from apps.worker.models import Outcome, Run
+from apps.worker.publishing import kept
+from apps.worker.publishing import service as publishing
+from tests.jobspecs import forge_spec
+from tests.receiver_support import basic, commit_files, make_repository
+
+AZURE_PROJECT = "068d2409-14eb-4d8a-88bf-c8a9e7f5b4e2"
+AZURE_REPOSITORY = "3411ebc1-d5aa-464f-9615-0b527bc66719"
+FILES = {"README.md": "hello\n", "src/app.py": "print('hi')\n"}
+FINISHED_AT = 1_800_000_000.0  # when the agent's container ended
+SUMMARY = "Fix the footer overlap\n\nThe footer now sits below the button."
+
+
+class Forge:
+    """One forge's repository on the stand-in: its API shapes, its git credential, its pull/merge requests."""
+
+    def __init__(self, name, forges, root, *, repo, git_name, credential, spec_fields, register, pull_key):
+        self.name, self.forges, self.root, self.repo, self.git_name = name, forges, root, repo, git_name
+        self.sha = make_repository(root, git_name, FILES)
+        forges.serve_git(root, basic(*credential))
+        register(self.sha)
+        self.spec_fields = spec_fields
+        self.pull_key = pull_key  # how the stand-in keys this repository's pull requests
+
+    @property
+    def bare(self) -> Path:
+        return self.root / f"{self.git_name}.git"
+
+    def branches(self) -> dict[str, str]:
+        listing = subprocess.run(["git", "-C", str(self.bare), "for-each-ref", "--format=%(refname:short) %(objectname)",
+                                  "refs/heads"], capture_output=True, text=True, check=True).stdout
+        return dict(line.split() for line in listing.splitlines())
+
+    def git(self, *args) -> str:
+        return subprocess.run(["git", "-C", str(self.bare), *args], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    def spec(self, job_id, **fields):
+        return forge_spec(job_id, kind=self.name, **{**self.spec_fields, **fields})
+
+    def pulls(self):
+        return self.forges.pulls_of(self.name, self.pull_key)
+
+
+@pytest.fixture(params=["github", "gitlab", "forgejo", "azure"])
+def forge(request, forges, tmp_path, settings):
+    settings.PI_PUBLISH_RETRY_SECONDS = 0.01
+    root = tmp_path / "remote"
+    name = request.param
+    if name == "github":
+        return Forge(name, forges, root, repo="acme/web", git_name="acme/web", credential=("x-access-token", "ghp-test"),
+                     spec_fields={"repo": "acme/web"}, register=lambda sha: forges.github_repository("acme/web", sha),
+                     pull_key="acme/web")
+    if name == "gitlab":
+        return Forge(name, forges, root, repo="group/proj", git_name="group/proj", credential=("oauth2", "glpat-test"),
+                     spec_fields={"repo": "group/proj", "project_id": "42"},
+                     register=lambda sha: forges.gitlab_project(42, "group/proj", sha), pull_key="42")
+    if name == "forgejo":
+        return Forge(name, forges, root, repo="kostekIV/test", git_name="kostekIV/test",
+                     credential=("pidispatch", "forgejo-test-token"), spec_fields={"repo": "kostekIV/test"},
+                     register=lambda sha: forges.forgejo_repository("kostekIV/test", sha), pull_key="kostekIV/test")
+    return Forge(name, forges, root, repo="Fabrikam/widgets", git_name="widgets", credential=("", "azure-pat"),
+                 spec_fields={"repo": "Fabrikam/widgets", "project_id": AZURE_PROJECT, "repository_id": AZURE_REPOSITORY},
+                 register=lambda sha: forges.azure_repository(AZURE_PROJECT, AZURE_REPOSITORY, "widgets", sha),
+                 pull_key=AZURE_REPOSITORY)
+
+
+github_only = pytest.mark.parametrize("forge", ["github"], indirect=True)
+
+
+def start(tmp_path, spec):
+    """The job's folders and its clone, as gate 10 makes them."""
+    dirs = jobfiles.prepare(spec, tmp_path / "jobs", owner=container.job_user())
+    return dirs, forge_workspace.prepare(spec, dirs, owner=container.job_user())
+
+
+def publish(spec, dirs, workspace, summary=SUMMARY):
+    return publishing.publish_run(spec, workspace, dirs.root, dirs.workspace, summary, FINISHED_AT)
+
+
+def comments_posted(forges):
+    return [request for request in forges.requests if request["method"] == "POST"
+            and ("comments" in request["path"] or "notes" in request["path"] or "threads" in request["path"])]
+
+
+def test_new_commits_become_one_draft_pull_request_against_the_default_branch(tmp_path, forge):
+    spec = forge.spec("job-pr", number=7)
+    dirs, workspace = start(tmp_path, spec)
+    (dirs.workspace / "src" / "footer.css").write_text("footer { margin-top: 2em; }\n")
+
+    publication, reason = publish(spec, dirs, workspace)
+
+    assert reason == "" and publication.outcome == "published" and publication.pushed_commits == 1
+    assert publication.changed_files == 1  # what the run page says the agent changed
+    head = forge.branches()["pi/7-fix-bug"]
+    assert forge.git("rev-parse", f"{head}^") == forge.sha  # on top of the commit the job started from
+    assert forge.git("show", f"{head}:src/footer.css") == "footer { margin-top: 2em; }"
+    assert forge.git("log", "-1", "--format=%an <%ae>", head) == "pidispatch <pidispatch@users.noreply.localhost>"
+    (pull,) = forge.pulls()
+    assert (pull["head"], pull["base"], pull["draft"]) == ("pi/7-fix-bug", "main", True)
+    assert pull["title"].endswith("Fix the footer overlap") and pull["issues"] == [7]
+    assert "The footer now sits below the button." in pull["body"] and "job-pr" in pull["body"]
+    assert publication.pull_request == pull["number"] and publication.url
+
+    # A retried publish step (the worker died after the push, say) finds the one it opened.
+    again, _ = publish(spec, dirs, workspace)
+    assert again.outcome == "published" and again.pull_request == pull["number"] and len(forge.pulls()) == 1
+
+
+@github_only
+def test_drafts_can_be_turned_off_and_the_body_links_the_run(tmp_path, forge, settings):
+    settings.PI_PR_DRAFT, settings.PI_PUBLIC_URL = False, "https://pi.example.com"
+    spec = forge.spec("job-ready", number=8)
+    dirs, workspace = start(tmp_path, spec)
+    (dirs.workspace / "x.txt").write_text("x\n")
+    publish(spec, dirs, workspace)
+    (pull,) = forge.pulls()
+    assert pull["draft"] is False
+    assert "https://pi.example.com/admin/worker/run/?job_id=job-ready" in pull["body"]
+
+
+@pytest.mark.parametrize("forge", ["github", "gitlab"], indirect=True)
+def test_no_commits_is_one_comment_with_the_agents_message(tmp_path, forge):
+    spec = forge.spec("job-talk", number=7)
+    dirs, workspace = start(tmp_path, spec)
+
+    publication, reason = publish(spec, dirs, workspace, summary="I could not reproduce the bug.")
+
+    assert (publication.outcome, reason) == ("commented", "")
+    (comment,) = comments_posted(forge.forges)
+    assert "I could not reproduce the bug." in str(comment["body"])
+    assert forge.pulls() == [] and set(forge.branches()) == {"main"}
+
+
+@github_only
+def test_no_commits_and_no_message_publishes_nothing(tmp_path, forge):
+    spec = forge.spec("job-silent", number=7)
+    dirs, workspace = start(tmp_path, spec)
+    publication, _ = publish(spec, dirs, workspace, summary="")
+    assert publication.outcome == "nothing-to-publish" and comments_posted(forge.forges) == []
+
+
+@github_only
+def test_a_long_message_is_cut_to_the_forges_limit_with_a_marker(tmp_path, forge):
+    spec = forge.spec("job-long", number=7)
+    dirs, workspace = start(tmp_path, spec)
+    publish(spec, dirs, workspace, summary="word " * 20000)
+    (comment,) = comments_posted(forge.forges)
+    text = comment["body"]["body"]
+    assert len(text) <= 65536 and "cut" in text and text.rstrip().endswith("`job-long`.")
+
+
+def pull_request_on_branch(forge, *, fork=None):
+    """An open pull request from `feature` (one commit on top of main), as someone opened it."""
+    feature_sha = commit_files(forge.bare, {**FILES, "feature.txt": "wip\n"}, branch="feature")
+    forge.git("update-ref", "refs/heads/main", forge.sha)
+    return forge.forges.add_pull_request(forge.name, forge.pull_key, head="feature", sha=feature_sha, fork=fork), feature_sha
+
+
+def test_a_job_on_a_pull_request_starts_from_its_head_and_pushes_to_its_branch(tmp_path, forge):
+    pull, feature_sha = pull_request_on_branch(forge)
+    spec = forge.spec("job-on-pr", target_type="pull_request", number=pull["number"])
+    dirs, workspace = start(tmp_path, spec)
+    assert (dirs.workspace / "feature.txt").read_text() == "wip\n"  # the PR's head, not the default branch
+    (dirs.workspace / "feature.txt").write_text("done\n")
+
+    publication, reason = publish(spec, dirs, workspace)
+
+    assert (publication.outcome, reason, publication.pull_request) == ("published", "", pull["number"])
+    head = forge.branches()["feature"]
+    assert forge.git("rev-parse", f"{head}^") == feature_sha  # a fast-forward of the PR's own branch
+    assert len(forge.pulls()) == 1 and "pi/" not in " ".join(forge.branches())
+
+
+@github_only
+def test_a_pull_request_branch_that_moved_gets_a_comment_never_a_force_push(tmp_path, forge):
+    pull, _ = pull_request_on_branch(forge)
+    spec = forge.spec("job-moved", target_type="pull_request", number=pull["number"])
+    dirs, workspace = start(tmp_path, spec)
+    (dirs.workspace / "feature.txt").write_text("done\n")
+    moved = commit_files(forge.bare, {"other.txt": "someone pushed\n"}, branch="feature")
+
+    publication, reason = publish(spec, dirs, workspace)
+
+    assert (publication.outcome, reason) == ("branch-moved", "")
+    assert forge.branches()["feature"] == moved
+    assert "moved" in str(comments_posted(forge.forges)[0]["body"])
+    assert kept.is_kept(dirs.root)  # the work waits for the operator
+
+
+def test_a_pull_request_from_a_fork_only_gets_a_comment(tmp_path, forge):
+    pull, feature_sha = pull_request_on_branch(forge, fork="someone/fork")
+    spec = forge.spec("job-fork", target_type="pull_request", number=pull["number"])
+    dirs, workspace = start(tmp_path, spec)
+    (dirs.workspace / "feature.txt").write_text("done\n")
+    before = forge.branches()
+
+    publication, _ = publish(spec, dirs, workspace)
+
+    assert publication.outcome == "commented" and forge.branches() == before
+    assert "fork" in str(comments_posted(forge.forges)[0]["body"])
+
+
+@github_only
+@pytest.mark.parametrize("path, reason", [(".github/workflows/ci.yml", "ci-change-refused"),
+                                          (".gitmodules", "submodule-change-refused")])
+def test_a_refused_change_is_not_pushed_and_is_kept(tmp_path, forge, path, reason):
+    spec = forge.spec("job-ci", number=7)
+    dirs, workspace = start(tmp_path, spec)
+    target = dirs.workspace / path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("x: 1\n")
+
+    publication, refused = publish(spec, dirs, workspace)
+
+    assert (publication.outcome, refused) == (reason, reason)
+    assert set(forge.branches()) == {"main"} and forge.pulls() == []
+    assert kept.is_kept(dirs.root) and (dirs.root / kept.BUNDLE).exists()
+
+
+@github_only
+def test_the_trigger_may_allow_ci_changes(tmp_path, forge):
+    spec = forge.spec("job-ci-ok", number=7, allow_ci_changes=True)
+    dirs, workspace = start(tmp_path, spec)
+    (dirs.workspace / ".github" / "workflows").mkdir(parents=True)
+    (dirs.workspace / ".github" / "workflows" / "ci.yml").write_text("on: push\n")
+    assert publish(spec, dirs, workspace)[0].outcome == "published"
+
+
+@github_only
+def test_a_forge_outage_is_retried_then_the_work_is_kept_and_published_again(tmp_path, forge, db):
+    spec = forge.spec("job-outage", number=7)
+    dirs, workspace = start(tmp_path, spec)
+    (dirs.workspace / "fix.txt").write_text("fixed\n")
+    pulls = ("POST", "/repos/acme/web/pulls")
+    forge.forges.routes[pulls] = (503, {"message": "Service Unavailable"})
+
+    publication, reason = publish(spec, dirs, workspace)
+
+    assert (publication.outcome, reason) == ("publish-unavailable", "publish-unavailable")
+    opened = [r for r in forge.forges.requests if r["method"] == "POST" and r["path"] == pulls[1]]
+    assert len(opened) == 3  # PI_PUBLISH_ATTEMPTS, the agent not run again
+    assert kept.is_kept(dirs.root)
+
+    # The forge is back: the operator's `Publish again` publishes the kept commits.
+    del forge.forges.routes[pulls]
+    kept.strip_to_kept(dirs.root)
+    now = timezone.now()
+    run = Run.objects.create(job_id="job-outage", kind="github", started_at=now, ended_at=now,
+                             outcome=Outcome.FAILED, reason="publish-unavailable", publish_outcome="publish-unavailable")
+    again = publish_again_from(dirs.root, run)
+    assert again.outcome == "published" and len(forge.pulls()) == 1
+    run.refresh_from_db()
+    assert (run.publish_outcome, run.pull_request, run.pushed_commits) == ("published", again.pull_request, 1)
+    assert not dirs.root.exists()  # nothing kept once it is out
+
+
+def publish_again_from(job_root: Path, run):
+    from django.test import override_settings
+
+    with override_settings(PI_JOB_ROOT=job_root.parent):
+        return kept.publish_again(run)
+
+
+@github_only
+def test_a_forge_refusal_ends_the_publish_as_policy(tmp_path, forge):
+    spec = forge.spec("job-403", number=7)
+    dirs, workspace = start(tmp_path, spec)
+    (dirs.workspace / "fix.txt").write_text("fixed\n")
+    forge.forges.routes[("POST", "/repos/acme/web/pulls")] = (403, {"message": "Resource not accessible by integration"})
+
+    publication, reason = publish(spec, dirs, workspace)
+
+    assert (publication.outcome, reason) == ("forge-auth-refused", "forge-auth-refused")
+    assert kept.is_kept(dirs.root)
+
+
+@github_only
+def test_a_branch_name_another_jobs_work_holds_gets_this_jobs_own(tmp_path, forge):
+    commit_files(forge.bare, {"old.txt": "someone's earlier work\n"}, branch="pi/7-fix-bug")
+    forge.git("update-ref", "refs/heads/main", forge.sha)
+    spec = forge.spec("job-second", number=7)
+    dirs, workspace = start(tmp_path, spec)
+    (dirs.workspace / "fix.txt").write_text("fixed\n")
+
+    publication, _ = publish(spec, dirs, workspace)
+
+    (pull,) = forge.pulls()
+    assert publication.outcome == "published" and pull["head"].startswith("pi/7-fix-bug-")

@@ -345,7 +345,7 @@ def test_admin_edits_a_rules_dollar_cap_with_the_importers_rule(admin_client):
     from decimal import Decimal
 
     page = admin_client.post("/admin/receiver/trigger/add/", admin_form(max_cost_usd="0")).content.decode()
-    assert "run.maxCostUsd must be more than 0" in page and Trigger.objects.count() == 0
+    assert "“Most dollars per run” must be more than 0" in page and Trigger.objects.count() == 0
     assert admin_client.post("/admin/receiver/trigger/add/", admin_form(max_cost_usd="1.25")).status_code == 302
     assert Trigger.objects.get().max_cost_usd == Decimal("1.25")
 

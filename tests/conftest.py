@@ -14,8 +14,6 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from tests.receiver_support import STAND_IN_TOKEN
-
 # Fixtures kept beside what they set up, offered to every test module (none imports another's fixtures).
 pytest_plugins = ["tests.receiver_support", "tests.local_repos", "tests.browser_support"]
 
@@ -129,6 +127,8 @@ def worker_env(settings, tmp_path, github_stand_in):
     """Environment for a real `manage.py rqworker` subprocess that shares this test's database. Its GitHub
     is the local stand-in (a forge job clones a protected default branch with a token of its own, and its
     completed runs publish there: each test starts with none of the earlier tests' branches and pull requests)."""
+    from tests.receiver_support import STAND_IN_TOKEN
+
     github_stand_in.forget_published()
     env = {
         **os.environ,

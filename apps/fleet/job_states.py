@@ -35,10 +35,7 @@ def job_states(redis, job_ids) -> dict[str, JobState]:
     job_ids = list(dict.fromkeys(job_id for job_id in job_ids if job_id))
     if not job_ids:
         return {}
-    latest: dict[str, tuple] = {}
-    for job_id, pk, attempt, outcome, reason in (Run.objects.filter(job_id__in=job_ids).order_by("job_id", "attempt")
-                                                 .values_list("job_id", "pk", "attempt", "outcome", "reason")):
-        latest[job_id] = (pk, attempt, outcome, reason)  # the highest attempt wins
+    latest = Run.objects.latest_outcomes(job_ids)
     statuses: dict[str, str] = {}
     redis_error = ""
     try:

@@ -42,7 +42,7 @@ class Strip:
 
 def strip(redis) -> Strip:
     from apps.receiver.models import Delivery, DeliveryStatus
-    from apps.worker.models import Outcome, Run
+    from apps.worker.models import Run
 
     found = Strip()
     try:
@@ -62,8 +62,7 @@ def strip(redis) -> Strip:
         found.problems.append(f"Redis unreachable ({type(exc).__name__}): fleet state and queues unknown")
     try:
         day_start = panel.windows(timezone.now())["day"]
-        found.failed_today = (Run.objects.filter(started_at__gte=day_start, outcome=Outcome.FAILED)
-                              .values("job_id").distinct().count())
+        found.failed_today = Run.objects.failed_jobs_since(day_start)
         found.inbox_pending = Delivery.objects.filter(
             status__in=(DeliveryStatus.PENDING, DeliveryStatus.RECEIVED)).count()
     except DatabaseError as exc:

@@ -20,11 +20,8 @@ def failure_reasons(job_ids) -> dict[str, str]:
     """The latest run record's outcome/reason of each failed job."""
     from apps.worker.models import Run
 
-    reasons = {}
-    for job_id, outcome, reason in (Run.objects.filter(job_id__in=list(job_ids))
-                                    .order_by("job_id", "attempt").values_list("job_id", "outcome", "reason")):
-        reasons[job_id] = f"{outcome} {reason}".strip()
-    return reasons
+    return {job_id: f"{outcome} {reason}".strip()
+            for job_id, (_, _, outcome, reason) in Run.objects.latest_outcomes(job_ids).items()}
 
 
 RECENT_PUBLICATIONS = 8
@@ -34,9 +31,8 @@ def recent_publications():
     """The latest runs whose work reached the forge as a pull/merge request, newest first (their links)."""
     from apps.worker.models import Run
 
-    return list(Run.objects.filter(publish_outcome="published").exclude(publish_url="").order_by("-started_at")
-                .values("job_id", "kind", "target", "publish_outcome", "pull_request", "publish_url", "ended_at")
-                [:RECENT_PUBLICATIONS])  # run_published_idx: a long history costs no scan
+    return list(Run.objects.recently_published(RECENT_PUBLICATIONS).values(
+        "job_id", "kind", "target", "publish_outcome", "pull_request", "publish_url", "ended_at"))
 
 
 def explanations(reasons: dict[str, str]) -> dict[str, str]:

@@ -315,10 +315,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
 
     # 6. A one-shot rule already spent by another job since it was (re-)armed.
     if spec.once and spec.trigger_id is not None:
-        spent = Run.objects.filter(trigger_id=spec.trigger_id).exclude(job_id=spec.job_id)
-        if spec.once_armed_at:
-            spent = spent.filter(started_at__gte=datetime.fromisoformat(spec.once_armed_at))
-        if spent.exists():
+        armed = datetime.fromisoformat(spec.once_armed_at) if spec.once_armed_at else None
+        if Run.objects.spent_by_trigger(spec.trigger_id, other_than=spec.job_id, since=armed):
             return Verdict.refused("once-already-spent")
 
     # 7. The image, never pulled.

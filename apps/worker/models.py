@@ -8,8 +8,38 @@ class Outcome(models.TextChoices):
 
 
 class RunQuerySet(models.QuerySet):
+    """The questions asked of the run history, each answered from an index (see Run.Meta.indexes)."""
+
     def for_job(self, job_id: str):
         return self.filter(job_id=job_id).order_by("attempt")
+
+    def since(self, instant):
+        return self.filter(started_at__gte=instant)
+
+    def cost_since(self, instant):
+        """What the runs started since `instant` cost (the sum of their recorded cost; 0 with none)."""
+        return self.since(instant).aggregate(cost=models.Sum("cost"))["cost"] or 0
+
+    def failed_jobs_since(self, instant) -> int:
+        """How many jobs had a failed attempt since `instant` (a job retried twice counts once)."""
+        return self.since(instant).filter(outcome=Outcome.FAILED).values("job_id").distinct().count()
+
+    def spent_by_trigger(self, trigger_id: int, *, other_than: str, since=None) -> bool:
+        """Has another job of this trigger run (since it was armed)? A one-shot rule's question."""
+        runs = self.filter(trigger_id=trigger_id).exclude(job_id=other_than)
+        return (runs.since(since) if since is not None else runs).exists()
+
+    def latest_outcomes(self, job_ids) -> dict[str, tuple]:
+        """Per job, its highest attempt's (pk, attempt, outcome, reason)."""
+        latest: dict[str, tuple] = {}
+        for job_id, pk, attempt, outcome, reason in (self.filter(job_id__in=list(job_ids)).order_by("job_id", "attempt")
+                                                     .values_list("job_id", "pk", "attempt", "outcome", "reason")):
+            latest[job_id] = (pk, attempt, outcome, reason)
+        return latest
+
+    def recently_published(self, limit: int):
+        """The latest runs whose work reached the forge as a pull/merge request, newest first (run_published_idx)."""
+        return self.filter(publish_outcome="published").exclude(publish_url="").order_by("-started_at")[:limit]
 
 
 class Run(models.Model):

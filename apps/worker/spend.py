@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-from django.db.models import Sum
 from django.utils import timezone
 
 
@@ -56,7 +55,7 @@ def spend(redis, now: datetime | None = None) -> Spend:
     now = now or timezone.now()
     starts = windows(now)
     totals = {**budget.deployment_counts(redis, now), "tokens": budget.tokens_spent_today(redis, now)}
-    totals["cost"] = Run.objects.filter(started_at__gte=starts["day"]).aggregate(cost=Sum("cost"))["cost"]
+    totals["cost"] = Run.objects.cost_since(starts["day"])
     try:
         caps = deployment_caps()
         cap_of, token_cap, caps_error = {"day": caps.day, "week": caps.week, "month": caps.month}, caps.daily_tokens, ""

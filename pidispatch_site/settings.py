@@ -155,7 +155,7 @@ REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
 # `manage.py rqworker pi-jobs pi-jobs@anyhost` works without a per-host settings edit.
 RQ_QUEUES = QueueConfigMap({"URL": REDIS_URL, "DEFAULT_TIMEOUT": 3600})
 # Enqueue at once (not on commit): the intake must know whether the job exists before it answers.
-RQ = {"WORKER_CLASS": "apps.worker.rqworker.DispatchWorker", "COMMIT_MODE": "auto"}
+RQ = {"WORKER_CLASS": "apps.worker.process.rqworker.DispatchWorker", "COMMIT_MODE": "auto"}
 RQ_SHOW_ADMIN_LINK = False
 
 # --- Workers and jobs -------------------------------------------------------------------------------
@@ -168,14 +168,14 @@ PI_KEEP_JOB_DIRS = env.bool("PI_KEEP_JOB_DIRS", default=False)
 PI_JOB_MEMORY = env("PI_JOB_MEMORY", default="4g")
 PI_JOB_CPUS = env.float("PI_JOB_CPUS", default=2.0)
 # The most containers one host runs at once, below its number of worker processes (unset: one per process);
-# the admin's settings row overrides it live (apps/worker/host_slots.py).
+# the admin's settings row overrides it live (apps/worker/gates/host_slots.py).
 PI_CONCURRENCY = env.int("PI_CONCURRENCY", default=0) or None
 PI_JOB_PIDS_LIMIT = 512
 # The uid:gid a job runs as when the worker itself runs as root (never root inside the container).
 PI_JOB_USER = env("PI_JOB_USER", default="1000:1000")
 PI_JOB_TIMEOUT_SECONDS = env.int("PI_JOB_TIMEOUT_SECONDS", default=30 * 60)
 # The most a job's workspace may take on disk (a local job's: what it adds), measured every poll while the job
-# runs (apps/worker/disk.py); 0 turns it off.
+# runs (apps/worker/sandbox/disk.py); 0 turns it off.
 PI_JOB_DISK_MB = env.int("PI_JOB_DISK_MB", default=10 * 1024)
 PI_JOB_DISK_POLL_SECONDS = env.float("PI_JOB_DISK_POLL_SECONDS", default=5)
 # `manage.py doctor` FAILs this host below this much free space under PI_JOB_ROOT (a clone would fail disk-full).
@@ -199,7 +199,7 @@ PI_EGRESS_SOCKET_DIR = env("PI_EGRESS_SOCKET_DIR", default="")
 # The operator's dollar prices per model (JSON), over pi's list prices.
 PI_MODEL_PRICES = env("PI_MODEL_PRICES", default="")
 
-# Publishing a completed forge run (apps/worker/publishing/): the worker pushes and opens the pull request.
+# Publishing a completed forge run (apps/worker/forges/publishing/): the worker pushes and opens the pull request.
 PI_PR_DRAFT = env.bool("PI_PR_DRAFT", default=True)
 PI_PUBLIC_URL = env("PI_PUBLIC_URL", default="")  # this deployment's admin, linked from what it publishes
 PI_GIT_AUTHOR_NAME = env("PI_GIT_AUTHOR_NAME", default="pidispatch")
@@ -215,7 +215,7 @@ PI_WEEKLY_CAP = env.int("PI_WEEKLY_CAP", default=0) or None
 PI_MONTHLY_CAP = env.int("PI_MONTHLY_CAP", default=0) or None
 PI_SOFT_HOLD_PCT = env.int("PI_SOFT_HOLD_PCT", default=0) or None
 PI_DAILY_TOKEN_CAP = env.int("PI_DAILY_TOKEN_CAP", default=0) or None
-# Dollar caps, as dollar strings (apps/worker/money.py parses them; `manage.py check` and every process's start
+# Dollar caps, as dollar strings (apps/worker/gates/money.py parses them; `manage.py check` and every process's start
 # refuse a bad one): per job, and per UTC day / Monday week / month, reserved before the container.
 PI_MAX_COST_USD = env("PI_MAX_COST_USD", default="")
 PI_DAILY_COST_USD = env("PI_DAILY_COST_USD", default="")
@@ -235,7 +235,7 @@ PI_WAIT_MAX_SECONDS = env.int("PI_WAIT_MAX_SECONDS", default=24 * 3600)
 PI_WAIT_MAX_FAULTS = env.int("PI_WAIT_MAX_FAULTS", default=5)
 PI_WAIT_CHECK_TIMEOUT_SECONDS = env.int("PI_WAIT_CHECK_TIMEOUT_SECONDS", default=10)
 PI_WAIT_AFTER_MAX_DAYS = 30
-# Wait checks at once per host and, for a declared host, fleet-wide (apps/worker/wait_slots.py); a job denied
+# Wait checks at once per host and, for a declared host, fleet-wide (apps/worker/gates/wait_slots.py); a job denied
 # one looks again after at least PI_WAIT_THROTTLE_SECONDS.
 PI_WAIT_CHECK_SLOTS = env.int("PI_WAIT_CHECK_SLOTS", default=1)
 PI_WAIT_THROTTLE_SECONDS = env.float("PI_WAIT_THROTTLE_SECONDS", default=11)
@@ -249,7 +249,7 @@ PI_DATABASE_RECHECK_SECONDS = env.int("PI_DATABASE_RECHECK_SECONDS", default=10)
 PI_CRON_TZ = env("PI_CRON_TZ", default="UTC")
 PI_RETRY_ATTEMPTS = 2
 PI_RETRY_BACKOFF_SECONDS = env.int("PI_RETRY_BACKOFF_SECONDS", default=60)
-# How long a worker running a job rides out a Redis outage before it gives the job up (apps/worker/redis_outage.py).
+# How long a worker running a job rides out a Redis outage before it gives the job up (apps/worker/process/redis_outage.py).
 PI_REDIS_OUTAGE_SECONDS = env.int("PI_REDIS_OUTAGE_SECONDS", default=60)
 # How long RQ keeps a finished job (its payload holds issue text). The DB holds history and the
 # delivery inbox holds the long-term dedup; RQ's copy only has to outlive racing duplicates.

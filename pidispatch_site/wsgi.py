@@ -13,7 +13,7 @@ from apps.receiver.forge_config import forge_config  # noqa: E402
 forge_config()
 
 # Nor one whose dollar caps could not bound a run (a window without PI_MAX_COST_USD).
-from apps.worker.checks import require_dollar_settings  # noqa: E402
+from apps.worker.gates.checks import require_dollar_settings  # noqa: E402
 
 require_dollar_settings()
 

@@ -21,8 +21,8 @@ from croniter import croniter
 from django.core.exceptions import ValidationError
 
 from apps import forge_registry
-from apps.worker.money import MoneyError, parse_usd, to_usd
-from apps.worker.secrets import is_reserved as secret_name_is_reserved
+from apps.worker.gates.money import MoneyError, parse_usd, to_usd
+from apps.worker.gates.secrets import is_reserved as secret_name_is_reserved
 from apps.worker.validation import FLOW_PATTERN, MODEL_PATTERN, PROVIDER_PATTERN
 
 # --- vocabulary ------------------------------------------------------------------------------------------

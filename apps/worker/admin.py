@@ -13,13 +13,13 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from apps.worker import reasons, run_logs
+from apps.worker.forges.publishing import kept
+from apps.worker.gates import runtime_settings
+from apps.worker.jobs import KINDS
+from apps.worker.models import DispatchSettings, PauseWindow, Run, ScopedLimit
 from pidispatch_site import admin_display
 from pidispatch_site.admin_mixins import ManagedChangesAdmin, ReadOnlyAdminMixin
-
-from . import reasons, run_logs, runtime_settings
-from .jobs import KINDS
-from .models import DispatchSettings, PauseWindow, Run, ScopedLimit
-from .publishing import kept
 
 
 class RecentValuesFilter(admin.SimpleListFilter):
@@ -116,7 +116,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         ("Why it ran", {"fields": ("trigger", "trigger_type", "delivery_display")}),
         ("Spend", {"fields": ("turns", "tokens_in", "tokens_out", "tokens_total", "cost_display", "usage_display",
                               "budget_reserved")}),
-        # Dollar caps and run logs (apps/worker/budget.py, apps/worker/run_logs.py).
+        # Dollar caps and run logs (apps/worker/gates/budget.py, apps/worker/run_logs.py).
         ("Dollars", {"fields": ("dollar_basis", "dollars_reserved", "dollars_charged")}),
         ("Log", {"fields": ("view_log",)}),
     )
@@ -217,7 +217,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     @admin.display(description="posted on the issue")
     def forge_sentence(self, run: Run) -> str:
-        from .comments import sentence_for
+        from apps.worker.forges.comments import sentence_for
 
         if run.kind == "local":
             return "Local run: nothing is posted (the sentence goes to the worker log)."

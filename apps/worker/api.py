@@ -28,11 +28,10 @@ from rest_framework.views import APIView
 from apps import forge_registry
 from apps.fleet.api import RedisUnavailable
 from apps.fleet.connection import get_redis
+from apps.worker import reasons, run_logs
+from apps.worker.manual_runs import ManualRunRefused, start_forge_run, start_local_run
+from apps.worker.models import DispatchSettings, PauseWindow, Run, ScopedLimit
 from pidispatch_site.api_base import StrictCursorPagination, StrictSerializer
-
-from . import reasons, run_logs
-from .manual_runs import ManualRunRefused, start_forge_run, start_local_run
-from .models import DispatchSettings, PauseWindow, Run, ScopedLimit
 
 
 class StrictModelSerializer(StrictSerializer, serializers.ModelSerializer):
@@ -318,7 +317,7 @@ class SpendView(APIView):
             "cap": serializers.CharField(allow_null=True), "state": serializers.CharField()}))})},
         operation_id="spend")
     def get(self, request):
-        from .spend import budget_in_force, spend
+        from apps.worker.spend import budget_in_force, spend
 
         try:
             redis = get_redis()

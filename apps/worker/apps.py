@@ -7,10 +7,10 @@ class WorkerConfig(AppConfig):
     verbose_name = "Runs"
 
     def ready(self):
-        from . import checks  # noqa: F401  registers the configuration checks
-        from .comments import on_run_recorded
-        from .models import Run
-        from .records import run_recorded
+        from apps.worker.forges.comments import on_run_recorded
+        from apps.worker.gates import checks  # noqa: F401  registers the configuration checks
+        from apps.worker.models import Run
+        from apps.worker.records import run_recorded
 
-        # Status comments on the issue or pull request: one home for every run record (apps/worker/comments.py).
+        # Status comments on the issue or pull request: one home for every run record (apps/worker/forges/comments.py).
         run_recorded.connect(on_run_recorded, sender=Run, dispatch_uid="worker-status-comments")

@@ -12,10 +12,9 @@ from datetime import date, time
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from apps.worker.gates.money import MoneyError, parse_usd, to_usd
+from apps.worker.models import PauseWindow, ScopedLimit
 from pidispatch_site import strict_json
-
-from .models import PauseWindow, ScopedLimit
-from .money import MoneyError, parse_usd, to_usd
 
 # Version 2 adds the dollar windows (`dayUsd`, `weekUsd`, `monthUsd`: decimal strings, a JSON number also read);
 # an export writes the lowest version that holds its rows. Version 3's project rows are not supported.

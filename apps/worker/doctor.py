@@ -124,7 +124,7 @@ def check_redis(redis) -> list[Finding]:
 
 
 def check_engine() -> tuple[list[Finding], object | None]:
-    from .container import engine
+    from apps.worker.sandbox.container import engine
 
     where = safe_url(os.environ.get("DOCKER_HOST", "")) or "the default socket"
     try:
@@ -148,7 +148,7 @@ def check_engine() -> tuple[list[Finding], object | None]:
 def check_image(client) -> list[Finding]:
     from docker.errors import ImageNotFound
 
-    from .sandbox import image_contract
+    from apps.worker.sandbox import image_contract
 
     image = settings.PI_JOB_IMAGE
     if client is None:
@@ -182,8 +182,8 @@ def check_image(client) -> list[Finding]:
 
 
 def check_provider(redis, live: bool) -> list[Finding]:
-    from .checks import egress_settings
-    from .sandbox import providers
+    from apps.worker.gates.checks import egress_settings
+    from apps.worker.sandbox import providers
 
     provider = settings.PI_PROVIDER
     problems = [e for e in egress_settings(None) if e.id in ("worker.E005", "worker.E006", "worker.E007")]
@@ -210,7 +210,7 @@ def check_provider(redis, live: bool) -> list[Finding]:
 
 
 def _cheapest_model(provider: str) -> str:
-    from .sandbox import providers
+    from apps.worker.sandbox import providers
 
     prices = (providers.builtin_providers().get(provider) or {}).get("prices") or {}
     if not prices:
@@ -237,7 +237,7 @@ def _provider_call(redis, upstream, key: str) -> Finding:
     """One call through a real egress gateway, the way a job's pi makes it (the gateway adds the key)."""
     import http.client
 
-    from .sandbox.gateway import EgressGateway, GatewayUnavailable, Limits
+    from apps.worker.sandbox.gateway import EgressGateway, GatewayUnavailable, Limits
 
     model = settings.PI_MODEL or _cheapest_model(upstream.provider)
     if not model:
@@ -308,8 +308,7 @@ class _UnixHTTPConnection:
 
 def check_forges(live: bool) -> list[Finding]:
     from apps.receiver.forge_config import ForgeConfigError, forge_settings
-
-    from .forges import github_app_problem
+    from apps.worker.forges import github_app_problem
 
     try:
         config = forge_settings()
@@ -360,8 +359,8 @@ def _forge_settings_finding(forge: str, app_problem: str) -> Finding:
 
 def _forge_live(forge: str) -> Finding:
     """Who the configured token is, and what it may do, from the configured API (never a forge of our choosing)."""
-    from .forges import forge_client
-    from .forges.base import Unreachable
+    from apps.worker.forges import forge_client
+    from apps.worker.forges.base import Unreachable
 
     check = f"forge-{forge}-live"
     client = forge_client(forge)
@@ -422,8 +421,8 @@ def _forge_live(forge: str) -> Finding:
 def check_egress() -> list[Finding]:
     from django.core.exceptions import ImproperlyConfigured
 
-    from .sandbox import prices
-    from .sandbox.egress_policy import PolicyError, parse_allowlist
+    from apps.worker.sandbox import prices
+    from apps.worker.sandbox.egress_policy import PolicyError, parse_allowlist
 
     found = []
     try:

@@ -79,7 +79,7 @@ class Run(models.Model):
     replica = models.PositiveSmallIntegerField(null=True, blank=True)
     replicas = models.PositiveSmallIntegerField(null=True, blank=True)
     parent_job_id = models.CharField(max_length=200, blank=True)
-    # What the worker published for a completed forge run (apps/worker/publishing/): `published` (a branch and a
+    # What the worker published for a completed forge run (apps/worker/forges/publishing/): `published` (a branch and a
     # pull/merge request, or the triggering PR's own branch), `commented`, `nothing-to-publish`, or a refusal.
     publish_outcome = models.CharField(max_length=40, blank=True)
     pull_request = models.PositiveIntegerField(null=True, blank=True, help_text="The PR/MR number published to.")
@@ -87,7 +87,7 @@ class Run(models.Model):
     changed_files = models.PositiveIntegerField(null=True, blank=True,
                                                 help_text="Paths the agent's work changed, pushed or not.")
     publish_url = models.URLField(max_length=500, blank=True, help_text="The pull/merge request or the comment.")
-    # Dollar caps (apps/worker/budget.py): what was held in the dollar windows before the container, what the
+    # Dollar caps (apps/worker/gates/budget.py): what was held in the dollar windows before the container, what the
     # windows were charged after it, and how: `metered` (the gateway's metered cost), `floor` (the cost could
     # not be known: the whole hold stays charged), `refunded` (no container ran), `unreserved` (a per-job cap
     # but no window). Blank when no dollar cap applied.
@@ -171,7 +171,7 @@ class PauseWindow(models.Model):
         return f"{self.scope} {self.starts:%H:%M}-{self.ends:%H:%M} {self.tz}"
 
     def clean(self):
-        from .quiet_hours import validate_window
+        from apps.worker.gates.quiet_hours import validate_window
 
         validate_window(self)
 
@@ -207,7 +207,7 @@ class ScopedLimit(models.Model):
         return self.scope
 
     def clean(self):
-        from .budget import validate_limit
+        from apps.worker.gates.budget import validate_limit
 
         validate_limit(self)
 
@@ -264,6 +264,6 @@ class DispatchSettings(models.Model):
         super().save(*args, **kwargs)
 
     def clean(self):
-        from .runtime_settings import validate_overlay
+        from apps.worker.gates.runtime_settings import validate_overlay
 
         validate_overlay(self)

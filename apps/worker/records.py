@@ -10,10 +10,10 @@ from django.db import IntegrityError, transaction
 from django.dispatch import Signal
 from django.utils import timezone
 
-from . import run_logs
-from .jobs import JobSpec
-from .models import Outcome, Run
-from .verdicts import Verdict
+from apps.worker import run_logs
+from apps.worker.gates.verdicts import Verdict
+from apps.worker.jobs import JobSpec
+from apps.worker.models import Outcome, Run
 
 logger = logging.getLogger("pidispatch.runs")
 

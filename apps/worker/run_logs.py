@@ -82,7 +82,7 @@ def keep(run, log: CapturedLog | None) -> None:
     """Called by the run's one record write (records.record_run)."""
     if log is None:
         return
-    from .models import RunLog
+    from apps.worker.models import RunLog
 
     RunLog.objects.create(run=run, output=log.output, summary=log.summary, output_bytes=log.output_bytes,
                           truncated=log.truncated, created_at=timezone.now())
@@ -92,7 +92,7 @@ def keep(run, log: CapturedLog | None) -> None:
 
 def sweep(now: datetime | None = None) -> int:
     """Delete the logs older than PI_JOB_LOG_RETENTION_DAYS (whether capture is on now or not)."""
-    from .models import RunLog
+    from apps.worker.models import RunLog
 
     cutoff = (now or timezone.now()) - timedelta(days=settings.PI_JOB_LOG_RETENTION_DAYS)
     expired = RunLog.objects.filter(created_at__lt=cutoff)
@@ -117,7 +117,7 @@ def can_view_run_log(user) -> bool:
 def run_log_text(run, user) -> str:
     """The run's kept log as text (its summary, then its output). Raises PermissionDenied without
     `worker.view_run_log`, Http404 when the run has no log (never captured, or swept)."""
-    from .models import RunLog
+    from apps.worker.models import RunLog
 
     if not can_view_run_log(user):
         raise PermissionDenied("reading a run's log needs the permission worker.view_run_log")
@@ -133,14 +133,14 @@ def run_log_text(run, user) -> str:
 
 
 def has_log(run) -> bool:
-    from .models import RunLog
+    from apps.worker.models import RunLog
 
     return RunLog.objects.filter(run=run).exists()
 
 
 @staff_member_required
 def run_log_view(request, pk: int):
-    from .models import Run
+    from apps.worker.models import Run
 
     try:
         run = Run.objects.get(pk=pk)
@@ -181,7 +181,7 @@ def admin_fieldsets(fieldsets, user):
 
 def kept_summary(run) -> str | None:
     """The agent's summary as its run log keeps it; None when no log is kept (only its length is then known)."""
-    from .models import RunLog
+    from apps.worker.models import RunLog
 
     return RunLog.objects.filter(run=run).values_list("summary", flat=True).first()
 

@@ -48,9 +48,9 @@ def windows(now: datetime) -> dict[str, datetime]:
 
 def spend(redis, now: datetime | None = None) -> Spend:
     """The counters the caps are checked against (Redis: reservations, refusals included) and today's cost."""
-    from . import budget
-    from .limits import deployment_caps
-    from .models import Run
+    from apps.worker.gates import budget
+    from apps.worker.gates.limits import deployment_caps
+    from apps.worker.models import Run
 
     now = now or timezone.now()
     starts = windows(now)
@@ -118,7 +118,7 @@ class Budget:
 
 def _dollar_lines(redis, now: datetime) -> list[BudgetLine]:
     """Each dollar window in force (the deployment's and each scoped limit's), as used and held over its cap."""
-    from . import budget
+    from apps.worker.gates import budget
 
     return [BudgetLine("dollars", window.window, window.used, window.cap, held=window.held, scope=window.scope)
             for window in budget.dollar_windows_in_force(redis, now)]
@@ -127,9 +127,9 @@ def _dollar_lines(redis, now: datetime) -> list[BudgetLine]:
 def _scoped_lines(redis, now: datetime) -> list[BudgetLine]:
     """Each scoped limit's capped windows, from the counters its reservations increment (no soft hold there: a
     scope past its cap refuses `scope-cap`)."""
-    from . import budget
-    from .models import ScopedLimit
-    from .scopes import scope_hash
+    from apps.worker.gates import budget
+    from apps.worker.gates.scopes import scope_hash
+    from apps.worker.models import ScopedLimit
 
     wanted = []
     for limit in ScopedLimit.objects.order_by("scope"):

@@ -18,8 +18,8 @@ from django.urls import reverse
 from django.utils.html import format_html
 from redis.exceptions import RedisError
 
-from .jobs import FORGE_KINDS
-from .manual_runs import ManualRunRefused, start_forge_run, start_local_run
+from apps.worker.jobs import FORGE_KINDS
+from apps.worker.manual_runs import ManualRunRefused, start_forge_run, start_local_run
 
 PERMISSION = "worker.start_run"
 FORGE_LABELS = {"github": "GitHub", "gitlab": "GitLab", "forgejo": "Forgejo / Gitea", "azure": "Azure DevOps"}

@@ -7,12 +7,11 @@ from django.db import DatabaseError
 from rq import Retry, get_current_job
 
 from apps.fleet.hosts import this_host
-
-from . import ladder
-from .jobs import JobSpec, JobSpecError
-from .models import Outcome
-from .records import record_run, record_unreadable_job
-from .verdicts import Deferred, Verdict, database_unavailable
+from apps.worker.gates import ladder
+from apps.worker.gates.verdicts import Deferred, Verdict, database_unavailable
+from apps.worker.jobs import JobSpec, JobSpecError
+from apps.worker.models import Outcome
+from apps.worker.records import record_run, record_unreadable_job
 
 logger = logging.getLogger("pidispatch.worker")
 

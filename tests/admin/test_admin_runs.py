@@ -7,7 +7,8 @@ import pytest
 from django.utils import timezone
 
 from apps.receiver.models import Delivery
-from apps.worker import comments, reasons
+from apps.worker import reasons
+from apps.worker.forges import comments
 from apps.worker.models import Run
 
 pytestmark = pytest.mark.django_db

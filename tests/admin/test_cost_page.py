@@ -14,8 +14,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from apps.insight import costs
-from apps.worker import budget
-from apps.worker.runtime_settings import current
+from apps.worker.gates import budget
+from apps.worker.gates.runtime_settings import current
 from tests.cost_support import make_run
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -195,7 +195,7 @@ def test_each_scoped_limit_shows_its_windows(admin_client, redis_conn, settings)
 def test_the_dollar_windows_show_what_settled_runs_used_and_running_jobs_hold(admin_client, redis_conn, settings):
     from decimal import Decimal
 
-    from apps.worker import runtime_settings
+    from apps.worker.gates import runtime_settings
     from tests.jobspecs import forge_spec
 
     settings.PI_MAX_COST_USD, settings.PI_DAILY_COST_USD, settings.PI_MONTHLY_COST_USD = "2", "5", "10"

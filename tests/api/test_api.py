@@ -276,7 +276,7 @@ def test_a_runs_log_is_read_only_with_its_own_permission(client, operator):
 def test_spend_shows_every_window_in_force_dollars_included(client, operator, settings, redis_conn):
     from decimal import Decimal
 
-    from apps.worker import budget, runtime_settings
+    from apps.worker.gates import budget, runtime_settings
     from tests.jobspecs import forge_spec
 
     settings.PI_MAX_COST_USD, settings.PI_DAILY_COST_USD = "2", "5"

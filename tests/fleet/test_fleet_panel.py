@@ -48,8 +48,8 @@ def test_the_panel_shows_state_hosts_queues_waiting_failed_and_spend(admin_clien
     run("gh-no-slot", budget_reserved=False, tokens_total=5)
     run("gh-last-month", minutes_ago=60 * 24 * 40, cost=Decimal("9"))
     # The meters show the counters the caps are checked against: four reservations, 3005 tokens today.
-    from apps.worker import budget
-    from apps.worker.runtime_settings import current
+    from apps.worker.gates import budget
+    from apps.worker.gates.runtime_settings import current
 
     for _ in range(4):
         budget.reserve(redis_conn, None, current(), timezone.now())

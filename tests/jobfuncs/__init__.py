@@ -6,7 +6,7 @@ from django.utils import timezone
 from rq import get_current_job
 
 from apps.fleet.connection import get_redis
-from apps.worker.verdicts import Deferred
+from apps.worker.gates.verdicts import Deferred
 
 
 def defer_once(seconds: float):

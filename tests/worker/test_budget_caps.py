@@ -7,9 +7,9 @@ from datetime import datetime, timezone
 import docker
 import pytest
 
-from apps.worker import budget
+from apps.worker.gates import budget
+from apps.worker.gates.runtime_settings import current
 from apps.worker.models import DispatchSettings, Outcome, Run, ScopedLimit
-from apps.worker.runtime_settings import current
 from tests.jobspecs import enqueue_spec, forge_spec
 
 pytestmark = pytest.mark.django_db(transaction=True)

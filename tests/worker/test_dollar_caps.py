@@ -12,8 +12,8 @@ from decimal import Decimal
 import pytest
 from django.core.exceptions import ValidationError
 
-from apps.worker import budget, money, runtime_settings
-from apps.worker.checks import dollar_settings
+from apps.worker.gates import budget, money, runtime_settings
+from apps.worker.gates.checks import dollar_settings
 from apps.worker.models import DispatchSettings, Outcome, Run, ScopedLimit
 from tests.conftest import ROOT, wait_for
 from tests.jobspecs import enqueue_spec, forge_spec

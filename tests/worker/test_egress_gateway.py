@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from apps.worker import budget
+from apps.worker.gates import budget
 from apps.worker.sandbox import gateway, metering
 from apps.worker.sandbox.providers import Upstream
 from devtools.scripted_provider import ScriptedProvider, Text, ToolCall

@@ -2,7 +2,7 @@
 
 import pytest
 
-from apps.worker.checks import egress_settings
+from apps.worker.gates.checks import egress_settings
 
 
 def problems(**overrides) -> list[str]:

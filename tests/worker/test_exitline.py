@@ -5,7 +5,7 @@ from decimal import Decimal
 
 import pytest
 
-from apps.worker.exitline import MAX_LINE_BYTES, parse_exit_line
+from apps.worker.sandbox.exitline import MAX_LINE_BYTES, parse_exit_line
 
 
 def line(**fields) -> bytes:

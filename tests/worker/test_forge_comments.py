@@ -1,4 +1,4 @@
-"""Status comments (apps/worker/comments.py): every refusal and terminal stop posts ONE fixed sentence on the
+"""Status comments (apps/worker/forges/comments.py): every refusal and terminal stop posts ONE fixed sentence on the
 issue or pull request when its run record is written; retried attempts post nothing; a local job's sentence
 is logged; a comment that cannot be posted never fails anything and is logged by reason only."""
 
@@ -7,11 +7,11 @@ import re
 
 import pytest
 
-from apps.worker import comments
-from apps.worker.exitline import RUNNER_REASONS
+from apps.worker.forges import comments
+from apps.worker.gates.verdicts import Verdict
 from apps.worker.models import Outcome, Run
 from apps.worker.records import record_run
-from apps.worker.verdicts import Verdict
+from apps.worker.sandbox.exitline import RUNNER_REASONS
 from tests.jobspecs import forge_spec, local_spec
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""A forge job's workspace (apps/worker/forge_workspace.py): the default branch and its protection through
+"""A forge job's workspace (apps/worker/sandbox/forge_workspace.py): the default branch and its protection through
 each forge's API, a shallow clone at exactly that commit from a real git remote (git http-backend, the token
 checked by the server), the repo's .pi/ within bounds, and forge errors as retry or refusal."""
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from apps.worker import container, forge_workspace, jobfiles, repo_skills
 from apps.worker.forges import ForgeFailure, RepoRef, forge_client
-from apps.worker.workspace import WorkspaceRefused
+from apps.worker.sandbox import container, forge_workspace, jobfiles, repo_skills
+from apps.worker.sandbox.workspace import WorkspaceRefused
 from tests.jobspecs import forge_spec
 from tests.receiver_support import FakeForge, basic, commit_files, make_repository, prune_unreachable
 

@@ -9,9 +9,9 @@ import pytest
 from django.core.exceptions import ValidationError
 from rq import Queue
 
-from apps.worker import leases
+from apps.worker.gates import leases
+from apps.worker.gates.runtime_settings import validate_overlay
 from apps.worker.models import DispatchSettings, Outcome, Run
-from apps.worker.runtime_settings import validate_overlay
 from tests.conftest import wait_for
 from tests.jobspecs import enqueue_spec, forge_spec
 from tests.process_support import ContainerLifetimes, assert_no_overlap, horse_of, host_row

@@ -223,7 +223,7 @@ def test_a_runners_token_claim_is_clamped_to_the_jobs_budget(post_github, label_
     gateway, so nothing was metered) counts no more than the job could have spent."""
     from django.utils import timezone
 
-    from apps.worker import budget
+    from apps.worker.gates import budget
 
     job_id = deliver(post_github, "e2e-claim", "fake-agent:tokens-in=999999999999 fake-agent:tokens-out=1")
 

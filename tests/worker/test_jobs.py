@@ -185,8 +185,8 @@ def test_a_worker_records_a_payload_it_cannot_read_and_does_not_retry_it(run_wor
 @pytest.mark.django_db(transaction=True)
 def test_a_record_is_written_once_per_attempt_and_survives_a_deleted_trigger():
     from apps.receiver.models import Trigger
+    from apps.worker.gates.verdicts import Verdict
     from apps.worker.records import record_run
-    from apps.worker.verdicts import Verdict
 
     trigger = Trigger.objects.create(position=0, kind="github", on_type="label", label_any=["pi"], flow="f")
     spec = JobSpec(job_id="gh-once", kind="github", repo="o/r", target_type="issue", number=1, flow="f",

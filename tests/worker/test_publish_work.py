@@ -1,4 +1,4 @@
-"""Taking the agent's work out of its workspace (apps/worker/publishing/work.py) and the checks before a push
+"""Taking the agent's work out of its workspace (apps/worker/forges/publishing/work.py) and the checks before a push
 (checks.py): real git repositories, a shallow clone as a job gets one, and an agent's .git to distrust."""
 
 import os
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from apps.worker.publishing import checks
-from apps.worker.publishing.work import Identity, WorkUnreadable, collect
+from apps.worker.forges.publishing import checks
+from apps.worker.forges.publishing.work import Identity, WorkUnreadable, collect
 from devtools.fake_forge import make_repository
 
 BOT = Identity("pi bot", "bot@example.invalid")

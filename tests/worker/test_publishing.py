@@ -1,4 +1,4 @@
-"""Publishing a completed run (apps/worker/publishing/): the worker pushes the agent's work over smart HTTP to a
+"""Publishing a completed run (apps/worker/forges/publishing/): the worker pushes the agent's work over smart HTTP to a
 real local git remote and opens the pull/merge request through each forge's API on the stand-in forge, or
 pushes to the triggering PR's branch, or comments. In process: the clone is a real one (forge_workspace), the
 agent's work is files written into it."""
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from apps.worker import container, forge_workspace, jobfiles
+from apps.worker.forges.publishing import kept
+from apps.worker.forges.publishing import service as publishing
 from apps.worker.models import Outcome, Run
-from apps.worker.publishing import kept
-from apps.worker.publishing import service as publishing
+from apps.worker.sandbox import container, forge_workspace, jobfiles
 from tests.jobspecs import forge_spec
 from tests.receiver_support import basic, commit_files, make_repository
 

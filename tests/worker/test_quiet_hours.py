@@ -11,8 +11,8 @@ from django.core.exceptions import ValidationError
 from rq import Queue
 from rq.registry import ScheduledJobRegistry
 
+from apps.worker.gates.quiet_hours import active_until, paused_until
 from apps.worker.models import Outcome, PauseWindow, Run
-from apps.worker.quiet_hours import active_until, paused_until
 from tests.jobspecs import enqueue_spec, forge_spec
 
 UTC = timezone.utc

@@ -219,7 +219,7 @@ def test_the_gateway_ends_a_run_at_its_dollar_cap_and_the_window_is_charged_what
         post_github, label_trigger, run_worker, real_pi, model, redis_conn):
     from datetime import datetime, timezone
 
-    from apps.worker import budget
+    from apps.worker.gates import budget
 
     model.scenarios["long"] = [ToolCall("bash", {"command": f"echo step {i}"}) for i in range(8)] + [Text("done")]
     label_trigger.max_cost_usd = Decimal("0.01")  # the rule's run.maxCostUsd lowers the deployment's $5

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.worker.exitline import parse_exit_line
+from apps.worker.sandbox.exitline import parse_exit_line
 from tests.conftest import PAYLOADS, ROOT
 
 RUNNER = ROOT / "image" / "runner" / "runner.mjs"

@@ -3,7 +3,7 @@ folder mutex serialises one folder, and a crashed holder does not keep its slot.
 
 import pytest
 
-from apps.worker import leases
+from apps.worker.gates import leases
 from apps.worker.models import Outcome, Run, ScopedLimit
 from tests.conftest import wait_for
 from tests.jobspecs import enqueue_spec, forge_spec

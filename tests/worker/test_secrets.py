@@ -11,7 +11,8 @@ import pytest
 from django.forms.models import model_to_dict
 from rq import Queue
 
-from apps.worker import comments, hostscripts, secrets
+from apps.worker.forges import comments
+from apps.worker.gates import hostscripts, secrets
 from apps.worker.models import Outcome, Run
 from tests.conftest import wait_for
 from tests.jobspecs import enqueue_spec, forge_spec
@@ -220,7 +221,7 @@ def test_a_mapped_provider_variable_is_reserved_too(resolver, settings):
 
 @pytest.mark.django_db
 def test_every_name_the_container_is_given_is_reserved():
-    from apps.worker import ladder, runtime_settings
+    from apps.worker.gates import ladder, runtime_settings
     from apps.worker.sandbox.gateway import EgressGateway
 
     spec = forge_spec("gh-env", model="m", exclude_tools=("bash",))
@@ -231,7 +232,7 @@ def test_every_name_the_container_is_given_is_reserved():
 
 @pytest.mark.django_db
 def test_a_jobs_max_turns_lowers_the_deployments_cap_and_never_raises_it():
-    from apps.worker import ladder, runtime_settings
+    from apps.worker.gates import ladder, runtime_settings
 
     runtime = replace(runtime_settings.current(), max_turns=30)
     turns = {given: ladder.container_environment(forge_spec("gh-turns", max_turns=given), runtime, "anthropic",
@@ -260,7 +261,7 @@ def test_each_reason_has_a_fixed_sentence_without_name_reference_or_path():
 
 
 def test_manage_py_check_names_a_resolver_that_cannot_run(settings, tmp_path):
-    from apps.worker.checks import secret_resolver_settings
+    from apps.worker.gates.checks import secret_resolver_settings
 
     settings.PI_SECRET_PROFILES = f"vault:{tmp_path}/missing.sh"
     (warning,) = secret_resolver_settings(None)

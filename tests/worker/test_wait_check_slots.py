@@ -12,7 +12,7 @@ from rq import Queue
 
 from apps.fleet import registry
 from apps.fleet.hosts import this_host
-from apps.worker import host_slots, hostscripts, leases, wait_slots, waitfor
+from apps.worker.gates import host_slots, hostscripts, leases, wait_slots, waitfor
 from apps.worker.models import Outcome, Run
 from tests.conftest import wait_for
 from tests.jobspecs import enqueue_spec, forge_spec

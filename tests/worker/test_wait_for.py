@@ -12,7 +12,7 @@ import pytest
 from rq import Queue
 from rq.registry import ScheduledJobRegistry
 
-from apps.worker import hostscripts, waitfor
+from apps.worker.gates import hostscripts, waitfor
 from apps.worker.models import Outcome, Run
 from tests.conftest import ROOT
 from tests.jobspecs import enqueue_spec, forge_spec

@@ -3,7 +3,7 @@ down: a negative disk limit would stop every job, a zero recheck would spin."""
 
 import pytest
 
-from apps.worker.checks import BOUNDS, bounds_settings
+from apps.worker.gates.checks import BOUNDS, bounds_settings
 
 
 def test_the_defaults_pass():

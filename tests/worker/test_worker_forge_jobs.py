@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from rq import Queue
 
-from apps.worker import comments
+from apps.worker.forges import comments
 from apps.worker.models import Outcome, Run
 from tests.conftest import CONTAINER_ENV, FORGE_TOKEN_NAMES, SHELL_OWN_ENV, wait_for
 from tests.receiver_support import basic, commit_files, deliver, make_repository, prune_unreachable

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from apps.worker import container, jobfiles
+from apps.worker.sandbox import container, jobfiles
 from tests.conftest import wait_for
 from tests.jobspecs import enqueue_spec, forge_spec, local_spec, marked_spec
 from tests.process_support import group_alive

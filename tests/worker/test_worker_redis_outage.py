@@ -13,8 +13,8 @@ import pytest
 from rq.job import Job
 
 from apps.fleet.connection import get_redis
-from apps.worker.container import HOST_LABEL, JOB_LABEL
 from apps.worker.models import Outcome, Run
+from apps.worker.sandbox.container import HOST_LABEL, JOB_LABEL
 from devtools import services
 from tests.conftest import wait_for
 from tests.jobspecs import enqueue_spec, forge_spec

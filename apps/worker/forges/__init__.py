@@ -13,7 +13,7 @@
                              issue_number=7, credential=credential)          # PullRequest (an open one reused)
 
 The receiver asks them who may start work and who "we" are; the worker mints a job's token, resolves and
-clones the default branch (apps/worker/forge_workspace.py), posts status comments (apps/worker/comments.py)
+clones the default branch (apps/worker/sandbox/forge_workspace.py), posts status comments (apps/worker/forges/comments.py)
 and publishes a run's work through the pull request calls (within `max_comment_chars`, `max_file_bytes`).
 """
 
@@ -22,8 +22,7 @@ from __future__ import annotations
 from django.conf import settings
 
 from apps import forge_registry
-
-from .base import (
+from apps.worker.forges.base import (
     Authority,
     BranchHead,
     Credential,
@@ -36,7 +35,7 @@ from .base import (
     RepoRef,
     Subject,
 )
-from .github_app import AppKeyError, GitHubApp, load_private_key
+from apps.worker.forges.github_app import AppKeyError, GitHubApp, load_private_key
 
 __all__ = ["Authority", "BranchHead", "Credential", "ForgeClient", "ForgeFailure", "Identity", "IdentityUnavailable",
            "PullHead", "PullRequest", "RepoRef", "Subject", "forge_client", "forge_client_classes",

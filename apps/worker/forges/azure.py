@@ -18,7 +18,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from django.conf import settings
 
-from .base import (
+from apps.worker.forges.base import (
     Authority,
     BranchHead,
     Credential,

@@ -279,7 +279,7 @@ class ForgeClient:
     forge = ""
     authority_cache = TTLCache()
     # The forge's usual names for a token and for the instance URL. No job's container gets them (it holds no
-    # forge credential); apps/worker/secrets.py reserves them so that a job's secrets cannot take them.
+    # forge credential); apps/worker/gates/secrets.py reserves them so that a job's secrets cannot take them.
     token_variables: tuple[str, ...] = ()
     url_variable = ""
     git_user = "x-access-token"  # the user name git sends beside the token (HTTP basic)

@@ -12,7 +12,7 @@ from urllib.parse import quote, urlencode
 
 from django.conf import settings
 
-from .base import (
+from apps.worker.forges.base import (
     Authority,
     BranchHead,
     Credential,
@@ -29,7 +29,7 @@ from .base import (
     is_int_like,
     repo_halves,
 )
-from .github_app import GitHubApp
+from apps.worker.forges.github_app import GitHubApp
 
 # The legacy `permission` field folds `maintain` into `write`; both spellings count.
 WRITE_PERMISSIONS = {"admin", "maintain", "write"}
@@ -52,7 +52,7 @@ class GitHubClient(ForgeClient):
 
     @classmethod
     def from_settings(cls, **common) -> GitHubClient:
-        from . import github_app_from_settings
+        from apps.worker.forges import github_app_from_settings
 
         return cls(base_url=settings.GITHUB_API_URL, token=settings.GITHUB_TOKEN,
                    app=github_app_from_settings(common["timeout"]), **common)

@@ -21,7 +21,15 @@ from pathlib import Path
 
 import jwt
 
-from .base import Credential, ForgeFailure, TTLCache, Unreachable, failure_for, failure_for_unreachable, request_json
+from apps.worker.forges.base import (
+    Credential,
+    ForgeFailure,
+    TTLCache,
+    Unreachable,
+    failure_for,
+    failure_for_unreachable,
+    request_json,
+)
 
 JWT_BACKDATE_SECONDS = 60
 JWT_LIFETIME_SECONDS = 540  # + the 60 s backdate = GitHub's 10-minute maximum

@@ -8,7 +8,7 @@ from urllib.parse import quote, urlencode
 
 from django.conf import settings
 
-from .base import (
+from apps.worker.forges.base import (
     Authority,
     BranchHead,
     Credential,

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import image_contract, prices
-from .gateway import PLACEHOLDER_KEY
-from .providers import Upstream
+from apps.worker.sandbox import image_contract, prices
+from apps.worker.sandbox.gateway import PLACEHOLDER_KEY
+from apps.worker.sandbox.providers import Upstream
 
 AGENT_FOLDER = "pi-agent"  # under the job's /job folder
 

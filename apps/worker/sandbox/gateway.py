@@ -39,11 +39,11 @@ from django.conf import settings
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from .. import budget, money
-from . import image_contract, prices
-from .egress_policy import log_safe, split_authority
-from .metering import Meter, ResponseReader
-from .providers import Upstream
+from apps.worker.gates import budget, money
+from apps.worker.sandbox import image_contract, prices
+from apps.worker.sandbox.egress_policy import log_safe, split_authority
+from apps.worker.sandbox.metering import Meter, ResponseReader
+from apps.worker.sandbox.providers import Upstream
 
 logger = logging.getLogger("pidispatch.egress")
 

@@ -24,8 +24,8 @@ import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from ..exitline import Telemetry
-from . import prices
+from apps.worker.sandbox import prices
+from apps.worker.sandbox.exitline import Telemetry
 
 MAX_EVENT_BYTES = 4 * 1024 * 1024  # one SSE line or JSON body larger than this is not metered (it is forwarded)
 MAX_MODEL_ROWS = 8

@@ -19,7 +19,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from .providers import builtin_providers, registry
+from apps.worker.sandbox.providers import builtin_providers, registry
 
 PRICE_FIELDS = ("input", "output", "cacheRead", "cacheWrite")
 MILLION = Decimal(1_000_000)

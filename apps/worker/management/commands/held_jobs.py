@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand
 from django.utils import timezone
 
 from apps.fleet.connection import get_redis
-from apps.worker.waitfor import held_jobs
+from apps.worker.gates.waitfor import held_jobs
 
 
 def _duration(seconds: int) -> str:

@@ -1,6 +1,5 @@
 from apps.worker.config_files import import_windows
-
-from ._config_file_command import ImportCommand
+from apps.worker.management.commands._config_file_command import ImportCommand
 
 
 class Command(ImportCommand):

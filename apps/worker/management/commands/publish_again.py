@@ -2,8 +2,8 @@
 
 from django.core.management.base import BaseCommand, CommandError
 
+from apps.worker.forges.publishing import kept
 from apps.worker.models import Run
-from apps.worker.publishing import kept
 
 
 class Command(BaseCommand):

@@ -1,0 +1,44 @@
+"""The words the worker publishes: a pull request's title and body, a comment, from the agent's summary.
+
+The summary is the agent's own text (forge data: it may quote the issue), bounded by the runner; it goes to
+the forge and nowhere else. What the worker adds is fixed text and ids.
+"""
+
+from __future__ import annotations
+
+import re
+
+from django.conf import settings
+
+from apps.worker.forges.base import fit
+from apps.worker.jobs import JobSpec
+
+TITLE_CHARS = 72
+CUT_MARKER = "\n\n… (cut: the rest is longer than the forge allows)"
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _clean(text: str) -> str:
+    return CONTROL.sub("", text or "").strip()
+
+
+def footer(spec: JobSpec) -> str:
+    line = f"Published by pidispatch for job `{spec.job_id}`."
+    if settings.PI_PUBLIC_URL:
+        line += f" Run record: {settings.PI_PUBLIC_URL.rstrip('/')}/admin/worker/run/?job_id={spec.job_id}"
+    return line
+
+
+def title(spec: JobSpec, summary: str) -> str:
+    first = next((line.strip().lstrip("#").strip() for line in _clean(summary).splitlines() if line.strip()), "")
+    if not first:
+        what = spec.flow or spec.command
+        first = f"pi: {what} for #{spec.number}" if spec.number is not None else f"pi: {what}"
+    return first if len(first) <= TITLE_CHARS else first[:TITLE_CHARS - 1].rstrip() + "…"
+
+
+def body(spec: JobSpec, summary: str, limit: int, note: str = "") -> str:
+    """The agent's summary (or a fixed line when it wrote none), a note of the worker's, and the footer."""
+    tail = "\n\n".join(part for part in (note, "---\n" + footer(spec)) if part)
+    text = _clean(summary) or "The agent finished without a summary of its work."
+    return fit(text, limit - len(tail) - 2, CUT_MARKER) + "\n\n" + tail

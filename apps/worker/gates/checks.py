@@ -1,0 +1,123 @@
+"""`manage.py check` (and every worker start) names what is wrong with the forge credentials the worker
+acts with, and with its secret resolvers, before a job finds out."""
+
+import os
+
+from django.conf import settings
+from django.core.checks import Error, register
+from django.core.checks import Warning as CheckWarning
+from django.core.exceptions import ImproperlyConfigured
+
+from apps.fleet.capabilities import parse_profiles
+from apps.worker.forges import github_app_problem
+
+
+@register()
+def github_app_settings(app_configs, **kwargs):
+    problem = github_app_problem()
+    if not problem:
+        return []
+    return [Error(f"GitHub App: {problem}.", hint="Complete GITHUB_APP_ID, GITHUB_APP_INSTALLATION_ID and "
+                  "GITHUB_APP_PRIVATE_KEY (or GITHUB_APP_PRIVATE_KEY_PATH), or unset GITHUB_APP_ID to use "
+                  "GITHUB_TOKEN.", id="worker.E001")]
+
+
+@register()
+def secret_resolver_settings(app_configs, **kwargs):
+    """A resolver that cannot run makes every job that needs it retry and fail: say so at start."""
+    found = []
+    if settings.PI_SECRET_RESOLVE_TIMEOUT_MS < 1:
+        found.append(Error("PI_SECRET_RESOLVE_TIMEOUT_MS must be at least 1 (milliseconds).",
+                           hint="Unset it for the default of 10000.", id="worker.E002"))
+    try:
+        profiles = parse_profiles(settings.PI_SECRET_PROFILES, "PI_SECRET_PROFILES")
+    except ImproperlyConfigured as error:
+        return [*found, Error(str(error), id="worker.E003")]
+    for name, path in profiles.items():
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            found.append(CheckWarning(
+                f"PI_SECRET_PROFILES: the resolver of profile {name!r} is not an executable file on this host; "
+                "jobs needing it will retry and fail (secret-resolver-unreachable).",
+                hint="Install the resolver at the declared path and make it executable.", id="worker.W001"))
+    return found
+
+
+@register()
+def egress_settings(app_configs, **kwargs):
+    """The gateway's upstream, allowlist and prices: a mistake here would fail every job, so it fails start."""
+    from urllib.parse import urlsplit
+
+    from apps.worker.sandbox import prices, providers
+    from apps.worker.sandbox.egress_policy import PolicyError, parse_allowlist
+
+    found = []
+    try:
+        parse_allowlist(settings.PI_EGRESS_ALLOW)
+    except PolicyError as error:
+        found.append(Error(str(error), hint="A comma-separated list like registry.npmjs.org:443,pypi.org:443.",
+                           id="worker.E004"))
+    base_url = settings.PI_PROVIDER_BASE_URL
+    if base_url:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            found.append(Error(f"PI_PROVIDER_BASE_URL {base_url!r} is not an http(s) URL without query.",
+                               hint="e.g. https://llm.example.com/v1", id="worker.E005"))
+    if settings.PI_PROVIDER_API and settings.PI_PROVIDER_API not in providers.METERED_APIS:
+        found.append(Error(f"PI_PROVIDER_API {settings.PI_PROVIDER_API!r} is not one the gateway can meter.",
+                           hint=f"One of {', '.join(providers.METERED_APIS)}.", id="worker.E006"))
+    provider = settings.PI_PROVIDER
+    if provider not in providers.builtin_providers():
+        missing = [name for name, value in (("PI_PROVIDER_BASE_URL", base_url),
+                                            ("PI_PROVIDER_API", settings.PI_PROVIDER_API),
+                                            ("PI_MODEL", settings.PI_MODEL)) if not value]
+        if not providers.key_variable(provider):
+            missing.append(f"PI_PROVIDER_KEY_VARS ({provider}:<VARIABLE>)")
+        if missing:
+            found.append(Error(f"PI_PROVIDER {provider!r} is not one of pi's built-in providers, so its endpoint must "
+                               f"be configured: set {', '.join(missing)}.", id="worker.E007"))
+    if settings.PI_MODEL_PRICES:
+        try:
+            prices.price("-", "-")
+        except ImproperlyConfigured as error:
+            found.append(Error(str(error), id="worker.E008"))
+    return found
+
+
+# Settings a value out of range would turn upside down (a negative disk limit would stop every job): the
+# least each may be.
+BOUNDS = {"PI_JOB_DISK_MB": 0, "PI_JOB_DISK_POLL_SECONDS": 0.1, "PI_REDIS_OUTAGE_SECONDS": 0,
+          "PI_DATABASE_RECHECK_SECONDS": 1, "PI_WAIT_CHECK_SLOTS": 1, "PI_WAIT_THROTTLE_SECONDS": 0.1,
+          "PI_JOB_LOG_MAX_BYTES": 1024, "PI_JOB_LOG_RETENTION_DAYS": 1}
+
+
+@register()
+def bounds_settings(app_configs, **kwargs):
+    return [Error(f"{name} must be at least {least}, not {getattr(settings, name)}.",
+                  hint="Unset it for the default.", id="worker.E009")
+            for name, least in BOUNDS.items() if getattr(settings, name) < least]
+
+
+@register()
+def dollar_settings(app_configs, **kwargs):
+    """A dollar window without a per-job cap could not bound a run: `manage.py check` and every process's start
+    (the worker's and cron's commands run the checks; the web server calls require_dollar_settings) refuse it."""
+    from apps.worker.gates.runtime_settings import environment_dollars
+
+    try:
+        dollars = environment_dollars()
+    except ImproperlyConfigured as error:
+        return [Error(str(error), id="worker.E010")]
+    per_job = dollars["max_cost_usd"]
+    return [CheckWarning(f"{variable} is smaller than PI_MAX_COST_USD: every run holds its cap first, so every job "
+                         "would be refused dollar-cap (unless the settings row lowers the per-run cap).",
+                         id="worker.W002")
+            for name, variable in (("daily_cost_usd", "PI_DAILY_COST_USD"), ("weekly_cost_usd", "PI_WEEKLY_COST_USD"),
+                                   ("monthly_cost_usd", "PI_MONTHLY_COST_USD"))
+            if dollars[name] is not None and per_job is not None and dollars[name] < per_job]
+
+
+def require_dollar_settings() -> None:
+    """For a process that runs no system checks (gunicorn's): the same refusal, at import."""
+    from apps.worker.gates.runtime_settings import environment_dollars
+
+    environment_dollars()

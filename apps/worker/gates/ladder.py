@@ -1,0 +1,488 @@
+"""The gate ladder (DESIGN section 6): free checks before costly ones, budget before tokens, and the
+container last. Each gate lets the job climb on, defers it (`Deferred`: back to the scheduled registry,
+no attempt, no record), or ends it with a `Verdict` (refused, or an infrastructure fault to retry).
+
+    1 cancelled before start -> operator-cancel (no container)
+    2 pause windows          -> defer to the latest window end
+    3 wait-for               -> defer (wait-for; wait-throttled: no check slot) / wait-refused / wait-expired / ...
+    4 host slot (PI_CONCURRENCY), scope concurrency, folder mutex
+                             -> defer host-busy / scope-busy (PI_SCOPE_BUSY_RECHECK_SECONDS)
+    5 settings overlay       -> settings-overlay-invalid
+    6 one-shot spent         -> once-already-spent
+    7 image preflight        -> job-image-missing / job-image-unlabelled / job-image-protocol-mismatch;
+                                engine down -> retry
+    8 provider credential    -> provider-unconfigured (no key on this worker, or no upstream the gateway serves)
+    9 secrets (run.secrets)  -> secret-name-reserved / secret-profile-unknown / secret-profile-ambiguous /
+                             secret-unresolved; resolver unreachable -> retry (apps/worker/gates/secrets.py)
+   10 workspace              forge job: the job's token, the default branch's commit and protection, a
+                             fresh clone at that commit, the repo's .pi/ (apps/worker/sandbox/forge_workspace.py)
+                             -> unprotected-branch / sha-gone / pi-* / forge-* ; forge unreachable -> retry
+                             local job: the folder itself -> workspace-* / job-user-unmappable
+                             either: past PI_JOB_DISK_MB -> workspace-too-large (apps/worker/sandbox/disk.py);
+                             a full disk while preparing -> retry (disk-full)
+   11 daily token cap        -> daily-token-cap
+      dollar windows         the job's per-job cap held in every dollar window that applies, all or none
+                             (apps/worker/gates/budget.py) -> dollar-cap / cost-cap-unset (a scoped dollar row and no
+                             per-job cap); settled after the container (metered, floor, refunded)
+   12 job-count caps         -> scope-cap, over-budget, soft-hold (the dollar hold is refunded)
+   13 the container, behind its egress gateway (apps/worker/sandbox/gateway.py)
+                             -> completed | policy (the gateway's stop: token-budget, daily-token-cap,
+                                cost-cap, model-not-allowed; egress-denied, provider-auth-refused; the workspace
+                                watch's stop: workspace-too-large) | retry
+   14 publish (a completed forge run; apps/worker/forges/publishing/): the worker pushes the agent's commits and
+                             opens the pull request, or comments -> published / commented / nothing-to-publish |
+                             policy (ci-change-refused, push-too-large, ..., forge-auth-refused) |
+                             failed publish-unavailable (transient forge errors on every try; never re-runs
+                             the agent). Work that did not reach the forge is kept (publishing/kept.py)
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.db import DatabaseError
+from django.utils import timezone
+from redis.exceptions import RedisError
+
+from apps.fleet import cancel
+from apps.fleet.connection import get_redis
+from apps.worker import run_logs
+from apps.worker.forges import ForgeFailure
+from apps.worker.forges.publishing import kept
+from apps.worker.forges.publishing import service as publishing
+from apps.worker.forges.publishing.work import bot_identity
+from apps.worker.gates import budget, host_slots, leases, quiet_hours, runtime_settings, secrets, waitfor
+from apps.worker.gates.scopes import job_scopes, normalise_folder, scope_hash
+from apps.worker.gates.verdicts import Deferred, Verdict, database_unavailable
+from apps.worker.jobs import FORGE_KINDS, JobSpec, job_time_budget_seconds
+from apps.worker.models import Outcome, PauseWindow, Run
+from apps.worker.sandbox import agent_config, container, disk, forge_workspace, gateway, jobfiles, prices, providers
+from apps.worker.sandbox.egress_policy import parse_allowlist
+from apps.worker.sandbox.exitline import Telemetry, parse_exit_line, parse_summary
+from apps.worker.sandbox.workspace import WorkspaceRefused, check_local_folder
+
+logger = logging.getLogger("pidispatch.ladder")
+
+EXIT_COMPLETED, EXIT_INFRASTRUCTURE, EXIT_POLICY = 0, 1, 2
+EXIT_KILLED = 137
+# The runner could not even be executed (docker's and tini's "cannot run"/"not found" codes).
+EXITS_NEVER_STARTED = {125, 126, 127}
+
+
+@dataclass
+class Attempt:
+    """One climb of the ladder: what it holds must be let go whatever happens."""
+
+    spec: JobSpec
+    host: str
+    now: datetime
+    image: str = ""
+    held_leases: list[leases.Lease] = field(default_factory=list)
+    dirs: jobfiles.JobDirs | None = None  # the job's folders, from gate 10 on
+    forge: forge_workspace.ForgeWorkspace | None = None  # a forge job's clone and token, from gate 10 on
+    clock: float = field(default_factory=time.perf_counter)  # for the phase timings in the log
+    workspace_seconds: float = 0.0  # of which the workspace (a local folder's git checks; a forge clone)
+    spending: bool = False  # from the egress gateway's start on: a fault no longer sends the job back
+    dollars: budget.DollarHold | None = None  # the dollar hold, from gate 11 on
+    container_ran: bool = False  # the container may have spent: an unsettled dollar hold is kept whole
+
+    @property
+    def holder(self) -> str:
+        return leases.holder_id(self.host, self.spec.job_id)
+
+    def let_go(self, redis) -> None:
+        """Whatever the climb ended in: an unsettled dollar hold refunded (no container ran) or kept whole, leases
+        back, a minted token revoked, the job's folders removed."""
+        if self.dollars is not None and not self.dollars.settled:
+            try:
+                budget.settle_dollars(redis, self.dollars, ran=self.container_ran, cost=None)
+            except RedisError:
+                logger.warning("dollar_settle_failed job=%s kept=hold", self.spec.job_id)
+                budget.keep_hold(self.dollars)
+        leases.release_all(redis, self.held_leases, self.spec.job_id)
+        if self.forge is not None:
+            try:
+                self.forge.release()
+            except Exception:  # a token that could not be revoked still expires within the hour
+                logger.warning("forge_token_release_failed job=%s", self.spec.job_id)
+        if self.dirs is not None and settings.PI_KEEP_JOB_DIRS:
+            jobfiles.let_go(self.dirs)
+        elif self.dirs is not None and kept.is_kept(self.dirs.root):
+            kept.strip_to_kept(self.dirs.root)  # the unpublished work stays (KEEP_UNTIL); the prompt and clone go
+            jobfiles.let_go(self.dirs)
+        elif self.dirs is not None:
+            jobfiles.remove(self.dirs)
+
+
+def job_max_turns(spec: JobSpec, runtime: runtime_settings.RuntimeSettings) -> int:
+    """A trigger's (or a manual run's) `maxTurns` lowers the deployment's cap, never raises it."""
+    if spec.max_turns and runtime.max_turns:
+        return min(spec.max_turns, runtime.max_turns)
+    return spec.max_turns or runtime.max_turns
+
+
+def container_environment(spec: JobSpec, runtime: runtime_settings.RuntimeSettings, provider: str,
+                          egress: dict[str, str], secret_values: dict[str, str] | None = None) -> dict[str, str]:
+    """The container's whole environment, from a closed list: nothing of the worker's is inherited, and no
+    credential at all: no provider key (the gateway adds it outside), no forge token (the worker publishes).
+    `egress` points pi and every other client at the gateway; the bot identity names the agent's commits.
+    The job's resolved secrets come last; gate 9 refused any name that could shadow one of the above."""
+    environment = {
+        "HOME": "/home/pi",
+        "PI_JOB_ID": spec.job_id,
+        "PI_MAX_TURNS": str(job_max_turns(spec, runtime)),
+        "PI_PROVIDER": provider,
+    }
+    if spec.flow:
+        environment["PI_FLOW"] = spec.flow
+    else:
+        environment["PI_COMMAND"] = spec.command
+    model = job_model(spec)
+    if model:
+        environment["PI_MODEL"] = model
+    if spec.exclude_tools:
+        environment["PI_EXCLUDE_TOOLS"] = ",".join(spec.exclude_tools)
+    environment.update(egress)
+    environment.update(bot_identity().environment())
+    environment.update(secret_values or {})
+    return environment
+
+
+def job_model(spec: JobSpec) -> str:
+    return spec.model or settings.PI_MODEL
+
+
+def gateway_limits(spec: JobSpec, upstream: providers.Upstream, runtime: runtime_settings.RuntimeSettings,
+                   max_cost_micros: int | None = None):
+    """The job's token budget, the day's cap and its dollar cap; the model is held to only when it names one
+    exactly (pi also takes fuzzy patterns like `sonnet`, which the gateway cannot tell apart from another model)."""
+    model = job_model(spec)
+    exact = model and (not upstream.builtin or prices.is_listed(upstream.provider, model))
+    return gateway.Limits(max_tokens=runtime.max_tokens, daily_token_cap=runtime.daily_token_cap,
+                          model=model if exact else "", max_cost_micros=max_cost_micros)
+
+
+def classify(result: container.ContainerExit, egress: gateway.EgressReport | None = None,
+             runtime: runtime_settings.RuntimeSettings | None = None) -> Verdict:
+    """Exit code to outcome. What the gateway saw decides before it: a stop it made is the run's policy end,
+    and a failure after the gateway refused a call (or the provider refused the key) is that refusal, not a
+    fault to retry. The exit line adds numbers; it never changes the classification."""
+    code = result.exit_code
+    exit_line = parse_exit_line(result.output_tail, code)
+    fields = {"exit_code": code, "telemetry": _telemetry(exit_line, egress, runtime), "budget_reserved": True}
+    if egress is not None and egress.stop_reason:
+        return Verdict.refused(egress.stop_reason, **fields)
+    if result.timed_out:
+        return Verdict.refused("worker-abort", **fields)
+    if code == EXIT_COMPLETED:
+        return Verdict(outcome=Outcome.COMPLETED, **fields)
+    if egress is not None and egress.auth_refused:
+        return Verdict.refused("provider-auth-refused", **fields)
+    if code == EXIT_POLICY:
+        return Verdict.refused(exit_line.reason or "runner-policy", **fields)
+    if code == EXIT_KILLED and result.oom_killed:
+        return Verdict.refused("oom-killed", **fields)
+    if code in EXITS_NEVER_STARTED:
+        return Verdict.infrastructure_fault("container-never-started", **{**fields, "budget_reserved": False})
+    if egress is not None and egress.denied:
+        return Verdict.refused("egress-denied", **fields)
+    if code == EXIT_INFRASTRUCTURE:
+        return Verdict.infrastructure_fault("runner-infra", **fields)
+    return Verdict.infrastructure_fault("container-exit-unknown", **fields)
+
+
+def _telemetry(exit_line: Telemetry, egress: gateway.EgressReport | None,
+               runtime: runtime_settings.RuntimeSettings | None) -> Telemetry:
+    """The gateway's count when it forwarded any provider call; otherwise the runner's claim, which is
+    untrusted: its token counts are clamped to the job's budget (or the day's cap), so it can neither stop
+    the day's jobs with a made-up 10^12 nor be trusted past what the job could have spent."""
+    if egress is not None and egress.meter.metered:
+        return egress.meter.telemetry(turns=exit_line.turns)
+    ceiling = runtime and (runtime.max_tokens or runtime.daily_token_cap)
+    if not ceiling:
+        return exit_line
+    clamp = lambda value: None if value is None else min(value, ceiling)  # noqa: E731
+    return replace(exit_line, tokens_in=clamp(exit_line.tokens_in), tokens_out=clamp(exit_line.tokens_out),
+                   tokens_total=clamp(exit_line.tokens_total))
+
+
+def warm_up() -> None:
+    """Run the gates' database reads once in the worker's main process, before it forks any work horse.
+
+    Every job runs in a fresh fork. What Django builds lazily on a model's first query (field caches,
+    compiled lookups) is then inherited by each horse instead of rebuilt per job: about 5 ms of the gates.
+    """
+    from apps.worker.models import DispatchSettings, ScopedLimit
+
+    try:
+        list(PauseWindow.objects.filter(enabled=True)[:1])
+        list(ScopedLimit.objects.filter(scope__in=["-"])[:1])
+        DispatchSettings.objects.filter(pk=1).first()
+        Run.objects.filter(trigger_id=0).exclude(job_id="-").filter(started_at__gte=timezone.now()).exists()
+    except DatabaseError:
+        logger.warning("worker_warm_up_skipped reason=database")  # only slower: each job pays it again
+
+
+def run(spec: JobSpec, host: str) -> Verdict | Deferred:
+    attempt = Attempt(spec=spec, host=host, now=timezone.now(), image=spec.image or settings.PI_JOB_IMAGE)
+    redis = get_redis()
+    try:
+        outcome = _climb(attempt, redis)
+    except RedisError:
+        logger.warning("job_redis_unavailable job=%s", spec.job_id)
+        outcome = Verdict.infrastructure_fault("redis-unavailable")
+    except DatabaseError as error:
+        if attempt.spending:
+            raise
+        logger.warning("job_database_unavailable job=%s error=%s", spec.job_id, type(error).__name__)
+        outcome = database_unavailable()
+    except OSError as error:
+        if attempt.spending or not disk.is_full(error):
+            raise
+        logger.warning("job_disk_full job=%s error=%s", spec.job_id, errno.errorcode.get(error.errno, "-"))
+        outcome = Verdict.infrastructure_fault("disk-full")
+    finally:
+        attempt.let_go(redis)
+    if isinstance(outcome, Deferred):
+        logger.info("job_deferred job=%s reason=%s until=%s", spec.job_id, outcome.reason, outcome.until.isoformat())
+        return outcome
+    dollars = attempt.dollars.record_fields() if attempt.dollars is not None else {}
+    return replace(outcome, image=attempt.image, started_at=attempt.now, ended_at=timezone.now(), dollars=dollars)
+
+
+def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
+    spec, now = attempt.spec, attempt.now
+
+    # 1. An operator cancelled it while it was on its way to this worker.
+    if cancel.is_cancel_requested(spec.job_id, redis):
+        return Verdict.refused("operator-cancel")
+
+    # 2. Quiet hours.
+    until = quiet_hours.paused_until(PauseWindow.objects.filter(enabled=True), job_scopes(spec), now)
+    if until is not None and until > now + timedelta(seconds=1):
+        return Deferred(until, "pause-window", {"windowEnds": until.isoformat()})
+
+    # 3. Wait-for.
+    waited = waitfor.gate(redis, spec, now)
+    if waited.refuse:
+        return Verdict.refused(waited.refuse)
+    if waited.defer_until is not None:
+        return Deferred(waited.defer_until, waited.reason, waited.detail or {})
+
+    # 4. The host's slot (PI_CONCURRENCY), scope concurrency (fleet-wide) and the local-folder mutex (per host).
+    host_busy = host_slots.take(redis, attempt)
+    if host_busy is not None:
+        return host_busy
+    limit = budget.limit_for(spec)
+    lease_ttl = job_time_budget_seconds()
+    slots = []
+    if limit is not None and limit.concurrent:
+        slots.append((f"s:{scope_hash(limit.scope)}", limit.concurrent))
+    if spec.kind == "local":
+        slots.append((f"f:{attempt.host}:{scope_hash(normalise_folder(spec.folder))}", 1))
+    for name, count in slots:
+        lease = leases.acquire(redis, name, count, attempt.holder, lease_ttl)
+        if lease is None:
+            recheck = now + timedelta(seconds=settings.PI_SCOPE_BUSY_RECHECK_SECONDS)
+            return Deferred(recheck, "scope-busy", {"slots": count})
+        attempt.held_leases.append(lease)
+
+    # 5. Settings: the DB row over the environment.
+    try:
+        runtime = runtime_settings.current()
+    except runtime_settings.SettingsInvalid as exc:
+        logger.error("settings_overlay_invalid job=%s detail=%s", spec.job_id, exc)
+        return Verdict.refused("settings-overlay-invalid")
+
+    # 6. A one-shot rule already spent by another job since it was (re-)armed.
+    if spec.once and spec.trigger_id is not None:
+        armed = datetime.fromisoformat(spec.once_armed_at) if spec.once_armed_at else None
+        if Run.objects.spent_by_trigger(spec.trigger_id, other_than=spec.job_id, since=armed):
+            return Verdict.refused("once-already-spent")
+
+    # 7. The image, never pulled.
+    try:
+        client = container.engine()
+        container.preflight_image(client, attempt.image)
+    except container.ImageMissing:
+        return Verdict.refused("job-image-missing")
+    except container.ImageIncompatible as incompatible:
+        logger.error("job_image_refused job=%s image=%s reason=%s", spec.job_id, attempt.image, incompatible.reason)
+        return Verdict.refused(incompatible.reason)
+    except container.EngineUnavailable:
+        return Verdict.infrastructure_fault("docker-unavailable")
+
+    # 8. The provider: a key on this worker and an upstream its gateway can serve (and meter).
+    provider = spec.provider or settings.PI_PROVIDER
+    credential = providers.credential(provider)
+    upstream = providers.upstream(provider)
+    if credential is None or upstream is None:
+        logger.error("provider_unconfigured job=%s provider=%s variable=%s upstream=%s", spec.job_id, provider,
+                     providers.key_variable(provider) or "-", "unknown" if upstream is None else "ok")
+        return Verdict.refused("provider-unconfigured")
+
+    # 9. The job's secrets, resolved on this host (before the workspace: nothing costly for a job refused here).
+    try:
+        secret_values = secrets.resolve(spec)
+    except secrets.SecretsRefused as refused:
+        return Verdict.refused(refused.reason)
+    except secrets.ResolverUnreachable:
+        return Verdict.infrastructure_fault("secret-resolver-unreachable")
+
+    # 10. The workspace: a local job's folder as it is; a forge job's fresh clone, made with its own token.
+    workspace_folder: Path | None = None
+    user = container.job_user()
+    if spec.kind == "local":
+        workspace_started = time.perf_counter()
+        try:
+            local = check_local_folder(spec.folder, force=spec.force)
+        except WorkspaceRefused as refused:
+            logger.info("workspace_refused job=%s reason=%s", spec.job_id, refused.reason)
+            return Verdict.refused(refused.reason)
+        attempt.workspace_seconds = time.perf_counter() - workspace_started
+        workspace_folder, user = local.folder, local.owner
+    dirs = attempt.dirs = jobfiles.prepare(spec, settings.PI_JOB_ROOT, owner=user, workspace=workspace_folder)
+    agent_config.write(dirs.job, upstream, job_model(spec))
+    if spec.kind in FORGE_KINDS:
+        workspace_started = time.perf_counter()
+        try:
+            attempt.forge = forge_workspace.prepare(spec, dirs, owner=user)
+            attempt.workspace_seconds = time.perf_counter() - workspace_started
+        except WorkspaceRefused as refused:
+            logger.info("workspace_refused job=%s reason=%s", spec.job_id, refused.reason)
+            return Verdict.refused(refused.reason)
+        except ForgeFailure as failure:
+            if failure.transient:
+                logger.warning("workspace_forge_fault job=%s reason=%s", spec.job_id, failure.reason)
+                return Verdict.infrastructure_fault(failure.reason)
+            logger.info("workspace_refused job=%s reason=%s", spec.job_id, failure.reason)
+            return Verdict.refused(failure.reason)
+
+    # The workspace's size, measured again while the container runs.
+    watch = disk.WorkspaceWatch(spec.job_id, dirs.workspace, counts_whole=workspace_folder is None,
+                                on_exceeded=lambda: container.stop_job_container(spec.job_id))
+    if watch.over_limit():
+        return Verdict.refused("workspace-too-large")
+
+    # 11. The daily token cap (checked before, recorded after: it may overshoot by the runs in flight).
+    if runtime.daily_token_cap and budget.tokens_spent_today(redis, now) >= runtime.daily_token_cap:
+        return Verdict.refused("daily-token-cap")
+
+    # 11b. The dollar windows: the job's per-job cap held in each, in one atomic step (none when one has no room).
+    try:
+        attempt.dollars = budget.reserve_dollars(redis, spec, limit, runtime, now)
+    except budget.DollarRefusal as refusal:
+        window = refusal.window
+        logger.info("dollar_refused job=%s reason=%s ledger=%s window=%s", spec.job_id, refusal.reason,
+                    window.ledger if window else "-", window.window if window else "-")
+        if refusal.reason == "cost-cap-unset":
+            logger.error("dollar_cap_unset job=%s ledger=%s set=PI_MAX_COST_USD,max_cost_usd,run.maxCostUsd "
+                         "why=a scoped limit's dollar window needs a per-job cap", spec.job_id, window.ledger)
+        return Verdict.refused(refusal.reason)
+
+    # 12. Job-count caps, narrowest first.
+    try:
+        reservation = budget.reserve(redis, limit, runtime, now)
+    except budget.CapRefusal as refusal:
+        logger.info("cap_refused job=%s reason=%s window=%s", spec.job_id, refusal.reason, refusal.window)
+        return Verdict.refused(refusal.reason, budget_reserved=refusal.budget_reserved)
+
+    # 13. The container: the only step that spends. A cancel that arrived during the gates stops it here.
+    if cancel.is_cancel_requested(spec.job_id, redis):
+        reservation.give_back(redis)
+        return Verdict.refused("operator-cancel")
+    container_started = time.perf_counter()
+    attempt.spending = True
+    egress = gateway.EgressGateway(
+        job_id=spec.job_id, upstream=upstream, key=credential[1], allow=parse_allowlist(settings.PI_EGRESS_ALLOW),
+        limits=gateway_limits(spec, upstream, runtime, attempt.dollars.cap_micros), redis=redis, owner=user,
+        on_stop=lambda reason: container.stop_job_container(spec.job_id),
+    )
+    try:
+        egress.start()
+    except gateway.GatewayUnavailable as exc:
+        logger.error("egress_gateway_unavailable job=%s why=%s", spec.job_id, exc)
+        reservation.give_back(redis)
+        return Verdict.infrastructure_fault("egress-gateway-unavailable")
+    watch.start()
+    attempt.container_ran = True
+    try:
+        result = container.run_container(
+            client,
+            job_id=spec.job_id,
+            host=attempt.host,
+            image=attempt.image,
+            job_dir=dirs.job,
+            workspace=dirs.workspace,
+            environment=container_environment(spec, runtime, provider, egress.container_environment(),
+                                              secret_values),
+            timeout_seconds=settings.PI_JOB_TIMEOUT_SECONDS,
+            user=user,
+            memory=runtime.job_memory,
+            cpus=runtime.job_cpus,
+            egress_mounts=egress.mounts(),
+            log_bytes=settings.PI_JOB_LOG_MAX_BYTES if settings.PI_CAPTURE_JOB_LOGS else 0,
+        )
+    except container.ImageMissing:
+        attempt.container_ran = False
+        reservation.give_back(redis)
+        return Verdict.refused("job-image-missing")
+    except container.NeverStarted:
+        attempt.container_ran = False
+        reservation.give_back(redis)
+        return Verdict.infrastructure_fault("container-never-started")
+    except container.EngineUnavailable:
+        return Verdict.infrastructure_fault("docker-unavailable", budget_reserved=True)
+    finally:
+        watch.close()
+        egress.close()
+    container_seconds = time.perf_counter() - container_started
+    logger.info("job_phases job=%s gates_ms=%.1f workspace_ms=%.1f container_ms=%.1f", spec.job_id,
+                (container_started - attempt.clock - attempt.workspace_seconds) * 1000,
+                attempt.workspace_seconds * 1000, container_seconds * 1000)
+    verdict = classify(result, egress.report, runtime)
+    if watch.exceeded:
+        verdict = Verdict.refused("workspace-too-large", exit_code=verdict.exit_code, telemetry=verdict.telemetry,
+                                  budget_reserved=True)
+    # The container has ended: from here a Redis fault must not turn its outcome into a retry (which would
+    # run the agent again). What cannot be settled now is logged; the counters' TTLs bound the drift.
+    try:
+        if cancel.is_cancel_requested(spec.job_id, redis):
+            # The operator stopped it: whatever the exit code says, the run ends as their decision.
+            verdict = Verdict.refused("operator-cancel", exit_code=verdict.exit_code,
+                                      telemetry=verdict.telemetry, budget_reserved=True)
+        if not verdict.budget_reserved:
+            reservation.give_back(redis)  # nothing ran, so nothing was spent
+        # The dollar hold: charged what the gateway metered, unless that cannot be the whole cost (a run stopped
+        # from outside may have had a call cut mid-answer): then the whole hold stays (floor).
+        killed = result.timed_out or watch.exceeded or verdict.reason in ("operator-cancel", "oom-killed")
+        attempt.container_ran = verdict.budget_reserved
+        budget.settle_dollars(redis, attempt.dollars, ran=verdict.budget_reserved,
+                              cost=None if killed else egress.report.meter.known_cost())
+        # The gateway counted its tokens into the day as they were spent; what it could not is settled here.
+        unmetered = 0 if egress.report.meter.metered else (verdict.telemetry.tokens_total or 0)
+        budget.record_tokens(redis, unmetered + egress.unrecorded_tokens, now)
+    except RedisError:
+        logger.warning("job_post_run_redis_failed job=%s", spec.job_id)
+
+    # The agent's summary is kept only with its run's log (PI_CAPTURE_JOB_LOGS), scrubbed like it.
+    summary = parse_summary(result.output_tail)
+    scrub = [credential[1], *secret_values.values()]
+    verdict = replace(verdict, summary=summary, log=run_logs.captured(result.log, summary, scrub))
+
+    # 14. Publish: the worker, not the agent, takes the work to the forge.
+    if verdict.outcome == Outcome.COMPLETED and attempt.forge is not None:
+        publication, reason = publishing.publish_run(spec, attempt.forge, dirs.root, dirs.workspace,
+                                                     summary, result.ended_at)
+        verdict = replace(verdict, publication=publication)
+        if reason == publishing.UNAVAILABLE:
+            verdict = replace(verdict, outcome=Outcome.FAILED, reason=reason, retryable=False)
+        elif reason:
+            verdict = replace(verdict, outcome=Outcome.POLICY, reason=reason)
+    return verdict

@@ -1,0 +1,73 @@
+"""What one attempt of a job came to: the ladder produces a Verdict, the record stores it.
+
+Refuse = policy outcome with a reason, never retried. Infrastructure fault = failed outcome, retried
+with backoff up to PI_RETRY_ATTEMPTS. A bug in our own code is failed and not retried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from apps.worker.models import Outcome
+from apps.worker.sandbox.exitline import NO_TELEMETRY, Telemetry
+
+
+@dataclass(frozen=True)
+class Publication:
+    """What the publish step did (DESIGN section 8): its outcome token and, when it reached the forge, where."""
+
+    outcome: str
+    pull_request: int | None = None
+    pushed_commits: int | None = None
+    url: str = ""
+    changed_files: int | None = None  # paths the agent's work changed (pushed or not)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: str
+    reason: str = ""
+    exit_code: int | None = None
+    telemetry: Telemetry = NO_TELEMETRY
+    image: str = ""
+    started_at: datetime = field(default_factory=timezone.now)
+    ended_at: datetime = field(default_factory=timezone.now)
+    budget_reserved: bool = False
+    retryable: bool = False
+    # The agent's own account of its work (the runner's summary line): forge text for the publish step,
+    # never recorded or logged.
+    summary: str = field(default="", repr=False)
+    publication: Publication | None = None
+    # The Run record's dollar fields (budget.DollarHold.record_fields), set once the climb let go of its hold.
+    dollars: dict = field(default_factory=dict)
+    # The run's scrubbed output and summary (run_logs.CapturedLog), only with PI_CAPTURE_JOB_LOGS.
+    log: object | None = field(default=None, repr=False)
+
+    @classmethod
+    def refused(cls, reason: str, **fields) -> Verdict:
+        return cls(outcome=Outcome.POLICY, reason=reason, **fields)
+
+    @classmethod
+    def infrastructure_fault(cls, reason: str, **fields) -> Verdict:
+        return cls(outcome=Outcome.FAILED, reason=reason, retryable=True, **fields)
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """Returned by a job to come back later: the same job id goes back to RQ's scheduled registry for
+    `until`, uses no attempt and writes no record (the worker class does the rescheduling)."""
+
+    until: datetime
+    reason: str  # a token (`pause-window`, `scope-busy`, `wait-for`, ...), never shown to the forge
+    # What it waits on, for the operator (ids, names and numbers only: `{"profile": "ci-green", "checks": 3}`).
+    detail: dict = field(default_factory=dict)
+
+
+def database_unavailable() -> Deferred:
+    """The database did not answer before the job spent anything: nothing was decided or recorded, so the
+    job comes back under its id, no attempt used, until the database answers."""
+    return Deferred(timezone.now() + timedelta(seconds=settings.PI_DATABASE_RECHECK_SECONDS), "database-unavailable")

@@ -1,0 +1,130 @@
+"""A local job's workspace is the folder itself, mounted read-write: it must be a git repository with a
+commit (so every change the agent makes can be seen and undone), and a dirty tree is refused unless
+the run was forced. The container runs as the folder's owner, so what it writes stays the operator's.
+
+The folder is writable by the agent, so its git configuration is untrusted, and `git status` runs on the
+host as the folder's owner. Before status runs, the configuration git will really use is read (`git config
+--list` follows includes, the worktree config and a common directory, and runs nothing), and a repository
+is refused whose git would run a program or read its configuration from elsewhere: filters, fsmonitor,
+includes, another worktree or git directory, submodules (status runs git inside each, under that
+submodule's own config), a promisor remote (status would fetch missing objects). Every git call here has a
+closed environment, no discovery above the folder, fsmonitor and hooks off.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from apps.worker.sandbox.gitrun import run_git
+
+GIT_TIMEOUT_SECONDS = 30
+# Keys (lowercased) of a repository's configuration that make `git status` run a program, read configuration
+# from another file, work on another tree, or reach the network.
+UNSAFE_CONFIG = re.compile(r"filter\..+|include\..+|includeif\..+|core\.worktree|extensions\.partialclone"
+                           r"|core\.fsmonitor|extensions\.worktreeconfig|remote\..+\.promisor")
+# Of those, the switches that are harmless when off (git's false: "false", "no", "off", "0" or empty).
+SWITCHES = re.compile(r"core\.fsmonitor|extensions\.worktreeconfig|remote\..+\.promisor")
+OFF = {"false", "no", "off", "0", ""}
+GITLINK_MODE = b"160000 "
+
+
+class WorkspaceRefused(Exception):
+    def __init__(self, reason: str, hint: str):
+        super().__init__(hint)
+        self.reason = reason
+        self.hint = hint
+
+
+@dataclass(frozen=True)
+class LocalWorkspace:
+    folder: Path
+    owner: tuple[int, int]
+
+
+def _git(path: Path, owner: tuple[int, int], *args: str) -> subprocess.CompletedProcess:
+    """git on this folder's own `.git` only: naming both directories stops git from looking above the folder."""
+    return run_git(path, f"--git-dir={path / '.git'}", f"--work-tree={path}", *args,
+                   timeout=GIT_TIMEOUT_SECONDS, as_user=owner)
+
+
+def _refuse_unsafe(why: str) -> WorkspaceRefused:
+    return WorkspaceRefused("workspace-config-unsafe",
+                            f"{why}; a local job needs a plain repository (the agent can write the folder, "
+                            "and git runs on this host)")
+
+
+def _config_entries(path: Path, owner: tuple[int, int]) -> list[tuple[str, str, str | None]]:
+    """(origin, key, value) of every setting git reads for this folder, our own `-c` ones left out. A key
+    written without `=` has no value (a switch that is then on)."""
+    listing = _git(path, owner, "config", "--list", "--show-scope", "--show-origin", "-z")
+    if listing.returncode != 0:
+        raise WorkspaceRefused("workspace-not-a-repo", "git could not read the repository's configuration")
+    fields = listing.stdout.decode(errors="replace").split("\0")
+    entries = []
+    for scope, origin, entry in zip(fields[0::3], fields[1::3], fields[2::3]):
+        key, has_value, value = entry.partition("\n")
+        if scope != "command":
+            entries.append((origin, key.lower(), value if has_value else None))
+    return entries
+
+
+def _unsafe_settings(entries: list[tuple[str, str, str | None]]) -> list[str]:
+    """`key (file)` of each unsafe setting, so the operator knows what to remove from where."""
+    return sorted({
+        f"{key} ({origin.removeprefix('file:')})" for origin, key, value in entries
+        if UNSAFE_CONFIG.fullmatch(key)
+        and not (SWITCHES.fullmatch(key) and value is not None and value.strip().lower() in OFF)
+    })
+
+
+def _check_repository_safe(path: Path, owner: tuple[int, int]) -> None:
+    """Refuses, before any git command but `git config` reads the repository, what would run a program."""
+    git_dir = path / ".git"
+    if git_dir.is_symlink() or not git_dir.is_dir():
+        raise _refuse_unsafe("the folder's .git is not a directory but a file or link to another git directory")
+    if os.path.lexists(git_dir / "commondir"):
+        raise _refuse_unsafe("the folder's .git/commondir points git at another git directory")
+    unsafe = _unsafe_settings(_config_entries(path, owner))
+    if unsafe:
+        raise _refuse_unsafe(f"the repository's git configuration sets {', '.join(unsafe)}, "
+                             "which would make git run a program or read another repository")
+    if os.path.lexists(path / ".gitmodules"):
+        raise _refuse_unsafe("the repository has submodules (.gitmodules), and git status runs git inside each")
+    index = _git(path, owner, "ls-files", "--stage", "-z")
+    if index.returncode != 0:
+        raise WorkspaceRefused("workspace-not-a-repo", "git could not read the repository's index")
+    if any(entry.startswith(GITLINK_MODE) for entry in index.stdout.split(b"\0")):
+        raise _refuse_unsafe("the repository's index holds a submodule, and git status runs git inside it")
+
+
+def check_local_folder(folder: str, *, force: bool) -> LocalWorkspace:
+    path = Path(folder)
+    if not path.is_absolute() or not path.is_dir():
+        raise WorkspaceRefused("workspace-missing", f"{path.name or folder} is not a folder on this host")
+    stat = os.stat(path)
+    owner = (stat.st_uid, stat.st_gid)
+    if stat.st_uid == 0:
+        raise WorkspaceRefused(
+            "job-user-unmappable", "the folder belongs to root and jobs never run as root; chown it to its user"
+        )
+    if not os.path.lexists(path / ".git"):
+        raise WorkspaceRefused("workspace-not-a-repo", "the folder is not the root of a git repository")
+    try:
+        _check_repository_safe(path, owner)
+        # One call answers both questions: `# branch.oid (initial)` means no commit, other lines are changes.
+        # Submodules were refused above; ignoring them is the second lock on status running git inside one.
+        status = _git(path, owner, "status", "--porcelain=v2", "--branch", "--ignore-submodules=all")
+    except (subprocess.TimeoutExpired, OSError):
+        raise WorkspaceRefused("workspace-not-a-repo", "git did not answer about the folder in time") from None
+    if status.returncode != 0:
+        raise WorkspaceRefused("workspace-not-a-repo", "git status failed: the folder is not a usable repository")
+    lines = status.stdout.decode(errors="replace").splitlines()
+    if "# branch.oid (initial)" in lines:
+        raise WorkspaceRefused("workspace-no-commit", "the repository has no commit yet")
+    if any(not line.startswith("# ") for line in lines if line) and not force:
+        raise WorkspaceRefused("workspace-dirty", "the folder has uncommitted changes; commit or stash them, or force")
+    return LocalWorkspace(folder=path, owner=owner)

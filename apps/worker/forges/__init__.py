@@ -1,4 +1,6 @@
-"""Outbound forge API clients, one module per forge behind one small interface (`base.ForgeClient`).
+"""The forges as the worker reaches them: API clients, one module per forge behind one small interface
+(`base.ForgeClient`); the status sentences posted on issues (`comments.py`); and publishing a run's work
+(`publishing/`: the branch, the pull request, kept work).
 
     client = forge_client("gitlab")
     client.authority(Subject(project_id="42", actor_id="7"))   # Authority(allowed=True|False|None, reason)

@@ -1,3 +1,5 @@
+"""The ASGI entry point (the deployment serves WSGI: pidispatch_site/wsgi.py)."""
+
 import os
 
 from django.core.asgi import get_asgi_application

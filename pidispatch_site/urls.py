@@ -1,3 +1,5 @@
+"""The site's routes: the public edge's webhooks and health check, then the private instance's admin, API and metrics."""
+
 from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path, re_path

@@ -1,3 +1,5 @@
+"""The WSGI entry point: the application, checked forge configuration, and a frozen collector."""
+
 import gc
 import os
 

@@ -1,3 +1,5 @@
+"""API tokens in the admin: made (shown once), listed by prefix and last use, revoked."""
+
 from django.contrib import admin, messages
 from django.utils.html import format_html
 

@@ -1,3 +1,5 @@
+"""The access app: API tokens, their scopes and the per-token throttle."""
+
 from django.apps import AppConfig
 
 

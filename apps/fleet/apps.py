@@ -1,3 +1,5 @@
+"""The fleet app: queues, hosts, pauses, cancel and the admin's fleet panel."""
+
 from django.apps import AppConfig
 
 

@@ -1,3 +1,5 @@
+"""The insight app: the cost page and /metrics."""
+
 from django.apps import AppConfig
 
 

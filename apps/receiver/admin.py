@@ -1,3 +1,5 @@
+"""The intake in the admin: triggers (one type at a time, Run now) and the delivery inbox with its jobs' states."""
+
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages

@@ -1,3 +1,5 @@
+"""The receiver app: webhook intake, triggers and the delivery inbox."""
+
 from django.apps import AppConfig
 
 

@@ -1,3 +1,5 @@
+"""`manage.py check` for the receiver: forge settings a web process could not serve with."""
+
 from django.core.checks import Error, register
 
 from .forge_config import ForgeConfigError, forge_settings

@@ -1,3 +1,5 @@
+"""The receiver's records: triggers (the triggers.json language as rows) and the delivery inbox."""
+
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone

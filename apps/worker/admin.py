@@ -1,3 +1,5 @@
+"""The worker's records in the admin: runs (explained, attempts grouped, Publish again), scoped limits, quiet hours, settings."""
+
 from datetime import timedelta
 from urllib.parse import urlencode
 

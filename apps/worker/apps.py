@@ -1,3 +1,5 @@
+"""The worker app: jobs, the gate ladder, the sandbox, the worker process and run records."""
+
 from django.apps import AppConfig
 
 

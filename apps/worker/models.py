@@ -1,3 +1,5 @@
+"""The worker's records: runs (one per attempt, PII-free), run logs, scoped limits, quiet hours, the settings row."""
+
 from django.db import models
 
 

@@ -1,3 +1,5 @@
+"""The fleet panel's template filters: ages, instants and wait details as the panel shows them."""
+
 from django import template
 
 from apps.fleet import display

@@ -1,3 +1,5 @@
+"""The cost page's template filters: dollars, counts and shares as an operator reads them."""
+
 from django import template
 
 from .. import format

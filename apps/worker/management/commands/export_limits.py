@@ -1,3 +1,5 @@
+"""`manage.py export_limits`: the scoped limits as the ancestor's scoped-limits.json."""
+
 from django.core.management.base import BaseCommand
 
 from apps.worker.config_files import export_limits

@@ -1,3 +1,5 @@
+"""`manage.py export_pause_windows`: the quiet hours as the ancestor's pause-windows.json."""
+
 from django.core.management.base import BaseCommand
 
 from apps.worker.config_files import export_windows

@@ -1,3 +1,5 @@
+"""`manage.py import_limits`: the ancestor's scoped-limits.json into scoped limits (validated, all or nothing)."""
+
 from apps.worker.config_files import import_limits
 from apps.worker.management.commands._config_file_command import ImportCommand
 

@@ -1,3 +1,5 @@
+"""`manage.py import_pause_windows`: the ancestor's pause-windows.json into quiet hours (validated, all or nothing)."""
+
 from apps.worker.config_files import import_windows
 from apps.worker.management.commands._config_file_command import ImportCommand
 

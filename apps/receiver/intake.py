@@ -6,20 +6,10 @@
     replay_due()  everything that is due, in arrival order (`replay_deliveries [--follow]`)
     discard()     an operator gives up on a pending delivery
 
-A verified delivery is stored (with its payload) before anything slow or outside this process happens to
-it: learning our own identity on the forge, an authority lookup, an enqueue. An outcome decided from the
-delivery and the rules alone (ignored, rejected) is instead the row's first and only write. It settles as
-queued, duplicate, ignored or rejected, and then its payload copy is deleted: the row keeps ids and the
-outcome only. It stays pending (payload kept, retried with backoff) while Redis is down, while the forge
-cannot answer an authority lookup, or while our own identity on that forge is unknown. When the database
-cannot take it, the raw delivery is spooled to a Redis list and moved into the inbox later; only when
-neither can take it is the answer 503.
-
-A 2xx answer waits for one fsync that holds the delivery: a queued delivery's is Redis's, which writes the
-job to its append-only file before it answers (`appendfsync always`; the replayer warns when Redis is set
-otherwise); every other outcome's is the database's, at the row's last write. A row written before an
-enqueue or a lookup waits for nothing, since the job or that last write makes it durable, and a queued
-delivery pays no second fsync.
+The rule: a verified delivery is stored before anything slow happens to it, and a 2xx answer waits for exactly
+one fsync, the one that holds the delivery (Redis's for a queued delivery, the database's last write for every
+other outcome). Why, and how SQLite and PostgreSQL keep it: docs/architecture.md, "The inbox row and its fsync
+ordering rule".
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from decimal import Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 from django.conf import settings
 from django.utils import timezone
@@ -20,7 +20,8 @@ SHORT_ID_CHARS = 17
 
 
 def money(value) -> str:
-    """Dollars: cents from a dollar up, else two significant digits (a cheap run is still readable)."""
+    """Dollars as every page shows them: cents from a dollar up (`$1,234.50`), four places below a dollar, where a
+    run's cost lives (`$0.0252`, `$0.50`)."""
     if value is None or value == "":
         return "-"
     try:
@@ -29,10 +30,10 @@ def money(value) -> str:
         return str(value)
     if amount == 0:
         return "$0.00"
-    if abs(amount) >= 1:
-        return f"${amount:,.2f}"
-    digits = max(2, -amount.adjusted() + 1)  # two significant digits below a dollar
-    return f"${amount:.{min(digits, 6)}f}".rstrip("0").rstrip(".") if digits > 2 else f"${amount:.2f}"
+    if abs(amount) < 1:
+        places = f"{amount.quantize(Decimal('0.0001'), ROUND_HALF_UP):.4f}".rstrip("0")
+        return "$" + places + "0" * max(0, 2 - len(places.split(".")[1]))
+    return f"${amount.quantize(Decimal('0.01'), ROUND_HALF_UP):,}"
 
 
 def instant(moment: datetime | None) -> str:

@@ -3,11 +3,14 @@ cost lives), counts with thousands separators, shares as percentages."""
 
 from __future__ import annotations
 
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
+
+from pidispatch_site import admin_display
 
 
 def dollars(value, *, estimated: bool = False, compact: bool = False, step=None) -> str:
-    """`$12.34`; `$0.0252` below a dollar; `~$12.34 est.` when any run behind it was estimated."""
+    """`$12.34`; `$0.0252` below a dollar (the admin's one format); `~$12.34 est.` when any run behind it was
+    estimated; `compact` for axis labels."""
     if value is None:
         return "—"
     amount = Decimal(value)
@@ -15,13 +18,8 @@ def dollars(value, *, estimated: bool = False, compact: bool = False, step=None)
         exponent = Decimal(step if step is not None else amount).normalize().as_tuple().exponent
         text = "$0" if not amount else f"${amount:,.0f}" if exponent >= 0 else \
             f"${amount:,.{max(2, -exponent)}f}"
-    elif amount == 0:
-        text = "$0.00"
-    elif abs(amount) < 1:  # a run's cost lives here: keep four places where they say something
-        places = f"{amount.quantize(Decimal('0.0001'), ROUND_HALF_UP):.4f}".rstrip("0")
-        text = "$" + places + "0" * max(0, 2 - len(places.split(".")[1]))
     else:
-        text = f"${amount.quantize(Decimal('0.01'), ROUND_HALF_UP):,}"
+        text = admin_display.money(amount)
     return f"~{text} est." if estimated else text
 
 

@@ -27,7 +27,7 @@ def finished_run(label_trigger):
 def test_run_list_shows_what_an_operator_scans_for(admin_client, finished_run):
     page = admin_client.get("/admin/worker/run/").content.decode()
 
-    for text in ("gh-admin-1", "acme/web#7", "fix-bug", "completed", "hostA", "12.5 s", "1545", "$0.012"):
+    for text in ("gh-admin-1", "acme/web#7", "fix-bug", "completed", "hostA", "12.5 s", "1545", "$0.0123"):
         assert text in page
 
 

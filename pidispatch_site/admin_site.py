@@ -9,18 +9,10 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.admin.apps import AdminConfig
-from django.urls import NoReverseMatch, path, reverse
+from django.urls import path, reverse
 
 # Fleet, Runs, Intake, then the API's tokens and the user accounts; anything else after them.
 SECTION_ORDER = ("fleet", "worker", "receiver", "access", "auth")
-
-
-def optional_url(name: str, *args) -> str:
-    """A page another app may add (the cost page of apps/insight): its URL, or "" while it does not exist."""
-    try:
-        return reverse(name, args=args)
-    except NoReverseMatch:
-        return ""
 
 
 class PidispatchAdminSite(admin.AdminSite):
@@ -47,8 +39,9 @@ class PidispatchAdminSite(admin.AdminSite):
 
         context = {
             "strip": strip(get_redis()),
-            "fleet_url": optional_url("admin:fleet_fleetpanel_changelist"),
-            "cost_url": optional_url("admin:insight_spend_changelist"),
+            # Linked for those who may open them (the fleet panel's and the cost page's own permissions).
+            "fleet_url": reverse("admin:fleet_fleetpanel_changelist") if request.user.has_perm("fleet.view_fleet") else "",
+            "cost_url": reverse("admin:insight_spend_changelist") if request.user.has_perm("worker.view_run") else "",
             "start_run_url": reverse("admin:start_run") if request.user.has_perm("worker.start_run") else "",
             **(extra_context or {}),
         }

@@ -27,6 +27,17 @@ def test_the_index_is_branded_and_ordered_by_use(admin_client):
     sections = [page.index(f'class="app-{label} module') for label in ("fleet", "worker", "receiver", "auth")]
     assert sections == sorted(sections)
     assert 'href="/admin/"' in page  # "View site" is the admin itself, not a 404
+    assert 'href="/admin/insight/spend/" id="link-cost"' in page and 'href="/admin/fleet/fleetpanel/"' in page
+
+
+def test_the_index_links_only_the_pages_its_user_may_open(client):
+    from django.contrib.auth.models import Permission, User
+
+    clerk = User.objects.create_user("clerk", password="pw", is_staff=True)
+    clerk.user_permissions.add(Permission.objects.get(codename="view_delivery"))
+    client.force_login(clerk)
+    page = client.get("/admin/").content.decode()
+    assert 'id="link-cost"' not in page and 'href="/admin/fleet/fleetpanel/"' not in page
 
 
 def test_the_strip_says_paused_by_whom_and_why_and_counts_the_day(admin_client, admin_user, redis_conn):

@@ -2,6 +2,8 @@
 
 from django.db import models
 
+from apps.worker import validators
+
 
 class Outcome(models.TextChoices):
     COMPLETED = "completed"
@@ -185,18 +187,23 @@ class ScopedLimit(models.Model):
         max_length=500, unique=True,
         help_text="owner/repo (shared by every forge), github:owner/repo (one forge), or an absolute folder.",
     )
-    day = models.PositiveIntegerField(null=True, blank=True, help_text="Runs per UTC day.")
-    week = models.PositiveIntegerField(null=True, blank=True, help_text="Runs per UTC week (from Monday).")
-    month = models.PositiveIntegerField(null=True, blank=True, help_text="Runs per UTC calendar month.")
+    day = models.PositiveIntegerField(null=True, blank=True, validators=[validators.limit_count],
+                                      help_text="Runs per UTC day.")
+    week = models.PositiveIntegerField(null=True, blank=True, validators=[validators.limit_count],
+                                       help_text="Runs per UTC week (from Monday).")
+    month = models.PositiveIntegerField(null=True, blank=True, validators=[validators.limit_count],
+                                        help_text="Runs per UTC calendar month.")
     concurrent = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Runs at the same time across all hosts; more wait, never refused."
+        null=True, blank=True, validators=[validators.limit_count],
+        help_text="Runs at the same time across all hosts; more wait, never refused.",
     )
     day_usd = models.DecimalField("day $", max_digits=13, decimal_places=6, null=True, blank=True,
+                                  validators=[validators.dollar_amount],
                                   help_text="Dollars per UTC day (needs a per-job cap: PI_MAX_COST_USD).")
     week_usd = models.DecimalField("week $", max_digits=13, decimal_places=6, null=True, blank=True,
-                                   help_text="Dollars per UTC week (from Monday).")
+                                   validators=[validators.dollar_amount], help_text="Dollars per UTC week (from Monday).")
     month_usd = models.DecimalField("month $", max_digits=13, decimal_places=6, null=True, blank=True,
-                                    help_text="Dollars per UTC calendar month.")
+                                    validators=[validators.dollar_amount], help_text="Dollars per UTC calendar month.")
     note = models.CharField(max_length=200, blank=True)
 
     class Meta:
@@ -209,47 +216,53 @@ class ScopedLimit(models.Model):
         return self.scope
 
     def clean(self):
-        from apps.worker.gates.budget import validate_limit
-
-        validate_limit(self)
+        validators.validate_scoped_limit(self)
 
 
 class DispatchSettings(models.Model):
     """Live-editable knobs. A blank field falls back to the environment, then the default."""
 
-    daily_cap = models.PositiveIntegerField(null=True, blank=True, help_text="Runs per UTC day (PI_DAILY_CAP).")
-    weekly_cap = models.PositiveIntegerField(null=True, blank=True, help_text="Runs per UTC week (PI_WEEKLY_CAP).")
-    monthly_cap = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Runs per UTC month (PI_MONTHLY_CAP)."
-    )
+    daily_cap = models.PositiveIntegerField(null=True, blank=True, validators=[validators.setting_count],
+                                            help_text="Runs per UTC day (PI_DAILY_CAP).")
+    weekly_cap = models.PositiveIntegerField(null=True, blank=True, validators=[validators.setting_count],
+                                             help_text="Runs per UTC week (PI_WEEKLY_CAP).")
+    monthly_cap = models.PositiveIntegerField(null=True, blank=True, validators=[validators.setting_count],
+                                              help_text="Runs per UTC month (PI_MONTHLY_CAP).")
     soft_hold_pct = models.PositiveSmallIntegerField(
-        null=True, blank=True,
+        null=True, blank=True, validators=validators.percent_band,
         help_text="1-99: once a window is past this share of its cap, new starts wait for the next window.",
     )
-    max_turns = models.PositiveIntegerField(null=True, blank=True, help_text="Turns per run (PI_MAX_TURNS).")
-    max_tokens = models.PositiveBigIntegerField(null=True, blank=True, help_text="Tokens per run (PI_MAX_TOKENS).")
+    max_turns = models.PositiveIntegerField(null=True, blank=True, validators=[validators.setting_count],
+                                            help_text="Turns per run (PI_MAX_TURNS).")
+    max_tokens = models.PositiveBigIntegerField(null=True, blank=True, validators=[validators.setting_count],
+                                                help_text="Tokens per run (PI_MAX_TOKENS).")
     daily_token_cap = models.PositiveBigIntegerField(
-        null=True, blank=True, help_text="Tokens per UTC day across all runs (PI_DAILY_TOKEN_CAP)."
+        null=True, blank=True, validators=[validators.setting_count],
+        help_text="Tokens per UTC day across all runs (PI_DAILY_TOKEN_CAP).",
     )
-    job_memory = models.CharField(max_length=16, blank=True, help_text="Per-container memory, e.g. 4g (PI_JOB_MEMORY).")
-    job_cpus = models.DecimalField(
-        max_digits=5, decimal_places=2, null=True, blank=True, help_text="Per-container CPUs (PI_JOB_CPUS)."
-    )
+    job_memory = models.CharField(max_length=16, blank=True, validators=[validators.memory_size],
+                                  help_text="Per-container memory, e.g. 4g (PI_JOB_MEMORY).")
+    job_cpus = models.DecimalField(max_digits=5, decimal_places=2, null=True, blank=True,
+                                   validators=[validators.cpu_count], help_text="Per-container CPUs (PI_JOB_CPUS).")
     concurrency = models.PositiveSmallIntegerField(
-        null=True, blank=True,
+        null=True, blank=True, validators=[validators.setting_count],
         help_text="Containers one worker host runs at once, below its number of worker processes (PI_CONCURRENCY). "
                   "Every host applies a change to the next job it takes; running jobs finish.",
     )
     max_cost_usd = models.DecimalField(
         "max cost per run ($)", max_digits=13, decimal_places=6, null=True, blank=True,
+        validators=[validators.dollar_amount],
         help_text="Dollars one run may spend (PI_MAX_COST_USD); the gateway stops it there (cost-cap). "
                   "Every dollar window needs it.")
     daily_cost_usd = models.DecimalField("dollars per day", max_digits=13, decimal_places=6, null=True, blank=True,
+                                         validators=[validators.dollar_amount],
                                          help_text="Dollars per UTC day across all runs (PI_DAILY_COST_USD).")
     weekly_cost_usd = models.DecimalField("dollars per week", max_digits=13, decimal_places=6, null=True,
-                                          blank=True, help_text="Dollars per UTC week (PI_WEEKLY_COST_USD).")
+                                          blank=True, validators=[validators.dollar_amount],
+                                          help_text="Dollars per UTC week (PI_WEEKLY_COST_USD).")
     monthly_cost_usd = models.DecimalField("dollars per month", max_digits=13, decimal_places=6, null=True,
-                                           blank=True, help_text="Dollars per UTC month (PI_MONTHLY_COST_USD).")
+                                           blank=True, validators=[validators.dollar_amount],
+                                           help_text="Dollars per UTC month (PI_MONTHLY_COST_USD).")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -266,6 +279,4 @@ class DispatchSettings(models.Model):
         super().save(*args, **kwargs)
 
     def clean(self):
-        from apps.worker.gates.runtime_settings import validate_overlay
-
-        validate_overlay(self)
+        validators.validate_dispatch_settings(self)

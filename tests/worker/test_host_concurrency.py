@@ -10,8 +10,8 @@ from django.core.exceptions import ValidationError
 from rq import Queue
 
 from apps.worker.gates import leases
-from apps.worker.gates.runtime_settings import validate_overlay
 from apps.worker.models import DispatchSettings, Outcome, Run
+from apps.worker.validators import validate_dispatch_settings
 from tests.conftest import wait_for
 from tests.jobspecs import enqueue_spec, forge_spec
 from tests.process_support import ContainerLifetimes, assert_no_overlap, horse_of, host_row
@@ -54,7 +54,7 @@ def test_a_lowered_ceiling_counts_the_slots_still_held_above_it(redis_conn):
 
 def test_the_settings_row_takes_a_concurrency_of_at_least_one():
     with pytest.raises(ValidationError) as refused:
-        validate_overlay(DispatchSettings(concurrency=0))
+        validate_dispatch_settings(DispatchSettings(concurrency=0), fields=True)
     assert "concurrency" in refused.value.message_dict
 
 

@@ -32,11 +32,10 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from functools import lru_cache
 
-from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from apps.worker.gates import money
-from apps.worker.gates.scopes import ScopeError, bare_repo, job_scopes, parse_scope, scope_hash
+from apps.worker.gates.scopes import job_scopes, scope_hash
 from apps.worker.jobs import JobSpec
 
 PREFIX = "pidispatch:budget"
@@ -387,37 +386,6 @@ def dollar_windows_in_force(redis, now: datetime | None = None) -> list[DollarWi
 
 
 # --- scoped limits --------------------------------------------------------------------------------
-
-def validate_limit(limit) -> None:
-    from apps.worker.models import ScopedLimit
-
-    errors = {}
-    try:
-        limit.scope = parse_scope(limit.scope, allow_everything=False)
-    except ScopeError as exc:
-        errors["scope"] = str(exc)
-    values = {name: getattr(limit, name) for name in ("day", "week", "month", "concurrent")}
-    for name, value in values.items():
-        if value is not None and value < 1:
-            errors[name] = "must be at least 1 (leave it blank for no limit)."
-    dollars = {name: getattr(limit, name) for name in ("day_usd", "week_usd", "month_usd")}
-    for name, value in dollars.items():
-        try:
-            money.parse_usd(value)
-        except money.MoneyError as error:
-            errors[name] = f"{error}."
-    if all(value is None for value in (*values.values(), *dollars.values())):
-        errors["day"] = "set at least one of day, week, month, concurrent or a dollar window."
-    if "scope" not in errors and not limit.scope.startswith("/"):
-        # A bare row and a forge-qualified row for one repo would make two answers to "which cap applies".
-        repo = bare_repo(limit.scope)
-        siblings = ScopedLimit.objects.exclude(pk=limit.pk).filter(scope__endswith=repo)
-        clash = next((row.scope for row in siblings if bare_repo(row.scope) == repo and row.scope != limit.scope), None)
-        if clash:
-            errors["scope"] = f"conflicts with the limit for {clash}: keep either the bare or the forge-qualified row."
-    if errors:
-        raise ValidationError(errors)
-
 
 def limit_for(spec: JobSpec):
     """The scoped limit that applies to a job: forge-qualified row first, then the bare repo row."""

@@ -8,7 +8,6 @@ each job's cap before it starts, so without one it could not bound what a run sp
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -17,8 +16,6 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import DatabaseError
 
 from apps.worker.gates.money import MoneyError, parse_usd, to_usd
-
-MEMORY_PATTERN = re.compile(r"^[1-9][0-9]*[kmg]$", re.IGNORECASE)
 
 
 class SettingsInvalid(Exception):
@@ -83,46 +80,13 @@ def environment_dollars() -> dict[str, int | None]:
     return values
 
 
-def validate_overlay(row) -> None:
-    errors = {}
-    for name in ("daily_cap", "weekly_cap", "monthly_cap", "max_turns", "max_tokens", "daily_token_cap",
-                 "concurrency"):
-        value = getattr(row, name)
-        if value is not None and value < 1:
-            errors[name] = "must be at least 1 (leave it blank to use the environment's value)."
-    if row.soft_hold_pct is not None and not 1 <= row.soft_hold_pct <= 99:
-        errors["soft_hold_pct"] = "must be between 1 and 99."
-    if row.job_memory and not MEMORY_PATTERN.fullmatch(row.job_memory):
-        errors["job_memory"] = "must be a size like 512m or 4g."
-    if row.job_cpus is not None and not 0 < row.job_cpus <= 256:
-        errors["job_cpus"] = "must be more than 0 and at most 256."
-    for name in DOLLAR_FIELDS:
-        try:
-            parse_usd(getattr(row, name))
-        except MoneyError as error:
-            errors[name] = f"{error}."
-    if not errors:
-        env = {name: getattr(settings, variable) for name, variable in DOLLAR_FIELDS.items()}
-        effective = {name: _pick(getattr(row, name), env[name]) for name in DOLLAR_FIELDS}
-        windows = [name for name in WINDOW_FIELDS if effective[name] not in (None, "")]
-        if windows and effective["max_cost_usd"] in (None, ""):
-            errors[windows[0]] = ("a dollar window needs a per-job cap: set the max cost per run here (or "
-                                  "PI_MAX_COST_USD), or leave the window blank.")
-        per_job = parse_usd(effective["max_cost_usd"])
-        for name in windows:
-            if per_job is not None and parse_usd(effective[name]) < per_job:
-                errors[name] = ("is smaller than the max cost per run: every run holds that much first, so every "
-                                "job would be refused (dollar-cap).")
-    if errors:
-        raise ValidationError(errors)
-
-
 def _pick(row_value, env_value):
     return env_value if row_value in (None, "") else row_value
 
 
 def current() -> RuntimeSettings:
     from apps.worker.models import DispatchSettings
+    from apps.worker.validators import validate_dispatch_settings
 
     try:
         row = DispatchSettings.objects.filter(pk=1).first()
@@ -130,7 +94,7 @@ def current() -> RuntimeSettings:
         raise SettingsInvalid("the settings row could not be read") from None
     if row is not None:
         try:
-            validate_overlay(row)
+            validate_dispatch_settings(row, fields=True)
         except ValidationError as exc:
             named = "; ".join(f"{name}: {' '.join(messages)}" for name, messages in sorted(exc.message_dict.items()))
             raise SettingsInvalid(f"invalid settings row fields: {named}") from None

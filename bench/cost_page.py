@@ -15,19 +15,15 @@ Without --database-url it starts a private Redis and a throwaway PostgreSQL clus
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.fleet import start_postgres  # noqa: E402
-from devtools import services  # noqa: E402
+from bench import harness  # noqa: E402
 
 TARGET_MS = 300
 
@@ -46,46 +42,28 @@ def timed(function, repeat: int) -> tuple[float, float]:
     return percentiles(samples)
 
 
+# Over bench/harness.py's rows: flows, hosts, repositories, trigger types and four models in each run's usage
+# ledger; one run in twelve an estimate (the runner's claim), one in ten refused before spend.
+COST_COLUMNS = {
+    "target": "'acme/repo' || (n % 30) || '#' || (n % 500)", "scope": "'github:acme/repo' || (n % 30)",
+    "flow": "'flow-' || (n % 8)", "trigger_type": "(ARRAY['label', 'comment', 'cron'])[1 + n % 3]",
+    "host": "'host' || (n % 12)",
+    "tokens_in": "CASE WHEN n % 10 = 0 THEN NULL ELSE 20000 END",
+    "tokens_out": "CASE WHEN n % 10 = 0 THEN NULL ELSE 3000 END",
+    "tokens_total": "CASE WHEN n % 10 = 0 THEN NULL ELSE 23000 END",
+    "cost": "CASE WHEN n % 10 = 0 THEN NULL ELSE 0.01 + (n % 97) / 1000.0 END",
+    "usage": """CASE WHEN n % 10 = 0 THEN NULL ELSE jsonb_build_object(
+        'source', CASE WHEN n % 12 = 0 THEN 'runner' ELSE 'gateway' END,
+        'models', jsonb_build_array(jsonb_build_object(
+            'provider', 'anthropic', 'model', (ARRAY['claude-sonnet-4-5', 'claude-haiku-4-5',
+                'claude-opus-4-1', 'claude-3-7-sonnet'])[1 + n % 4],
+            'calls', 4, 'input', 20000, 'output', 3000, 'total', 23000,
+            'cost', (0.01 + (n % 97) / 1000.0)::text))) END""",
+}
+
+
 def seed_runs(count: int, days: int) -> None:
-    from django.db import connection
-
-    from apps.worker.models import Run
-
-    table = Run._meta.db_table
-    if Run.objects.count() == count:
-        return
-    print(f"seeding {count:,} run rows over {days} days ...", flush=True)
-    started = time.perf_counter()
-    with connection.cursor() as cursor:
-        cursor.execute(f"TRUNCATE {table} RESTART IDENTITY")
-        cursor.execute(f"""
-            INSERT INTO {table}
-                (job_id, attempt, kind, target, scope, flow, command, trigger_type, delivery_id, host, queue, image,
-                 started_at, ended_at, outcome, reason, exit_code, turns, tokens_in, tokens_out, tokens_total, cost,
-                 usage, budget_reserved, parent_job_id, publish_outcome, publish_url)
-            SELECT 'gh-bench-' || n, 1, 'github', 'acme/repo' || (n %% 30) || '#' || (n %% 500),
-                   'github:acme/repo' || (n %% 30), 'flow-' || (n %% 8), '', (ARRAY['label', 'comment', 'cron'])[1 + n %% 3],
-                   'bench-' || n, 'host' || (n %% 12), 'pi-jobs', 'pi-job:latest',
-                   now() - (n * interval '1 second' * (%s * 86400.0 / %s)),
-                   now() - (n * interval '1 second' * (%s * 86400.0 / %s)) + interval '5 minutes',
-                   CASE WHEN n %% 10 = 0 THEN 'policy' WHEN n %% 17 = 0 THEN 'failed' ELSE 'completed' END,
-                   CASE WHEN n %% 10 = 0 THEN 'over-budget' WHEN n %% 17 = 0 THEN 'runner-infra' ELSE '' END,
-                   0, 12,
-                   CASE WHEN n %% 10 = 0 THEN NULL ELSE 20000 END, CASE WHEN n %% 10 = 0 THEN NULL ELSE 3000 END,
-                   CASE WHEN n %% 10 = 0 THEN NULL ELSE 23000 END,
-                   CASE WHEN n %% 10 = 0 THEN NULL ELSE 0.01 + (n %% 97) / 1000.0 END,
-                   CASE WHEN n %% 10 = 0 THEN NULL ELSE jsonb_build_object(
-                       'source', CASE WHEN n %% 12 = 0 THEN 'runner' ELSE 'gateway' END,
-                       'models', jsonb_build_array(jsonb_build_object(
-                           'provider', 'anthropic', 'model', (ARRAY['claude-sonnet-4-5', 'claude-haiku-4-5',
-                               'claude-opus-4-1', 'claude-3-7-sonnet'])[1 + n %% 4],
-                           'calls', 4, 'input', 20000, 'output', 3000, 'total', 23000,
-                           'cost', (0.01 + (n %% 97) / 1000.0)::text))) END,
-                   n %% 10 <> 0, '', '', ''
-            FROM generate_series(1, %s) AS n
-        """, [days, count, days, count, count])
-        cursor.execute(f"ANALYZE {table}")
-    print(f"seeded in {time.perf_counter() - started:.1f} s")
+    harness.seed_runs(count, days=days, columns=COST_COLUMNS)
 
 
 def main() -> int:
@@ -96,23 +74,8 @@ def main() -> int:
     parser.add_argument("--database-url", help="a PostgreSQL URL to use (its database is created/reused)")
     args = parser.parse_args()
 
-    scratch = Path(tempfile.mkdtemp(prefix="pidispatch-bench-"))
-    stops = []
-    try:
-        redis_service = services.start_redis(scratch / "redis", services.free_port(), persistent=False)
-        stops.append(redis_service.stop)
-        database_url = args.database_url
-        if not database_url:
-            database_url, stop_pg = start_postgres()
-            stops.append(stop_pg)
-        os.environ.update(REDIS_URL=redis_service.env["REDIS_URL"], DATABASE_URL=database_url,
-                          DJANGO_SETTINGS_MODULE="pidispatch_site.settings", PI_LOG_LEVEL="WARNING",
-                          DJANGO_ALLOWED_HOSTS="localhost", PI_VAR_DIR=str(scratch / "var"))
+    with harness.private_services(args.database_url, DJANGO_ALLOWED_HOSTS="localhost"):
         return run(args)
-    finally:
-        for stop in reversed(stops):
-            stop()
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def run(args) -> int:
@@ -120,16 +83,10 @@ def run(args) -> int:
 
     django.setup()
     from django.contrib.auth.models import User
-    from django.core.management import call_command
     from django.db import connection
     from django.test import Client
 
-    dbname = connection.settings_dict["NAME"]
-    with connection._nodb_cursor() as cursor:
-        cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [dbname])
-        if not cursor.fetchone():
-            cursor.execute(f'CREATE DATABASE "{dbname}"')
-    call_command("migrate", verbosity=0)
+    harness.migrated_database()
     seed_runs(args.runs, args.days)
 
     User.objects.filter(username="bench").delete()

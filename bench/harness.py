@@ -27,7 +27,8 @@ def private_services(database_url: str | None, **environment):
             database_url, stop_pg = start_postgres()
             stops.append(stop_pg)
         os.environ.update(REDIS_URL=redis_service.env["REDIS_URL"], DATABASE_URL=database_url,
-                          DJANGO_SETTINGS_MODULE="pidispatch_site.settings", PI_LOG_LEVEL="WARNING", **environment)
+                          DJANGO_SETTINGS_MODULE="pidispatch_site.settings", PI_LOG_LEVEL="WARNING",
+                          PI_VAR_DIR=str(scratch / "var"), **environment)
         yield
     finally:
         for stop in reversed(stops):
@@ -78,8 +79,8 @@ SEEDED_COLUMNS = {
     "job_id": "'gh-bench-' || n", "attempt": "1", "kind": "'github'", "target": "'acme/web#' || (n % 500)",
     "scope": "'github:acme/web'", "flow": "'fix-bug'", "trigger_type": "'label'", "delivery_id": "'bench-' || n",
     "host": "'host' || (n % 100)", "queue": "'pi-jobs'", "image": "'pi-job:latest'",
-    "started_at": "now() - (n * interval '1 second' * (365 * 86400.0 / {count}))",
-    "ended_at": "now() - (n * interval '1 second' * (365 * 86400.0 / {count})) + interval '5 minutes'",
+    "started_at": "now() - (n * interval '1 second' * ({days} * 86400.0 / {count}))",
+    "ended_at": "now() - (n * interval '1 second' * ({days} * 86400.0 / {count})) + interval '5 minutes'",
     "outcome": "CASE WHEN n % 10 = 0 THEN 'policy' WHEN n % 17 = 0 THEN 'failed' ELSE 'completed' END",
     "reason": "CASE WHEN n % 10 = 0 THEN 'over-budget' WHEN n % 17 = 0 THEN 'runner-infra' ELSE '' END",
     "exit_code": "0", "turns": "12", "tokens_in": "20000", "tokens_out": "3000", "tokens_total": "23000",
@@ -87,27 +88,29 @@ SEEDED_COLUMNS = {
 }
 
 
-def seed_runs(count: int) -> None:
+def seed_runs(count: int, *, days: int = 365, columns: dict[str, str] | None = None) -> None:
+    """`count` run rows over the last `days`, varied as SEEDED_COLUMNS (and `columns` over it) say."""
     from django.db import connection
 
     from apps.worker.models import Run
 
     if Run.objects.count() == count:
         return
-    print(f"seeding {count:,} run rows (a year of history) ...", flush=True)
+    seeded = {**SEEDED_COLUMNS, **(columns or {})}
+    print(f"seeding {count:,} run rows over {days} days ...", flush=True)
     started = time.perf_counter()
     columns, expressions, params = [], [], []
     for field in Run._meta.concrete_fields:
         if field.primary_key:
             continue
         columns.append(field.column)
-        if field.name in SEEDED_COLUMNS:
-            expressions.append(SEEDED_COLUMNS[field.name].format(count=int(count)).replace("%", "%%"))
+        if field.name in seeded:
+            expressions.append(seeded[field.name].format(count=int(count), days=int(days)).replace("%", "%%"))
         else:
             expressions.append("%s")
             params.append(field.get_db_prep_save(field.get_default(), connection))
     with connection.cursor() as cursor:
-        cursor.execute(f"TRUNCATE {Run._meta.db_table} RESTART IDENTITY")
+        cursor.execute(f"TRUNCATE {Run._meta.db_table} RESTART IDENTITY CASCADE")
         cursor.execute(f"INSERT INTO {Run._meta.db_table} ({', '.join(columns)}) "
                        f"SELECT {', '.join(expressions)} FROM generate_series(1, %s) AS n", [*params, count])
         cursor.execute(f"ANALYZE {Run._meta.db_table}")

@@ -13,6 +13,7 @@ from redis.exceptions import RedisError
 
 from apps.fleet.connection import get_redis
 from apps.worker import spend as worker_spend
+from pidispatch_site.admin_mixins import ReadOnlyAdminMixin
 
 from . import chart, costs
 from .models import Spend
@@ -21,7 +22,7 @@ VIEW = "worker.view_run"  # the page aggregates run records: whoever may read th
 
 
 @admin.register(Spend)
-class SpendAdmin(admin.ModelAdmin):
+class SpendAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def get_urls(self):
         return [path("", self.admin_site.admin_view(self.cost_view), name="insight_spend_changelist")]
 
@@ -30,15 +31,6 @@ class SpendAdmin(admin.ModelAdmin):
 
     def has_view_permission(self, request, obj=None):
         return request.user.has_perm(VIEW)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def cost_view(self, request: HttpRequest) -> HttpResponse:
         if not request.user.has_perm(VIEW):

@@ -9,7 +9,7 @@ from rq.job import Job
 
 from apps.receiver.models import Trigger
 from apps.worker.manual_runs import ManualRunRefused, start_forge_run
-from tests.local_repos import OWNER, committed_repository
+from tests.local_repos import OWNER
 
 pytestmark = pytest.mark.django_db
 
@@ -18,15 +18,6 @@ START = "/admin/start-run/"
 
 def queued_jobs(redis_conn) -> list[str]:
     return sorted(key.decode().split(":")[-1] for key in redis_conn.keys("rq:job:*"))
-
-
-@pytest.fixture
-def repo(owner_space):
-    # A folder a job may use: committed, and not root's (jobs never run as root).
-    folder = committed_repository(owner_space / "app")
-    for path in [folder, *folder.rglob("*")]:
-        os.lchown(path, *OWNER)
-    return folder
 
 
 def test_a_forge_run_is_queued_and_named(admin_client, settings, redis_conn):

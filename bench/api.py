@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
@@ -28,12 +27,7 @@ from bench import harness  # noqa: E402
 
 def percentiles(function, repeat: int) -> tuple[float, float]:
     """(p50, p99) in milliseconds."""
-    samples = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        function()
-        samples.append((time.perf_counter() - started) * 1000)
-    samples.sort()
+    samples = harness.samples_ms(function, repeat)
     return samples[len(samples) // 2], samples[min(len(samples) - 1, int(0.99 * len(samples)))]
 
 

@@ -34,12 +34,7 @@ def percentiles(samples: list[float]) -> tuple[float, float]:
 
 
 def timed(function, repeat: int) -> tuple[float, float]:
-    samples = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        function()
-        samples.append((time.perf_counter() - started) * 1000)
-    return percentiles(samples)
+    return percentiles(harness.samples_ms(function, repeat))
 
 
 # Over bench/harness.py's rows: flows, hosts, repositories, trigger types and four models in each run's usage

@@ -29,12 +29,7 @@ from bench import harness  # noqa: E402
 
 def timed(function, repeat: int) -> tuple[float, float]:
     """(median, p90) in milliseconds."""
-    samples = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        function()
-        samples.append((time.perf_counter() - started) * 1000)
-    samples.sort()
+    samples = harness.samples_ms(function, repeat)
     return statistics.median(samples), samples[int(0.9 * (len(samples) - 1))]
 
 

@@ -60,6 +60,16 @@ def start_postgres() -> tuple[str, callable]:
     return f"postgres://postgres@127.0.0.1:{port}/pidispatch_bench", stop
 
 
+def samples_ms(function, repeat: int) -> list[float]:
+    """`function` timed `repeat` times, in milliseconds, sorted."""
+    samples = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        function()
+        samples.append((time.perf_counter() - started) * 1000)
+    return sorted(samples)
+
+
 def migrated_database() -> None:
     """The database of DATABASE_URL, created if missing, migrated (call after django.setup())."""
     from django.core.management import call_command

@@ -5,7 +5,8 @@ settled at once) and its settle.
 (about 0.2 ms each here, against under 0.1 ms for the statement itself), and a delivery makes two. These
 build each statement once per model and field set, and still convert every value through the model's own
 fields, so a new field or a JSON, bytes or datetime value is stored exactly as the ORM would store it.
-Each write also says whether it waits for the disk (`_autocommit_write`).
+Measured: the ORM's writes make a queued delivery cost about 18% more (docs/architecture.md, "Hand-made
+fast paths"). Each write also says whether it waits for the disk (`_autocommit_write`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from functools import lru_cache
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.models import Model
-
-from . import sqlite_wal
 
 logger = logging.getLogger("pidispatch.db")
 
@@ -75,21 +74,20 @@ def update(instance: Model, names: tuple[str, ...], *, wait_for_disk: bool = Tru
 def _autocommit_write(connection, sql: str, params: list, wait_for_disk: bool):
     """Run one statement as its own transaction and yield the cursor holding its result.
 
-    `wait_for_disk=True`: the write is on disk when this returns. SQLite (WAL, synchronous=FULL) commits
-    without its own fsync and the log is synced after the write lock is free (sqlite_wal.py), so concurrent
-    writers share the flush instead of queueing behind each other's; PostgreSQL commits as usual.
+    `wait_for_disk=True`: the write is on disk when this returns (the connection's own commit: SQLite
+    synchronous=FULL, PostgreSQL synchronous_commit on).
 
     `wait_for_disk=False`, for a write whose durable copy is elsewhere or whose loss in a power cut costs only a
     replay: SQLite commits it NORMAL (on disk with the next commit that syncs the log, any connection's, or
-    the next checkpoint: the inbox replayer makes one every pass); PostgreSQL with `synchronous_commit = off`
-    (in its log within three WAL-writer delays). Either way it survives any crash of our processes and is never
-    half applied; a power cut, a kernel crash or (PostgreSQL) a crash of the database server in between can
-    undo it whole.
+    the next checkpoint); PostgreSQL with `synchronous_commit = off` (in its log within three WAL-writer
+    delays). Either way it survives any crash of our processes and is never half applied; a power cut, a
+    kernel crash or (PostgreSQL) a crash of the database server in between can undo it whole.
 
     Inside a caller's transaction, or without autocommit, the caller's commit decides.
     """
     autocommit = connection.get_autocommit() and not connection.in_atomic_block
-    if autocommit and connection.vendor == "sqlite" and getattr(settings, "SQLITE_SYNCHRONOUS", "FULL") == "FULL":
+    relaxed = autocommit and not wait_for_disk
+    if relaxed and connection.vendor == "sqlite" and getattr(settings, "SQLITE_SYNCHRONOUS", "FULL") == "FULL":
         with connection.cursor() as cursor:
             cursor.execute("PRAGMA synchronous=NORMAL")
             try:
@@ -97,10 +95,8 @@ def _autocommit_write(connection, sql: str, params: list, wait_for_disk: bool):
                 yield cursor
             finally:
                 _restore_full_sync(connection, cursor)
-        if wait_for_disk:
-            sqlite_wal.sync_log(connection)  # on disk before we go on, without holding the write lock
         return
-    relaxed = autocommit and not wait_for_disk and connection.vendor == "postgresql"
+    relaxed = relaxed and connection.vendor == "postgresql"
     if relaxed and connection.settings_dict["OPTIONS"].get("server_side_binding"):
         relaxed = False  # server-side binding cannot send two statements at once: this write waits instead
     with connection.cursor() as cursor:

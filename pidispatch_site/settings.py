@@ -97,18 +97,15 @@ DATABASES = {
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The web server and the workers write concurrently: WAL plus immediate transactions turn
     # "database is locked" into a short wait.
-    # FULL (SQLite's default) makes every commit survive a power cut. The inbox's writes sync the log after
-    # SQLite's write lock is free (pidispatch_site/rowwrites.py), and a queued delivery's two writes do not
-    # wait at all, since Redis holds its job on disk (apps/receiver/intake.py says why that is safe). NORMAL
-    # keeps commits through any crash of ours and drops the fsync per commit.
+    # FULL (SQLite's default) makes every commit survive a power cut. A queued delivery's two inbox writes do
+    # not wait for it, since Redis holds its job on disk (pidispatch_site/rowwrites.py; docs/architecture.md
+    # says why that is safe). NORMAL keeps commits through any crash of ours and drops the fsync per commit.
     SQLITE_SYNCHRONOUS = env.str("SQLITE_SYNCHRONOUS", default="FULL").upper()
     if SQLITE_SYNCHRONOUS not in ("FULL", "NORMAL"):
         raise ImproperlyConfigured(f"SQLITE_SYNCHRONOUS must be FULL or NORMAL, not {SQLITE_SYNCHRONOUS!r}.")
     DATABASES["default"].setdefault("OPTIONS", {}).update({
         "timeout": 20, "transaction_mode": "IMMEDIATE",
-        # A commit checkpoints only past 10000 log pages; the inbox replayer does it before (sqlite_wal.py).
-        "init_command": f"PRAGMA journal_mode=WAL; PRAGMA synchronous={SQLITE_SYNCHRONOUS}; "
-                        "PRAGMA wal_autocheckpoint=10000;",
+        "init_command": f"PRAGMA journal_mode=WAL; PRAGMA synchronous={SQLITE_SYNCHRONOUS};",
     })
     # One connection per process, not one per request: opening SQLite and setting its journal mode cost
     # more than a delivery's two writes.

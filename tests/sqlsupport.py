@@ -1,11 +1,8 @@
 """Seeing the SQL a piece of code sends (for the durability tests of the inbox's writes)."""
 
 from contextlib import contextmanager
-from unittest import mock
 
 from django.db import connection
-
-from pidispatch_site import sqlite_wal
 
 RELAXED_POSTGRESQL_COMMIT = "SET LOCAL synchronous_commit TO OFF; "
 
@@ -26,49 +23,30 @@ def recorded_statements():
 @contextmanager
 def recorded_writes(table: str):
     """Yields a list that is filled, when the block ends, with ("INSERT" or "UPDATE", waited) for each write to
-    `table` inside the block, in order. `waited`: the write was on disk before the code went on. On SQLite
-    (synchronous=FULL) that is a commit under FULL, or one under NORMAL whose log was synced before the next
-    statement; on PostgreSQL, a commit without `synchronous_commit = off`."""
-    events = []  # ("sql", text) and ("sync", None), as they happened
-    real_fdatasync = sqlite_wal.os.fdatasync
-
-    def record(execute, sql, params, many, context):
-        events.append(("sql", sql))
-        return execute(sql, params, many, context)
-
-    def fdatasync(fd):
-        events.append(("sync", None))
-        real_fdatasync(fd)
-
-    writes = []
-    with connection.execute_wrapper(record), mock.patch.object(sqlite_wal.os, "fdatasync", fdatasync):
+    `table` inside the block, in order. `waited`: the write was on disk before the code went on, i.e. it
+    committed under synchronous=FULL on SQLite (the connection's setting unless a `PRAGMA synchronous=NORMAL`
+    is in force), without `synchronous_commit = off` on PostgreSQL."""
+    with recorded_statements() as statements:
+        writes = []
         yield writes
-    writes.extend(_writes(events, table))
+    writes.extend(_writes(statements, table))
 
 
-def _writes(events, table):
-    sqlite_normal = False
-    pending = None  # a write under NORMAL, waiting to see whether a sync follows it
-    for kind, sql in events:
-        if kind == "sync":
-            if pending is not None:
-                yield pending, True
-                pending = None
-            continue
+def _writes(statements, table):
+    with connection.cursor() as cursor:  # the connection's own setting, as the block found it
+        sqlite_full = connection.vendor != "sqlite" or _sqlite_synchronous(cursor) >= 2
+    for sql in statements:
         if sql.startswith("PRAGMA synchronous="):
-            sqlite_normal = sql == "PRAGMA synchronous=NORMAL"
+            sqlite_full = sql != "PRAGMA synchronous=NORMAL"
             continue
         relaxed_postgresql = sql.startswith(RELAXED_POSTGRESQL_COMMIT)
         statement = sql.removeprefix(RELAXED_POSTGRESQL_COMMIT).lstrip()
         verb = statement.split(None, 1)[0].upper() if statement else ""
         if verb not in ("INSERT", "UPDATE") or table not in statement.split("(", 1)[0].split(" SET ", 1)[0]:
             continue
-        if pending is not None:
-            yield pending, False
-            pending = None
-        if sqlite_normal:
-            pending = verb
-        else:
-            yield verb, not relaxed_postgresql
-    if pending is not None:
-        yield pending, False
+        yield verb, sqlite_full and not relaxed_postgresql
+
+
+def _sqlite_synchronous(cursor) -> int:
+    cursor.execute("PRAGMA synchronous")
+    return cursor.fetchone()[0]

@@ -23,5 +23,10 @@ def instant(ts: float | None) -> str:
     return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ts))
 
 
+def iso_instant(ts: float | None) -> str | None:
+    """As JSON documents give an instant (`fleet status --json`, `held_jobs --json`)."""
+    return None if ts is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
 def detail_text(detail: dict) -> str:
     return " ".join(f"{key}={value}" for key, value in (detail or {}).items())

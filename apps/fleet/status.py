@@ -16,6 +16,7 @@ from rq.utils import utcparse
 
 from . import pauses, registry, waiting
 from .connection import text
+from .display import iso_instant
 from .queues import host_of_queue
 from .union import queue_union
 
@@ -64,8 +65,7 @@ class FleetSnapshot:
         return {name: sum(getattr(q, name) for q in self.queues) for name in ("queued", "scheduled", "running", "failed")}
 
     def as_json(self) -> dict:
-        def instant(ts):
-            return None if ts is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+        instant = iso_instant
 
         def pause(flag):
             if flag is None:

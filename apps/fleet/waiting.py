@@ -1,8 +1,10 @@
-"""Why a deferred or held job waits, and since when: what the panel and `fleet status` show.
+"""Why a deferred or held job waits, and since when: the one view of waiting jobs, which the panel,
+`fleet status`, `GET /jobs/{id}` and `held_jobs` (the jobs held on wait-for conditions) all read.
 
 The worker class writes a note when a job returns `Deferred(until, reason, detail)`, takes it back when
 the job runs again (a second deferral keeps the first `since`), and cancel forgets it. Only ids, names,
-numbers and instants are kept: detail values that look like anything else are dropped.
+numbers and instants are kept: detail values that look like anything else are dropped. A held job's note
+carries its hold's counters (waitingOn, checks, faults, denials), as the wait-for gate handed them over.
 
 Redis keys:
     pidispatch:waiting:<job id>   HASH queue, reason, until, since (unix seconds), target, detail (JSON);
@@ -23,6 +25,7 @@ from .connection import text
 
 # The kind of wait a deferral's reason is; any other reason is `deferred`, none at all a retry's backoff.
 KINDS = {"wait-for": "held", "wait-throttled": "throttled"}  # throttled: held, denied a check slot (denials=n)
+HELD_KINDS = ("held", "throttled")  # waiting on wait-for conditions
 DETAIL_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
 DETAIL_TEXT = re.compile(r"^[A-Za-z0-9 ._:+#!/@,=-]{0,120}$")
 DETAIL_MAX_KEYS = 8
@@ -117,3 +120,27 @@ def list_waiting(redis, queues, limit: int = 200) -> list[WaitingJob]:
             target=data.get("target", ""), detail=detail if isinstance(detail, dict) else {},
         ))
     return waiting
+
+
+def held_jobs(redis, queues, now: float | None = None) -> list[dict]:
+    """The jobs of these queues held on wait-for conditions, longest held first: what each waits on, for how
+    long, its checks and faults so far, and the check slots denied in a row to a throttled one."""
+    now = time.time() if now is None else now
+    held = [job for job in list_waiting(redis, queues, limit=10_000) if job.kind in HELD_KINDS]
+    held.sort(key=lambda job: job.since if job.since is not None else now)
+    return [{
+        "job_id": job.job_id,
+        "queue": job.queue,
+        "target": job.target,
+        "waiting_on": str(job.detail.get("waitingOn", "")),
+        "held_seconds": max(0, round(now - job.since)) if job.since is not None else 0,
+        "checks": _count(job.detail, "checks"),
+        "faults": _count(job.detail, "faults"),
+        "denials": _count(job.detail, "denials") if job.kind == "throttled" else 0,
+        "next_look_at": job.until,
+    } for job in held]
+
+
+def _count(detail: dict, name: str) -> int:
+    value = detail.get(name, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -23,7 +23,7 @@ from django.core.exceptions import ValidationError
 from apps import forge_registry
 from apps.worker.gates.money import MoneyError, parse_usd, to_usd
 from apps.worker.gates.secrets import is_reserved as secret_name_is_reserved
-from apps.worker.validation import FLOW_PATTERN, MODEL_PATTERN, PROVIDER_PATTERN
+from apps.worker.name_patterns import FLOW_PATTERN, MODEL_PATTERN, PROVIDER_PATTERN
 
 # --- vocabulary ------------------------------------------------------------------------------------------
 

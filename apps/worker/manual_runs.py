@@ -23,8 +23,8 @@ from apps.fleet.hosts import HOST_NAME_PATTERN, this_host
 from apps.fleet.queues import SHARED_QUEUE, host_queue
 from apps.worker.forges import forge_client
 from apps.worker.jobs import FORGE_KINDS, JobSpec, enqueue
+from apps.worker.name_patterns import FLOW_PATTERN, IMAGE_PATTERN, MODEL_PATTERN, PROVIDER_PATTERN
 from apps.worker.sandbox.workspace import WorkspaceRefused, check_local_folder
-from apps.worker.validation import FLOW_PATTERN, IMAGE_PATTERN, MODEL_PATTERN, PROVIDER_PATTERN
 
 MAX_TASK_CHARS = 100_000
 COMMAND_PATTERN = FLOW_PATTERN

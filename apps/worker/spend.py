@@ -49,7 +49,7 @@ def windows(now: datetime) -> dict[str, datetime]:
 def spend(redis, now: datetime | None = None) -> Spend:
     """The counters the caps are checked against (Redis: reservations, refusals included) and today's cost."""
     from apps.worker.gates import budget
-    from apps.worker.gates.limits import deployment_caps
+    from apps.worker.gates.deployment_caps import deployment_caps
     from apps.worker.models import Run
 
     now = now or timezone.now()

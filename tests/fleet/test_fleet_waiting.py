@@ -71,3 +71,27 @@ def test_only_ids_names_numbers_and_instants_are_kept_in_the_detail():
     })
 
     assert kept == {"profile": "ci-green", "checks": 3, "ready": False, "windowEnds": "2026-12-01T09:00:00+00:00"}
+
+
+def test_held_jobs_lists_the_held_part_of_the_one_view(redis_conn):
+    """`held_jobs` reads the wait notes `fleet status` shows: held and throttled jobs, longest held first,
+    and no job deferred for any other reason."""
+    now = datetime.now(UTC)
+    queue = Queue("pi-jobs", connection=redis_conn)
+    for job_id, reason, detail, waited in (
+            ("gh-held", "wait-for", {"waitingOn": "profile ci-green", "checks": 2, "faults": 1}, 300),
+            ("gh-throttled", "wait-throttled", {"waitingOn": "profile ci-green", "checks": 0, "denials": 3}, 900),
+            ("gh-quiet", "pause-window", {"windowEnds": "06:00"}, 1200)):
+        enqueue_spec(forge_spec(job_id), "pi-jobs")
+        ScheduledJobRegistry(queue=queue).schedule(queue.fetch_job(job_id), now + timedelta(minutes=1))
+        waiting.note(redis_conn, job_id, queue="pi-jobs", reason=reason, until=now + timedelta(minutes=1),
+                     detail=detail, target="acme/web#7", since=now.timestamp() - waited)
+
+    rows = waiting.held_jobs(redis_conn, ["pi-jobs"], now.timestamp())
+
+    assert [(row["job_id"], row["held_seconds"], row["checks"], row["faults"], row["denials"]) for row in rows] == [
+        ("gh-throttled", 900, 0, 0, 3), ("gh-held", 300, 2, 1, 0)]
+    assert rows[1]["waiting_on"] == "profile ci-green" and rows[1]["queue"] == "pi-jobs"
+    assert rows[1]["next_look_at"] == pytest.approx((now + timedelta(minutes=1)).timestamp(), abs=1)  # RQ's whole seconds
+    assert {job.job_id for job in waiting.list_waiting(redis_conn, ["pi-jobs"])} == {"gh-held", "gh-throttled",
+                                                                                   "gh-quiet"}

@@ -1,17 +1,13 @@
 """The webhook's single-row writes (pidispatch_site/rowwrites.py) store exactly what the ORM would, a write that
-waits for the disk is on disk when it returns, and one that does not never leaves the connection skipping
-the fsync."""
-
-import errno
-import os
-import sqlite3
+waits for the disk commits synchronously, and one that does not never leaves the connection skipping the
+fsync."""
 
 import pytest
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from apps.receiver.models import Delivery, DeliveryStatus
-from pidispatch_site import rowwrites, sqlite_wal
+from pidispatch_site import rowwrites
 from tests.sqlsupport import recorded_statements, recorded_writes
 
 pytestmark = pytest.mark.django_db
@@ -96,11 +92,12 @@ def test_a_write_that_skips_the_fsync_leaves_the_connection_syncing_every_commit
 
 @pytest.mark.parametrize("write", ["insert", "update"])
 @pytest.mark.django_db(transaction=True)
-def test_a_write_that_waits_for_the_disk_is_synced_before_it_returns(write):
-    with recorded_writes(Delivery._meta.db_table) as writes:
+def test_a_write_that_waits_for_the_disk_commits_as_the_connection_does(write):
+    with recorded_writes(Delivery._meta.db_table) as writes, recorded_statements() as statements:
         written(write, "d-slow", wait_for_disk=True)
 
-    assert writes[-1] == (write.upper(), True)  # SQLite: its log synced; PostgreSQL: a synchronous commit
+    assert writes[-1] == (write.upper(), True)  # SQLite: a commit under FULL; PostgreSQL: a synchronous commit
+    assert not [sql for sql in statements if "synchronous" in sql]  # nothing relaxed, nothing to restore
 
 
 def test_inside_a_callers_transaction_the_callers_commit_decides():
@@ -111,48 +108,3 @@ def test_inside_a_callers_transaction_the_callers_commit_decides():
 
     assert len(statements) == 1 and statements[0].startswith("UPDATE")
     assert Delivery.objects.get(pk=delivery.pk).status == DeliveryStatus.QUEUED
-
-
-sqlite_only = pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's own log")
-
-
-@pytest.mark.parametrize("write", ["insert", "update"])
-@sqlite_only
-@pytest.mark.django_db(transaction=True)
-def test_the_fsync_of_a_write_that_waits_holds_no_write_lock(write, monkeypatch):
-    database = connection.settings_dict["NAME"]
-    seen = []
-    real_fdatasync = os.fdatasync
-
-    def fdatasync(fd):
-        other = sqlite3.connect(database, timeout=0)  # another process's connection, in effect
-        try:
-            visible = other.execute(
-                "SELECT status FROM receiver_delivery WHERE delivery_id = 'd-sync'").fetchall()
-            other.execute("BEGIN IMMEDIATE")  # the write lock is free: others commit while we wait for the disk
-            other.rollback()
-        finally:
-            other.close()
-        seen.append((os.readlink(f"/proc/self/fd/{fd}"), visible))
-        real_fdatasync(fd)
-
-    monkeypatch.setattr(sqlite_wal.os, "fdatasync", fdatasync)
-    written(write, "d-sync", wait_for_disk=True)
-
-    # The log, synced after the commit (another connection sees the write) and before the write returned.
-    status = DeliveryStatus.RECEIVED if write == "insert" else DeliveryStatus.QUEUED
-    assert seen == [(f"{database}-wal", [(status,)])]
-    with connection.cursor() as cursor:
-        cursor.execute("PRAGMA synchronous")
-        assert cursor.fetchone()[0] == 2  # FULL again for every other write of this connection
-
-
-@sqlite_only
-@pytest.mark.django_db(transaction=True)
-def test_a_log_the_disk_refuses_to_sync_is_a_database_error(monkeypatch):
-    def refused(fd):
-        raise OSError(errno.EIO, os.strerror(errno.EIO))
-
-    monkeypatch.setattr(sqlite_wal.os, "fdatasync", refused)
-    with pytest.raises(DatabaseError, match="could not sync the database's log"):
-        stored("d-eio")

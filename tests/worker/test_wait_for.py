@@ -63,7 +63,7 @@ def test_go_lets_the_job_on_and_passes_only_the_target(redis_conn, check):
 
     assert outcome.go
     assert check.calls == ["1:acme/web#7"]
-    assert waitfor.held_jobs(redis_conn, datetime.now(UTC)) == []
+    assert not redis_conn.exists(f"{waitfor.PREFIX}:job:gh-w1")  # no hold left behind
 
 
 def test_a_check_gets_the_closed_environment_of_every_host_script(redis_conn, check, monkeypatch):
@@ -81,7 +81,8 @@ def test_a_check_gets_the_closed_environment_of_every_host_script(redis_conn, ch
     assert names <= set(hostscripts.CLOSED_ENVIRONMENT) | {"PWD", "SHLVL", "_"}  # the shell's own additions
 
 
-def test_not_yet_holds_with_backoff_and_is_listed(redis_conn, check):
+def test_not_yet_holds_with_backoff_and_hands_its_counters_to_the_wait_note(redis_conn, check):
+    """The deferral's detail is what the worker notes and `held_jobs` lists (test below, through a worker)."""
     check.answer(3)
     enqueue_spec(spec := waiting("gh-w2", {"profile": "ci-green"}))
     now = datetime.now(UTC)
@@ -89,14 +90,15 @@ def test_not_yet_holds_with_backoff_and_is_listed(redis_conn, check):
     outcome = gate(redis_conn, spec, now)
 
     assert outcome.defer_until == now + timedelta(seconds=60)
-    assert outcome.detail["checks"] == 1 and outcome.detail["faults"] == 0
-    (row,) = waitfor.held_jobs(redis_conn, now + timedelta(seconds=90))
-    assert row == {"job_id": "gh-w2", "target": "acme/web#7", "waiting_on": "profile ci-green",
-                   "held_seconds": 90, "checks": 1, "faults": 0, "denials": 0}
+    assert outcome.reason == "wait-for"
+    assert outcome.detail == {"waitingOn": "profile ci-green", "heldSeconds": 0, "checks": 1, "faults": 0,
+                              "profile": "ci-green"}
+    later = gate(redis_conn, spec, now + timedelta(seconds=61))
+    assert later.detail["heldSeconds"] == 61 and later.detail["checks"] == 2
 
     check.answer(0)
-    assert gate(redis_conn, spec, now + timedelta(seconds=61)).go
-    assert waitfor.held_jobs(redis_conn, now) == []
+    assert gate(redis_conn, spec, now + timedelta(seconds=122)).go
+    assert not redis_conn.exists(f"{waitfor.PREFIX}:job:gh-w2")
 
 
 def test_never_is_refused(redis_conn, check):
@@ -210,10 +212,14 @@ def test_the_worker_holds_a_job_without_a_record_until_it_clears(check, run_work
     assert not Run.objects.filter(job_id=job_id).exists()
     queue = Queue("pi-jobs", connection=redis_conn)
     assert ScheduledJobRegistry(queue=queue).get_job_ids() == [job_id]
-    listing = subprocess.run([sys.executable, "manage.py", "held_jobs", "--json"], cwd=ROOT,
-                             env={**worker_env, **env}, capture_output=True, text=True, check=True)
-    (row,) = json.loads(listing.stdout)
-    assert row["job_id"] == job_id and row["waiting_on"] == "profile ci-green" and row["checks"] == 1
+    (row,) = json.loads(manage(worker_env, env, "held_jobs", "--json"))
+    next_look = datetime.fromisoformat(row.pop("next_look_at"))
+    assert 0 <= row.pop("held_seconds") <= 60 and 50 <= (next_look - datetime.now(UTC)).total_seconds() <= 61
+    assert row == {"job_id": job_id, "queue": "pi-jobs", "target": "acme/web#7", "waiting_on": "profile ci-green",
+                   "checks": 1, "faults": 0, "denials": 0}
+    # One view of waiting jobs: `fleet status` shows the same job, held, with the same counters.
+    (shown,) = json.loads(manage(worker_env, env, "fleet", "status", "--json"))["waiting"]
+    assert (shown["job_id"], shown["kind"], shown["detail"]["checks"]) == (job_id, "held", 1)
 
     check.answer(0)
     ScheduledJobRegistry(queue=queue).schedule(queue.fetch_job(job_id), datetime.now(UTC))  # wake it now
@@ -221,6 +227,12 @@ def test_the_worker_holds_a_job_without_a_record_until_it_clears(check, run_work
     run_worker("pi-jobs", env_overrides=env)
 
     assert Run.objects.get(job_id=job_id).outcome == Outcome.COMPLETED
+    assert json.loads(manage(worker_env, env, "held_jobs", "--json")) == []
+
+
+def manage(worker_env, env, *arguments) -> str:
+    return subprocess.run([sys.executable, "manage.py", *arguments], cwd=ROOT, env={**worker_env, **env},
+                          capture_output=True, text=True, check=True).stdout
 
 
 @pytest.mark.django_db(transaction=True)

@@ -4,7 +4,8 @@
     verdicts.py          what a gate or a run concludes (outcome, reason, telemetry, publication)
     runtime_settings.py  the settings overlay: environment, then the admin's live row, then the job
     quiet_hours.py       pause windows
-    scopes.py, limits.py the scope a job counts against, and the caps in force
+    scopes.py            the scope a job counts against (repository, folder) and its scoped limits
+    deployment_caps.py   the deployment's own caps as they apply now (what the cost page and `spend` show)
     budget.py, money.py  job-count, token and dollar windows (reserve before spend, settle after)
     leases.py            concurrency leases: scope, folder, host slots (host_slots.py), wait-check slots (wait_slots.py)
     waitfor.py, checks.py  held jobs and their check scripts (`run.waitFor`)

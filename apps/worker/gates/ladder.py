@@ -1,39 +1,12 @@
-"""The gate ladder (DESIGN section 6): free checks before costly ones, budget before tokens, and the
-container last. Each gate lets the job climb on, defers it (`Deferred`: back to the scheduled registry,
-no attempt, no record), or ends it with a `Verdict` (refused, or an infrastructure fault to retry).
+"""The gate ladder: free checks before costly ones, budget before tokens, and the container last. Each gate
+lets the job climb on, defers it (`Deferred`: back to the scheduled registry, no attempt, no record), or ends
+it with a `Verdict` (refused, or an infrastructure fault to retry).
 
-    1 cancelled before start -> operator-cancel (no container)
-    2 pause windows          -> defer to the latest window end
-    3 wait-for               -> defer (wait-for; wait-throttled: no check slot) / wait-refused / wait-expired / ...
-    4 host slot (PI_CONCURRENCY), scope concurrency, folder mutex
-                             -> defer host-busy / scope-busy (PI_SCOPE_BUSY_RECHECK_SECONDS)
-    5 settings overlay       -> settings-overlay-invalid
-    6 one-shot spent         -> once-already-spent
-    7 image preflight        -> job-image-missing / job-image-unlabelled / job-image-protocol-mismatch;
-                                engine down -> retry
-    8 provider credential    -> provider-unconfigured (no key on this worker, or no upstream the gateway serves)
-    9 secrets (run.secrets)  -> secret-name-reserved / secret-profile-unknown / secret-profile-ambiguous /
-                             secret-unresolved; resolver unreachable -> retry (apps/worker/gates/secrets.py)
-   10 workspace              forge job: the job's token, the default branch's commit and protection, a
-                             fresh clone at that commit, the repo's .pi/ (apps/worker/sandbox/forge_workspace.py)
-                             -> unprotected-branch / sha-gone / pi-* / forge-* ; forge unreachable -> retry
-                             local job: the folder itself -> workspace-* / job-user-unmappable
-                             either: past PI_JOB_DISK_MB -> workspace-too-large (apps/worker/sandbox/disk.py);
-                             a full disk while preparing -> retry (disk-full)
-   11 daily token cap        -> daily-token-cap
-      dollar windows         the job's per-job cap held in every dollar window that applies, all or none
-                             (apps/worker/gates/budget.py) -> dollar-cap / cost-cap-unset (a scoped dollar row and no
-                             per-job cap); settled after the container (metered, floor, refunded)
-   12 job-count caps         -> scope-cap, over-budget, soft-hold (the dollar hold is refunded)
-   13 the container, behind its egress gateway (apps/worker/sandbox/gateway.py)
-                             -> completed | policy (the gateway's stop: token-budget, daily-token-cap,
-                                cost-cap, model-not-allowed; egress-denied, provider-auth-refused; the workspace
-                                watch's stop: workspace-too-large) | retry
-   14 publish (a completed forge run; apps/worker/forges/publishing/): the worker pushes the agent's commits and
-                             opens the pull request, or comments -> published / commented / nothing-to-publish |
-                             policy (ci-change-refused, push-too-large, ..., forge-auth-refused) |
-                             failed publish-unavailable (transient forge errors on every try; never re-runs
-                             the agent). Work that did not reach the forge is kept (publishing/kept.py)
+The order: 1 cancelled before start, 2 pause windows, 3 wait-for, 4 host slot, scope concurrency and folder
+mutex, 5 settings overlay, 6 one-shot spent, 7 image preflight, 8 provider credential, 9 secrets,
+10 workspace, 11 daily token cap and dollar windows, 12 job-count caps, 13 the container behind its egress
+gateway, 14 publish. Every gate's module, the reasons it can end a job with, and what it defers for:
+docs/architecture.md, "The gate ladder".
 """
 
 from __future__ import annotations

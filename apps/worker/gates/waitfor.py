@@ -11,9 +11,11 @@ fleet-wide). A job denied one is throttled, not refused: it looks again after ma
 backoff / 4) plus up to 10% jitter, its denials in a row are counted on its hold (the fifth logs one
 `wait_capacity_exceeded` line), and past PI_WAIT_MAX_SECONDS it is `wait-expired` (max-wait-unchecked).
 
+Every deferral hands the hold's counters to the job's wait note (apps/fleet/waiting.py), which is what
+`held_jobs`, `fleet status` and the panel list.
+
 Redis keys (every one expires):
     pidispatch:wait:job:<job id>     HASH since, checks, faults, denials, target, label  (the hold's state)
-    pidispatch:wait:held             ZSET job id -> since  (the index `held_jobs` lists; pruned on read)
     pidispatch:wait:lease:<hash>     job id holding the wait for a target+flow+conditions
     pidispatch:wait:done:<hash>      job id that finished waiting (15 minutes)
 A second delivery for the same target, flow and conditions while one waits, or just after it cleared,
@@ -42,7 +44,6 @@ from apps.worker.jobs import JobSpec
 logger = logging.getLogger("pidispatch.waitfor")
 
 PREFIX = "pidispatch:wait"
-HELD_INDEX = f"{PREFIX}:held"
 DONE_SECONDS = 15 * 60
 SUPERSEDE_RECHECK_SECONDS = 15
 THROTTLE_ALARM_DENIALS = 5
@@ -141,7 +142,6 @@ class WaitState:
             pipe.hsetnx(self.key, "since", now.timestamp())
             pipe.hset(self.key, mapping={"target": target, "label": label})
             pipe.expire(self.key, ttl_seconds)
-            pipe.zadd(HELD_INDEX, {self.job_id: now.timestamp()}, nx=True)
             pipe.hgetall(self.key)
             values = pipe.execute()[-1]
         return {key.decode(): value.decode() for key, value in values.items()}
@@ -165,10 +165,7 @@ class WaitState:
         self.redis.hset(self.key, "denials", 0)
 
     def clear(self) -> None:
-        with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(self.key)
-            pipe.zrem(HELD_INDEX, self.job_id)
-            pipe.execute()
+        self.redis.delete(self.key)
 
 
 def gate(redis, spec: JobSpec, now: datetime) -> WaitOutcome:
@@ -210,7 +207,8 @@ def gate(redis, spec: JobSpec, now: datetime) -> WaitOutcome:
 
     values = state.hold(now, spec.target, conditions.label, ttl_seconds=lease_ttl)
     held_seconds = max(0.0, now.timestamp() - float(values["since"]))
-    detail = {"waitingOn": conditions.label, "heldSeconds": int(held_seconds), "checks": int(values.get("checks", 0))}
+    detail = {"waitingOn": conditions.label, "heldSeconds": int(held_seconds), "checks": int(values.get("checks", 0)),
+              "faults": int(values.get("faults", 0))}
 
     if conditions.after and conditions.after > now + timedelta(seconds=1):
         return WaitOutcome(defer_until=conditions.after, detail=detail)
@@ -270,25 +268,3 @@ def _finish(redis, state: WaitState, lease_key: str, job_id: str) -> None:
     state.clear()
     if (redis.get(lease_key) or b"").decode() == job_id:
         redis.delete(lease_key)
-
-
-def held_jobs(redis, now: datetime) -> list[dict]:
-    """Every job waiting on its conditions: target, what it waits on, for how long, checks so far."""
-    rows = []
-    for raw_id, since in redis.zrange(HELD_INDEX, 0, -1, withscores=True):
-        job_id = raw_id.decode()
-        values = redis.hgetall(f"{PREFIX}:job:{job_id}")
-        if not values or _job_is_live(redis, job_id) is False:
-            redis.zrem(HELD_INDEX, job_id)  # the job ran, was cancelled, or its state expired
-            continue
-        values = {key.decode(): value.decode() for key, value in values.items()}
-        rows.append({
-            "job_id": job_id,
-            "target": values.get("target", ""),
-            "waiting_on": values.get("label", ""),
-            "held_seconds": int(now.timestamp() - since),
-            "checks": int(values.get("checks", 0)),
-            "faults": int(values.get("faults", 0)),
-            "denials": int(values.get("denials", 0)),
-        })
-    return rows

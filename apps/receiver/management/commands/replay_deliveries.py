@@ -14,7 +14,6 @@ from django.core.management.base import BaseCommand
 from apps.receiver import intake
 from apps.receiver.models import Delivery, DeliveryStatus
 from apps.worker.jobs import delivery_part
-from pidispatch_site import sqlite_wal
 
 
 class Command(BaseCommand):
@@ -43,7 +42,6 @@ class Command(BaseCommand):
                     self.stdout.write("Redis is back: replaying in arrival order")
                     self._warn_if_redis_loses_jobs()  # it may have come back with other settings
                 was_down = report.redis_down
-                sqlite_wal.checkpoint()  # here, not inside a webhook's commit
                 self._sleep(interval)
             return
         report = intake.replay_due(ignore_backoff=now, on_replayed=self._print)

@@ -1,4 +1,4 @@
-"""Field rules shared by everything that builds jobs (triggers, manual runs, the API)."""
+"""Name patterns shared by everything that builds jobs (triggers, manual runs, the API): flow, image, provider, model."""
 
 import re
 

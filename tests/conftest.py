@@ -2,8 +2,6 @@
 a private redis-server (REDIS_URL) and a private Docker engine (DOCKER_HOST) holding the demo image.
 """
 
-import hashlib
-import hmac
 import json
 import os
 import subprocess
@@ -12,14 +10,19 @@ import time
 from pathlib import Path
 
 import pytest
-from django.db import connection
+
+pytest.register_assert_rewrite("tests.receiver_support")  # imported here, before pytest loads it as a plugin
+
+from django.db import connection  # noqa: E402
+
+from tests.receiver_support import GITHUB_SECRET, github_signature  # noqa: E402
 
 # Fixtures kept beside what they set up, offered to every test module (none imports another's fixtures).
 pytest_plugins = ["tests.receiver_support", "tests.local_repos", "tests.browser_support"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PAYLOADS = Path(__file__).resolve().parent / "payloads"
-WEBHOOK_SECRET = "test-webhook-secret"
+WEBHOOK_SECRET = GITHUB_SECRET  # the one GitHub secret the suite signs with
 SELF_ID = "424242"
 PROVIDER_KEY = "sk-test-provider-key"
 # Every name a job container may see: the worker's closed list, the way out through its egress gateway (and the
@@ -68,10 +71,6 @@ def _empty_redis():
 
 def load_payload(relative: str) -> bytes:
     return (PAYLOADS / relative).read_bytes()
-
-
-def github_signature(body: bytes, secret: str = WEBHOOK_SECRET) -> str:
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
 def github_payload(labels=("bug", "pi"), body_text=None, sender_id=4410987, action="labeled") -> bytes:

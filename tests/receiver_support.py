@@ -42,10 +42,14 @@ def dumps(payload: dict) -> bytes:
 
 # --- signing as the forges do ------------------------------------------------------------------------------
 
+def github_signature(body: bytes, secret: str = GITHUB_SECRET) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
 def github_headers(body: bytes, event: str, delivery: str, secret: str = GITHUB_SECRET) -> dict:
-    signature = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-    return {"X-GitHub-Event": event, "X-GitHub-Delivery": delivery, "X-Hub-Signature-256": signature,
-            "X-GitHub-Hook-ID": "4711", "User-Agent": "GitHub-Hookshot/abc"}
+    return {"X-GitHub-Event": event, "X-GitHub-Delivery": delivery,
+            "X-Hub-Signature-256": github_signature(body, secret), "X-GitHub-Hook-ID": "4711",
+            "User-Agent": "GitHub-Hookshot/abc"}
 
 
 def gitlab_token_headers(event: str, delivery: str, token: str = GITLAB_TOKEN_SECRET) -> dict:
@@ -58,10 +62,15 @@ def gitlab_signature_headers(body: bytes, event: str, delivery: str, *, key: str
                              timestamp: int | None = None) -> dict:
     """Standard Webhooks: v1,<base64 HMAC-SHA256(key, "<id>.<timestamp>.<body>")>."""
     timestamp = int(time.time()) if timestamp is None else timestamp
-    signed = f"{delivery}.{timestamp}.".encode() + body
-    signature = base64.b64encode(hmac.new(base64.b64decode(key), signed, hashlib.sha256).digest()).decode()
     return {"X-Gitlab-Event": event, "webhook-id": delivery, "webhook-timestamp": str(timestamp),
-            "webhook-signature": f"v1,{signature}", "Idempotency-Key": delivery, "User-Agent": "GitLab/19.1.0"}
+            "webhook-signature": gitlab_signature(body, delivery, timestamp, key=key), "Idempotency-Key": delivery,
+            "User-Agent": "GitLab/19.1.0"}
+
+
+def gitlab_signature(body: bytes, delivery: str, timestamp, *, key: str = GITLAB_SIGNING_KEY) -> str:
+    """One `webhook-signature` entry, signed over the timestamp exactly as it is sent."""
+    signed = f"{delivery}.{timestamp}.".encode() + body
+    return "v1," + base64.b64encode(hmac.new(base64.b64decode(key), signed, hashlib.sha256).digest()).decode()
 
 
 def forgejo_headers(body: bytes, event: str, delivery: str, secret: str = FORGEJO_SECRET, *, flavour="forgejo",

@@ -6,7 +6,8 @@ import pytest
 from rq import Queue
 
 from apps.receiver.models import Delivery, DeliveryStatus
-from tests.conftest import github_payload, github_signature
+from tests.conftest import github_payload
+from tests.receiver_support import github_signature
 
 pytestmark = pytest.mark.django_db
 

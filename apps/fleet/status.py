@@ -65,8 +65,6 @@ class FleetSnapshot:
         return {name: sum(getattr(q, name) for q in self.queues) for name in ("queued", "scheduled", "running", "failed")}
 
     def as_json(self) -> dict:
-        instant = iso_instant
-
         def pause(flag):
             if flag is None:
                 return None
@@ -75,22 +73,22 @@ class FleetSnapshot:
 
         return {
             "state": self.state,
-            "taken_at": instant(self.taken_at),
+            "taken_at": iso_instant(self.taken_at),
             "degraded": self.degraded or None,
             "totals": self.totals,
             "queues": [{**{k: v for k, v in asdict(q).items() if k != "pause"}, "paused": q.paused, "pause": pause(q.pause)}
                        for q in self.queues],
             "hosts": None if self.hosts is None else [{
-                "name": h.name, "liveness": h.liveness, "beat_at": instant(h.beat_at),
+                "name": h.name, "liveness": h.liveness, "beat_at": iso_instant(h.beat_at),
                 "beat_age_seconds": None if h.beat_at is None else round(h.beat_age(self.taken_at), 1),
-                "started_at": instant(h.started_at), "version": h.version, "declared": h.declared, "routes": h.routes,
+                "started_at": iso_instant(h.started_at), "version": h.version, "declared": h.declared, "routes": h.routes,
                 "processes": len(h.processes), "busy": h.busy, "concurrency": h.concurrency, "queues": list(h.queues),
                 "capabilities": list(h.capabilities), "image": h.image,
-                "running": [{"job_id": j.job_id, "started_at": instant(j.started_at), "target": j.target,
+                "running": [{"job_id": j.job_id, "started_at": iso_instant(j.started_at), "target": j.target,
                              "queue": j.queue} for j in h.running],
             } for h in self.hosts],
-            "waiting": [{**asdict(w), "until": instant(w.until), "since": instant(w.since)} for w in self.waiting],
-            "failed": [{**asdict(f), "failed_at": instant(f.failed_at)} for f in self.failed],
+            "waiting": [{**asdict(w), "until": iso_instant(w.until), "since": iso_instant(w.since)} for w in self.waiting],
+            "failed": [{**asdict(f), "failed_at": iso_instant(f.failed_at)} for f in self.failed],
         }
 
 

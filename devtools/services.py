@@ -131,6 +131,23 @@ class Service:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(10)
+        _wait_for_group(self.process.pid)
+
+
+def _wait_for_group(group: int, seconds: float = 5.0) -> None:
+    """The leader is gone; its group's other members (dockerd's helpers, a worker's horse) may outlive it by
+    a moment. Wait for them, then kill what is left: a stopped service leaves no process behind."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.05)
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def spawn(command: list[str], log: Path | None = None, env: dict | None = None) -> subprocess.Popen:

@@ -66,6 +66,13 @@ def started_by(var: Path) -> list[int]:
     return found
 
 
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return f"{pid} (gone)"
+
+
 def processes_in_sessions(sessions: set[int]) -> list[int]:
     return [int(entry.name) for entry in Path("/proc").iterdir()
             if entry.name.isdigit() and session_of(int(entry.name)) in sessions]
@@ -265,5 +272,6 @@ def test_a_closed_terminal_stops_it_all(make_run):
     assert make_run.process.wait(120) == 0
     assert processes_matching(str(run_dir).encode()) == []
     assert processes_matching(b"redis-server", f"127.0.0.1:{port}".encode()) == []
-    assert started_by(make_run.var) == []
+    left = started_by(make_run.var)
+    assert left == [], [command_line(pid) for pid in left]  # which one, when it is not gone
     assert dev_env.read(make_run.var / "dev.env").services == {}

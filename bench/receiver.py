@@ -220,8 +220,8 @@ def _post(port: int, path: str, body: bytes, headers: dict) -> tuple[int, float]
 
 
 class Target:
-    def __init__(self, name: str, path: str, *, ignored: bool = False, port: int | None = None):
-        self.name, self.path, self.ignored, self.port = name, path, ignored, port
+    def __init__(self, name: str, path: str, *, ignored: bool = False):
+        self.name, self.path, self.ignored = name, path, ignored
         self.expected_status = 200 if ignored else 202
         self.counter = 0
         self.lock = threading.Lock()
@@ -239,7 +239,7 @@ def closed_loop(port: int, target: Target, run: str, clients: int, requests: int
     def client():
         for _ in range(requests):
             body, headers = target.next_request(run)
-            status, seconds = _post(target.port or port, target.path, body, headers)
+            status, seconds = _post(port, target.path, body, headers)
             latencies.append(seconds)
             if status != target.expected_status:
                 failures.append(status)

@@ -33,7 +33,7 @@ def recorded_writes(table: str):
 
 
 def _writes(statements, table):
-    with connection.cursor() as cursor:  # the connection's own setting, as the block found it
+    with connection.cursor() as cursor:  # the connection's own setting (the writes restore it after NORMAL)
         sqlite_full = connection.vendor != "sqlite" or _sqlite_synchronous(cursor) >= 2
     for sql in statements:
         if sql.startswith("PRAGMA synchronous="):

@@ -150,6 +150,65 @@ def _wait_for_group(group: int, seconds: float = 5.0) -> None:
         pass
 
 
+def stop_stray_children(seconds: float = 5.0) -> list[int]:
+    """Stop what this process forked and no Service holds: a stop signal that lands between a spawn's fork
+    and Popen's return leaves a child running (a `manage.py migrate`, say) that nothing knows to stop. Each
+    is stopped with its group (every spawn makes its own session), as a Service would be. Returns their pids."""
+    strays = _children()
+    for pid in strays:
+        _signal_child(pid, signal.SIGTERM)
+    deadline = time.monotonic() + seconds
+    waiting = set(strays)
+    while waiting:
+        for pid in list(waiting):
+            if _reaped(pid):
+                waiting.discard(pid)
+        if not waiting:
+            break
+        if time.monotonic() >= deadline:
+            for pid in waiting:
+                _signal_child(pid, signal.SIGKILL)
+            for pid in waiting:
+                _reaped(pid, block=True)
+            break
+        time.sleep(0.05)
+    for pid in strays:
+        _wait_for_group(pid, seconds)
+    return strays
+
+
+def _children() -> list[int]:
+    me = str(os.getpid())
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # gone meanwhile
+            if fields[1] == me:  # the parent's pid, after the state
+                found.append(int(entry.name))
+    return found
+
+
+def _signal_child(pid: int, number: int) -> None:
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, number)
+        else:
+            os.kill(pid, number)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reaped(pid: int, block: bool = False) -> bool:
+    try:
+        done, _ = os.waitpid(pid, 0 if block else os.WNOHANG)
+    except ChildProcessError:
+        return True  # reaped already (by a Popen's own bookkeeping)
+    return done == pid
+
+
 def spawn(command: list[str], log: Path | None = None, env: dict | None = None) -> subprocess.Popen:
     """Start a process in its own session, so a terminal's Ctrl-C reaches only us and we stop it in order."""
     out = open(log, "ab") if log else None

@@ -102,6 +102,7 @@ class Stack:
                 service.stop()
             except Exception as error:
                 _quietly(say, f"could not stop {service.name} ({type(error).__name__}: {error})")
+        _quietly(services.stop_stray_children)
         # The children's output ends with them; printing it from a thread past interpreter exit would crash.
         for pump in self.pumps:
             pump.join(timeout=2)

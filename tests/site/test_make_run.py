@@ -53,16 +53,19 @@ def processes_matching(*needles: bytes) -> list[int]:
 
 def started_by(var: Path) -> list[int]:
     """Every process a make run in `var` started, whatever session it made for itself: they all inherit
-    its PI_VAR_DIR (web, worker, replayer, cron, redis-server, dockerd and its containerd)."""
+    its PI_VAR_DIR (web, worker, replayer, cron, dockerd and its containerd), or work inside `var`
+    (redis-server, whose process title overwrites its environment)."""
     marker = f"PI_VAR_DIR={var}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             try:
-                if marker in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
+                inherited = marker in (entry / "environ").read_bytes().split(b"\0")
+                inside = Path(os.readlink(entry / "cwd").removesuffix(" (deleted)")).is_relative_to(var)
             except OSError:
                 continue
+            if inherited or inside:
+                found.append(int(entry.name))
     return found
 
 

@@ -158,22 +158,14 @@ def stop_stray_children(seconds: float = 5.0) -> list[int]:
     for pid in strays:
         _signal_child(pid, signal.SIGTERM)
     deadline = time.monotonic() + seconds
-    waiting = set(strays)
-    while waiting:
-        for pid in list(waiting):
-            if _reaped(pid):
-                waiting.discard(pid)
-        if not waiting:
-            break
-        if time.monotonic() >= deadline:
-            for pid in waiting:
-                _signal_child(pid, signal.SIGKILL)
-            for pid in waiting:
-                _reaped(pid, block=True)
-            break
-        time.sleep(0.05)
     for pid in strays:
-        _wait_for_group(pid, seconds)
+        while not _reaped(pid):
+            if time.monotonic() >= deadline:
+                _signal_child(pid, signal.SIGKILL)
+                _reaped(pid, block=True)
+                break
+            time.sleep(0.05)
+        _wait_for_group(pid, max(0.0, deadline - time.monotonic()))  # what it started, within the same bound
     return strays
 
 

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from apps.fleet import pauses
 from apps.receiver.models import Delivery, Trigger
-from apps.worker import reasons
+from apps.worker import reasons, spend
 from apps.worker.models import Run
 from tests.conftest import ROOT
 
@@ -39,13 +39,16 @@ def operator_page(live_server, browser_page):  # noqa: F811
 
 def failed_twice(trigger=None):
     now = timezone.now()
+    # Both attempts inside today's window, also just after midnight ("failed today" counts them).
+    earliest = max(now - timedelta(minutes=10), spend.windows(now)["day"])
+    step = (now - earliest) / 4
     runs = []
     for attempt, reason in ((1, "runner-infra"), (2, "container-exit-unknown")):
         runs.append(Run.objects.create(
             job_id="gh-" + "8f3c" * 12 + "-r1", attempt=attempt, kind="github", target="acme/web#7",
             scope="github:acme/web", flow="fix-bug", host="hostA", queue="pi-jobs", trigger=trigger,
-            trigger_type="label", delivery_id="d-browser", started_at=now - timedelta(minutes=10 - attempt),
-            ended_at=now - timedelta(minutes=9 - attempt), outcome="failed", reason=reason, exit_code=3,
+            trigger_type="label", delivery_id="d-browser", started_at=earliest + step * (2 * attempt - 2),
+            ended_at=earliest + step * (2 * attempt - 1), outcome="failed", reason=reason, exit_code=3,
             turns=3, tokens_total=7440, cost="0.00420000000000000"))
     return runs
 

@@ -19,8 +19,8 @@ from tests.fleet_support import PANEL, csrf_post, publish, staff
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
-def run(job_id, minutes_ago=5, **fields):
-    started = timezone.now() - timedelta(minutes=minutes_ago)
+def run(job_id, minutes_ago=0, **fields):
+    started = timezone.now() - timedelta(minutes=minutes_ago)  # now: today's, also just after midnight
     values = dict(kind="github", target="acme/web#7", started_at=started, ended_at=started, outcome="completed",
                   budget_reserved=True)
     values.update(fields)

@@ -11,7 +11,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from apps.fleet.queues import QueueConfigMap
 from pidispatch_site import dev_env
-from pidispatch_site.private_files import persistent_secret_key, private_file, private_folder
+from pidispatch_site.private_files import persistent_secret_key, private_folder
+from pidispatch_site.sqlite_file import prepare_database_file
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -103,18 +104,19 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     SQLITE_SYNCHRONOUS = env.str("SQLITE_SYNCHRONOUS", default="FULL").upper()
     if SQLITE_SYNCHRONOUS not in ("FULL", "NORMAL"):
         raise ImproperlyConfigured(f"SQLITE_SYNCHRONOUS must be FULL or NORMAL, not {SQLITE_SYNCHRONOUS!r}.")
+    SQLITE_LOCK_TIMEOUT = 20  # seconds a write waits for another's
     DATABASES["default"].setdefault("OPTIONS", {}).update({
-        "timeout": 20, "transaction_mode": "IMMEDIATE",
+        "timeout": SQLITE_LOCK_TIMEOUT, "transaction_mode": "IMMEDIATE",
         "init_command": f"PRAGMA journal_mode=WAL; PRAGMA synchronous={SQLITE_SYNCHRONOUS};",
     })
     # One connection per process, not one per request: opening SQLite and setting its journal mode cost
     # more than a delivery's two writes.
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=60))
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-pidispatch.sqlite3")}
-    # 0600 before SQLite creates it (its log files take its mode). A missing folder is left to SQLite's error.
+    # 0600 and in WAL mode before the first connection. A missing folder is left to SQLite's error.
     _database_file = str(DATABASES["default"]["NAME"])
     if _database_file != ":memory:" and not _database_file.startswith("file:") and Path(_database_file).parent.is_dir():
-        private_file(Path(_database_file))
+        prepare_database_file(Path(_database_file), SQLITE_LOCK_TIMEOUT)
 else:
     # Keep server connections between requests (a webhook burst would otherwise open one per delivery).
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=60))

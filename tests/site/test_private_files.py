@@ -1,7 +1,7 @@
 """What the installation keeps on disk is its own user's only: `var/` 0700, the secret key and the SQLite
-database (and its log files) 0600. The key is made once, whole, even when several processes start at once
-on a fresh installation; an empty key file stops the start with what to do. (Job folders:
-tests/worker/test_worker_forge_jobs.py.)"""
+database (and its log files) 0600. The key is made once, whole, and the fresh database opens for every one
+of several processes starting at once on a fresh installation; an empty key file stops the start with what to
+do. (Job folders: tests/worker/test_worker_forge_jobs.py.)"""
 
 import json
 import os

@@ -13,6 +13,11 @@ holds, so the server keeps no state between calls:
     provider = ScriptedProvider(key="sk-test")
     provider.scenarios["edit"] = [ToolCall("edit", {...}), ToolCall("bash", {"command": "env"}), Text("Done.")]
     provider.url   # http://127.0.0.1:<port>  (base URLs: + "/v1" for OpenAI shapes, as is for Anthropic)
+
+For the gateway's tests it also answers Anthropic's `count_tokens` and Google's `:countTokens`, remembers every
+request whatever its path or method (`requests`: what reached it, the key included or not), reports usage from
+the request when `usage_for(body, size)` is set (a provider that answers up to the ceiling it was sent), waits
+`delay` seconds per answer, and keeps the most calls it ever served at once (`most_at_once`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import json
 import re
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
@@ -85,7 +91,11 @@ class ScriptedProvider:
     default: str = "demo"
     model: str = "scripted-coder"
     usage: Callable[[int], tuple[int, int]] = default_usage
+    usage_for: Callable[[dict, int], tuple[int, int]] | None = None
+    delay: float = 0.0
     seen: list[Seen] = field(default_factory=list)
+    requests: list[tuple[str, str, bool]] = field(default_factory=list)  # (method, raw path, key present)
+    most_at_once: int = 0
 
     def __post_init__(self):
         provider = self
@@ -98,6 +108,7 @@ class ScriptedProvider:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
         self._lock = threading.Lock()
+        self._at_once = 0
 
     @property
     def url(self) -> str:
@@ -115,8 +126,20 @@ class ScriptedProvider:
         with self._lock:
             self.seen.append(seen)
 
+    def _arrived(self, method: str, path: str, key_present: bool) -> None:
+        with self._lock:
+            self.requests.append((method, path, key_present))
+            self._at_once += 1
+            self.most_at_once = max(self.most_at_once, self._at_once)
+
+    def _left(self) -> None:
+        with self._lock:
+            self._at_once -= 1
+
 
 def _api_of(path: str) -> str | None:
+    if path.endswith("/messages/count_tokens") or path.endswith(":countTokens"):
+        return "count-tokens"
     if path.endswith("/chat/completions"):
         return "openai-completions"
     if path.endswith("/responses"):
@@ -153,7 +176,34 @@ class ScriptedHandler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    def do_GET(self):
+        self._arrived_elsewhere()
+
+    def do_DELETE(self):
+        self._arrived_elsewhere()
+
+    def _arrived_elsewhere(self):
+        """Nothing but POST is answered; what arrived is remembered all the same."""
+        self.owner._arrived(self.command, self.path, self._any_key_present())
+        try:
+            self._json(404, {"error": {"message": "no such endpoint"}})
+        finally:
+            self.owner._left()
+
+    def _any_key_present(self) -> bool:
+        key = self.owner.key
+        return any(key in value for value in self.headers.values()) or key in self.path
+
     def do_POST(self):
+        self.owner._arrived("POST", self.path, self._any_key_present())
+        try:
+            if self.owner.delay:
+                time.sleep(self.owner.delay)
+            self._post()
+        finally:
+            self.owner._left()
+
+    def _post(self):
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         parts = urlsplit(self.path)
         api = _api_of(parts.path)
@@ -162,6 +212,13 @@ class ScriptedHandler(BaseHTTPRequestHandler):
         text = raw.decode("utf-8", "replace")
         body = json.loads(text) if text.strip() else {}
         provider = self.owner
+        if api == "count-tokens":
+            counted = "google-generative-ai" if ":countTokens" in parts.path else "anthropic-messages"
+            if not self._key_accepted(counted, parts.query):
+                return self._error(counted, 401, "invalid key")
+            prompt = provider.usage(_tool_results(counted, body))[0]
+            return self._json(200, {"totalTokens": prompt} if counted == "google-generative-ai"
+                              else {"input_tokens": prompt})
         match = MARKER.search(text)
         scenario = match.group(1) if match and match.group(1) in provider.scenarios else provider.default
         steps = provider.scenarios[scenario]
@@ -176,7 +233,7 @@ class ScriptedHandler(BaseHTTPRequestHandler):
         if isinstance(action, Status):
             seen.status = action.code
             return self._error(api, action.code, f"scripted status {action.code}")
-        seen.usage = provider.usage(step)
+        seen.usage = provider.usage_for(body, len(raw)) if provider.usage_for else provider.usage(step)
         model = body.get("model") or (re.search(r"/models/([^/:]+):", parts.path) or [None, provider.model])[1]
         streaming = body.get("stream") is True or ":streamGenerateContent" in parts.path
         writer = {"openai-completions": _openai_completions, "openai-responses": _openai_responses,

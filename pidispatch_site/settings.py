@@ -191,6 +191,9 @@ PI_PROVIDER_BASE_URL = env("PI_PROVIDER_BASE_URL", default="")
 PI_PROVIDER_API = env("PI_PROVIDER_API", default="")
 # How long a provider may go silent mid-answer before the call counts as failed.
 PI_PROVIDER_READ_TIMEOUT_SECONDS = env.int("PI_PROVIDER_READ_TIMEOUT_SECONDS", default=300)
+# A job's provider calls at once (more wait for a place), and the largest request body the gateway reads.
+PI_GATEWAY_CALLS_IN_FLIGHT = env.int("PI_GATEWAY_CALLS_IN_FLIGHT", default=4)
+PI_GATEWAY_MAX_REQUEST_MB = env.int("PI_GATEWAY_MAX_REQUEST_MB", default=8)
 # host:port pairs a job may open tunnels to besides its provider (none by default).
 PI_EGRESS_ALLOW = env("PI_EGRESS_ALLOW", default="")
 # Where each job's gateway sockets live on the host (short: unix socket paths are limited to 108 bytes).

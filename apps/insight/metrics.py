@@ -23,7 +23,8 @@ logger = logging.getLogger("pidispatch.metrics")
 
 # The run reasons that the job's egress gateway decides (apps/worker/sandbox/gateway.py and ladder.classify):
 # it records no counter of its own, so its refusals are counted from the runs they ended.
-GATEWAY_REASONS = ("token-budget", "daily-token-cap", "model-not-allowed", "egress-denied", "provider-auth-refused")
+GATEWAY_REASONS = ("token-budget", "daily-token-cap", "cost-cap", "model-not-allowed", "model-unpriced",
+                   "request-malformed", "usage-unreadable", "egress-denied", "provider-auth-refused")
 
 CALLS_SQL = {
     # Provider calls the gateway forwarded, from the per-model ledger it wrote on each run ("source": "gateway").

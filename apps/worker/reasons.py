@@ -74,7 +74,8 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
     "oom-killed": ("The container ran out of memory.", "Raise the job memory (Settings or PI_JOB_MEMORY)."),
     "provider-auth-refused": ("The model provider refused the deployment's key.",
                               "Fix the provider key on the worker hosts (e.g. ANTHROPIC_API_KEY)."),
-    "cost-cap": ("The run reached its per-run dollar cap; the gateway stopped forwarding its provider calls.",
+    "cost-cap": ("The run reached its per-run dollar cap: its next provider call's worst case (its input and "
+                 "the least useful answer, at the model's price) no longer fit, so the gateway stopped the run.",
                  "Raise PI_MAX_COST_USD (Settings) or the trigger's maxCostUsd, or give a smaller task."),
     "model-not-allowed": ("The run asked for a model other than the one PI_MODEL allows.",
                           "Align the trigger's model with PI_MODEL."),
@@ -86,8 +87,21 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
     "command-unregistered": ("The job image does not know the command the trigger names.",
                              "Fix the trigger's command, or add the extension to the image."),
     "runner-config": ("The job image refused its configuration.", "Rebuild the job image (`make image`); " + _CHECK_LOG.lower()),
-    "egress-denied": ("The job tried to reach a host PI_EGRESS_ALLOW does not list, and then failed.",
-                      "Add that host:port to PI_EGRESS_ALLOW if the job needs it."),
+    "egress-denied": ("The job tried to reach a host PI_EGRESS_ALLOW does not list, or made a provider call the "
+                      "gateway does not forward (a path other than the model's own calls, a provider-side tool, "
+                      "stored content), and then failed.",
+                      "Add that host:port to PI_EGRESS_ALLOW if the job needs it; provider calls other than "
+                      "inference are never forwarded. The worker log's egress lines say which."),
+    "model-unpriced": ("The run asked for a model with no known price while a dollar cap applies, so its cost "
+                       "could not be bounded; the gateway refused the call and stopped the run.",
+                       "Price the model in PI_MODEL_PRICES, or run it without a dollar cap."),
+    "request-malformed": ("The job sent its provider a request the gateway does not read as one JSON object "
+                          "(duplicate keys, invalid UTF-8, NaN): it was not forwarded and the run was stopped.",
+                          "Nothing the real pi sends does this: treat the run as a prompt-injection attempt and "
+                          "read the issue's text."),
+    "usage-unreadable": ("The provider answered a call without saying what it used; the call was charged its "
+                         "reserved worst case and the run stopped.",
+                         "Check the provider (PI_PROVIDER_BASE_URL) reports usage in its API's shape."),
     "daily-token-cap": ("The deployment's tokens for today (PI_DAILY_TOKEN_CAP) are used up.",
                         "Wait for the UTC day to end, or raise the cap in Settings."),
     # --- refused before spend (policy)
@@ -236,6 +250,7 @@ REFUSED = {
     "soft-hold": "Refused: new starts are paused while spend is inside the budget's hold band. Not run.",
     # Never an amount: a window's cap and spend are the operator's.
     "dollar-cap": "Refused: the dollar budget has no room for this run's cost limit. Not run.",
+    "model-unpriced": "Refused: this run's model has no known price, and a cost limit applies. Not run.",
     "cost-cap-unset": "Refused: this repository has a dollar budget but no cost limit per run is set. Ask the "
                       "operator to set one. Not run.",
     "job-payload-invalid": "Refused: this worker could not read the job (a version mismatch). Not run.",
@@ -262,6 +277,10 @@ STOPPED = {
     "command-unregistered": "Stopped: the job image does not know the requested command. Not retried.",
     "daily-token-cap": "Stopped: the deployment's daily token budget ran out during the run. Partial work may "
                        "exist. Not retried.",
+    "model-unpriced": "Stopped: the run asked for a model whose price this deployment does not know, under a "
+                      "cost limit. Not retried.",
+    "request-malformed": "Stopped: the run sent its model provider a malformed request. Not retried.",
+    "usage-unreadable": "Stopped: the model provider did not report what a call used. Not retried.",
     "egress-denied": "Stopped: the run failed after the job's network gateway refused a connection it is not "
                      "allowed to make. Not retried.",
     # The publish step's refusals: the agent finished, the worker did not push.

@@ -55,3 +55,21 @@ def test_an_unknown_provider_needs_its_variable_and_its_endpoint(run_worker):
                                          "PI_PROVIDER_BASE_URL": "https://llm.acme.example/v1",
                                          "PI_PROVIDER_API": "openai-completions"})
     assert Run.objects.get(job_id=served).outcome == Outcome.COMPLETED
+
+
+def test_a_model_without_a_price_is_refused_before_spend_under_a_dollar_cap(run_worker, tmp_path):
+    """Its calls could not be bounded in dollars: refused at the gates, before the container and its hold."""
+    custom = {"PI_PROVIDER_KEY_VARS": "acme-llm:ACME_TOKEN", "ACME_TOKEN": "t", "PI_PROVIDER": "acme-llm",
+              "PI_MODEL": "coder-1", "PI_PROVIDER_BASE_URL": "https://llm.acme.example/v1",
+              "PI_PROVIDER_API": "openai-completions", "PI_MAX_COST_USD": "1", "PI_DAILY_COST_USD": "5"}
+    refused = enqueue_spec(forge_spec("gh-unpriced", provider="acme-llm"))
+    run_worker("pi-jobs", env_overrides=custom)
+    run = Run.objects.get(job_id=refused)
+    assert (run.outcome, run.reason, run.budget_reserved) == (Outcome.POLICY, "model-unpriced", False)
+    assert run.dollar_basis == "refunded"
+
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"acme-llm/coder-1": {"input": 1, "output": 2}}))
+    priced = enqueue_spec(forge_spec("gh-priced", provider="acme-llm", number=8))
+    run_worker("pi-jobs", env_overrides={**custom, "PI_MODEL_PRICES": str(prices)})
+    assert Run.objects.get(job_id=priced).outcome == Outcome.COMPLETED

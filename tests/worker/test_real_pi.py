@@ -2,6 +2,7 @@
 its model only through its egress gateway. The model is a local scripted provider speaking Anthropic's API (the
 default provider) behind PI_PROVIDER_BASE_URL, as a company proxy would be; the agent's tool calls are real."""
 
+import json
 import os
 import subprocess
 import sys
@@ -205,14 +206,19 @@ def test_a_failure_after_a_refused_request_is_egress_denied_not_a_retry(
 
 def test_the_gateway_cuts_a_run_at_its_token_budget(post_github, label_trigger, run_worker, real_pi, model):
     model.scenarios["long"] = [ToolCall("bash", {"command": f"echo step {i}"}) for i in range(8)] + [Text("done")]
+    model.usage = lambda step: (45_000, 80)  # a long prompt each time
     job_id = deliver(post_github, "real-budget", "scripted:long")
 
-    run_worker("pi-jobs", env_overrides={**real_pi, "PI_MAX_TOKENS": "3000"}, timeout=240)
+    run_worker("pi-jobs", env_overrides={**real_pi, "PI_MAX_TOKENS": "100000"}, timeout=240)
 
     (run,) = Run.objects.filter(job_id=job_id)
     assert (run.outcome, run.reason) == (Outcome.POLICY, "token-budget")
-    # 1,280 then 2,480 tokens: the budget was passed after the second call, so the third never left the host.
-    assert len(model.seen) == 2 and run.tokens_total == sum(model.reported()) == 3760
+    # 45,080 tokens a call. Before each call the gateway reserves its worst case: pi's request (a few KB of system
+    # prompt and tools: a token per byte at most) and the least useful answer. The third call's no longer fit in
+    # what the first two left of 100,000, so it never left the host, and no call could have passed the budget.
+    assert len(model.seen) == 2 and run.tokens_total == sum(model.reported()) == 90_160
+    first = json.loads(model.seen[0].body)
+    assert first["max_tokens"] <= 100_000 - len(model.seen[0].body)  # pi asked for 32,000: lowered to what was left
 
 
 def test_the_gateway_ends_a_run_at_its_dollar_cap_and_the_window_is_charged_what_it_metered(
@@ -222,11 +228,13 @@ def test_the_gateway_ends_a_run_at_its_dollar_cap_and_the_window_is_charged_what
     from apps.worker.gates import budget
 
     model.scenarios["long"] = [ToolCall("bash", {"command": f"echo step {i}"}) for i in range(8)] + [Text("done")]
-    label_trigger.max_cost_usd = Decimal("0.01")  # the rule's run.maxCostUsd lowers the deployment's $5
+    model.usage = lambda step: (45_000, 80)
+    label_trigger.max_cost_usd = Decimal("0.30")  # the rule's run.maxCostUsd lowers the deployment's $5
     label_trigger.save()
     job_id = deliver(post_github, "real-dollars", "scripted:long")
 
-    # 1,200 in and 80 out, then 2,400 and 80 at $3/$15 per million: $0.0048, then $0.0156 in all.
+    # 45,000 in and 80 out at $3/$15 per million: $0.1362 a call. The third call's worst case (pi's request at the
+    # cache-write rate, $3.75 per million tokens, and the least useful answer) does not fit in the $0.0276 left.
     run_worker("pi-jobs", env_overrides={**real_pi, "PI_MAX_COST_USD": "5", "PI_DAILY_COST_USD": "10"},
                timeout=240)
 
@@ -234,6 +242,7 @@ def test_the_gateway_ends_a_run_at_its_dollar_cap_and_the_window_is_charged_what
     assert (run.outcome, run.reason) == (Outcome.POLICY, "cost-cap")
     assert len(model.seen) == 2  # the third call, past the cap, never left the host
     assert run.cost == expected_cost(model)
-    assert (run.dollar_basis, run.dollars_reserved, run.dollars_charged) == ("metered", Decimal("0.01"), run.cost)
+    assert (run.dollar_basis, run.dollars_reserved, run.dollars_charged) == ("metered", Decimal("0.30"), run.cost)
+    assert run.cost == Decimal("0.272400") <= Decimal("0.30")
     used, held = redis_conn.hmget(budget.usd_window_keys("all", datetime.now(timezone.utc))["day"], "used", "held")
     assert (int(used), int(held)) == (int(run.cost * 1_000_000), 0)

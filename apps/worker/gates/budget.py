@@ -4,7 +4,8 @@ Keys (TTL set once, when the counter is created, so a busy window cannot push it
     pidispatch:budget:<ledger>:d:<YYYY-MM-DD>       2 days   runs reserved (a string counter)
     pidispatch:budget:<ledger>:w:<Monday date>      9 days
     pidispatch:budget:<ledger>:m:<YYYY-MM>          40 days
-    pidispatch:budget:tokens:<YYYY-MM-DD>           2 days   tokens spent across all runs
+    pidispatch:budget:tokens:<YYYY-MM-DD>           2 days   tokens spent across all runs, and the worst case of
+                                                             the provider calls in flight (reserve_call_tokens)
     pidispatch:budget:usd:<ledger>:d:<YYYY-MM-DD>   2 days   a hash of integer micro-dollars: `held` (reserved by
     pidispatch:budget:usd:<ledger>:w:<Monday date>  9 days   runs not settled yet) and `used` (what settled runs
     pidispatch:budget:usd:<ledger>:m:<YYYY-MM>      40 days  were charged)
@@ -148,12 +149,42 @@ def tokens_spent_today(redis, now: datetime) -> int:
 
 
 def record_tokens(redis, tokens: int, now: datetime) -> None:
+    add_tokens(redis, tokens_key(now), tokens)
+
+
+def add_tokens(redis, key: str, tokens: int) -> None:
+    """Add to a day's token counter (a negative amount gives back what a call's reservation did not use)."""
     if tokens:
-        key = tokens_key(now)
         with redis.pipeline(transaction=True) as pipe:
             pipe.incrby(key, tokens)
             pipe.expire(key, TTL_SECONDS[DAY], nx=True)
             pipe.execute()
+
+
+# KEYS[1] the day's token counter; ARGV the call's input bound, the output it asks for (-1: none), the least
+# output worth forwarding, the day's cap, the counter's TTL. Returns the output granted (its input plus that
+# output now counted), or -1 when the day has no room for it (nothing counted).
+_RESERVE_CALL_TOKENS = """
+local room = tonumber(ARGV[4]) - tonumber(redis.call('GET', KEYS[1]) or '0') - tonumber(ARGV[1])
+local asked = tonumber(ARGV[2])
+local granted = asked
+if asked < 0 or room < asked then
+  granted = room
+  if granted < tonumber(ARGV[3]) then return -1 end
+end
+if granted < 1 then return -1 end
+redis.call('INCRBY', KEYS[1], tonumber(ARGV[1]) + granted)
+redis.call('EXPIRE', KEYS[1], ARGV[5], 'NX')
+return granted
+"""
+
+
+def reserve_call_tokens(redis, key: str, input_bound: int, asked: int | None, least: int, cap: int) -> int | None:
+    """Count one provider call's worst case into the day's tokens, its output lowered to the day's room, all in
+    one step across the fleet. The output granted, or None when the day has no room for a useful call."""
+    granted = _script(redis, _RESERVE_CALL_TOKENS)(
+        keys=[key], args=[input_bound, -1 if asked is None else asked, least, cap, TTL_SECONDS[DAY]])
+    return None if int(granted) < 0 else int(granted)
 
 
 # --- dollars ----------------------------------------------------------------------------------------

@@ -176,13 +176,21 @@ def _telemetry(exit_line: Telemetry, egress: gateway.EgressReport | None,
     untrusted: its token counts are clamped to the job's budget (or the day's cap), so it can neither stop
     the day's jobs with a made-up 10^12 nor be trusted past what the job could have spent."""
     if egress is not None and egress.meter.metered:
-        return egress.meter.telemetry(turns=exit_line.turns)
-    ceiling = runtime and (runtime.max_tokens or runtime.daily_token_cap)
-    if not ceiling:
-        return exit_line
-    clamp = lambda value: None if value is None else min(value, ceiling)  # noqa: E731
-    return replace(exit_line, tokens_in=clamp(exit_line.tokens_in), tokens_out=clamp(exit_line.tokens_out),
-                   tokens_total=clamp(exit_line.tokens_total))
+        telemetry = egress.meter.telemetry(turns=exit_line.turns)
+    else:
+        telemetry = exit_line
+        ceiling = runtime and (runtime.max_tokens or runtime.daily_token_cap)
+        if ceiling:
+            clamp = lambda value: None if value is None else min(value, ceiling)  # noqa: E731
+            telemetry = replace(exit_line, tokens_in=clamp(exit_line.tokens_in),
+                                tokens_out=clamp(exit_line.tokens_out), tokens_total=clamp(exit_line.tokens_total))
+    if egress is not None and egress.refusals:
+        # Which provider calls the gateway did not forward, and why (reason tokens and counts only).
+        refused = {"refusals": dict(sorted(egress.refusals.items()))}
+        if egress.unpriced_model:
+            refused["unpricedModel"] = egress.unpriced_model
+        telemetry = replace(telemetry, usage={**(telemetry.usage or {}), "gateway": refused})
+    return telemetry
 
 
 def warm_up() -> None:
@@ -359,6 +367,13 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
                          "why=a scoped limit's dollar window needs a per-job cap", spec.job_id, window.ledger)
         return Verdict.refused(refusal.reason)
 
+    # 11c. A model the job names exactly must have a price when a dollar cap applies (the gateway refuses its
+    # calls otherwise; refused here, before any spend).
+    limits = gateway_limits(spec, upstream, runtime, attempt.dollars.cap_micros)
+    if limits.max_cost_micros is not None and limits.model and prices.price(upstream.provider, limits.model) is None:
+        logger.info("model_unpriced job=%s provider=%s", spec.job_id, upstream.provider)
+        return Verdict.refused("model-unpriced")
+
     # 12. Job-count caps, narrowest first.
     try:
         reservation = budget.reserve(redis, limit, runtime, now)
@@ -374,7 +389,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     attempt.spending = True
     egress = gateway.EgressGateway(
         job_id=spec.job_id, upstream=upstream, key=credential[1], allow=parse_allowlist(settings.PI_EGRESS_ALLOW),
-        limits=gateway_limits(spec, upstream, runtime, attempt.dollars.cap_micros), redis=redis, owner=user,
+        limits=limits, redis=redis, owner=user,
         on_stop=lambda reason: container.stop_job_container(spec.job_id),
     )
     try:

@@ -2,9 +2,13 @@
 
 Two unix sockets, bind-mounted read-only into the container (the runner's loopback forwarders pipe to them):
 
-    provider.sock  pi's provider calls (origin-form HTTP): forwarded over HTTPS to the provider's real
-                   endpoint with the key added, metered from the provider's own answers, and refused once the
-                   job is past its token budget, the day's token cap or its dollar cap (the job is then stopped)
+    provider.sock  pi's provider calls (origin-form HTTP): only the calls of provider_calls.py's table, their
+                   paths, bodies and models checked; each call's worst case reserved against the job's token
+                   budget, its dollar cap and the day's tokens, and its output ceiling lowered to what is left
+                   (call_budget.py); forwarded over HTTPS with the key added; metered from the provider's own
+                   answer and settled to it. A call that cannot fit stops the job. At most
+                   PI_GATEWAY_CALLS_IN_FLIGHT calls of a job are in flight, each body at most
+                   PI_GATEWAY_MAX_REQUEST_MB, so the gateway's memory is bounded whatever the container sends
     proxy.sock     the HTTP(S)_PROXY of everything else: CONNECT tunnels and absolute-form requests, only to
                    the host:port pairs of PI_EGRESS_ALLOW; anything else is answered 403 before a name is
                    resolved or a socket opened
@@ -20,29 +24,29 @@ Log lines carry host:port and counts only, never a path, a header or a body.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import threading
 from dataclasses import dataclass, field
+from decimal import Decimal
 from hashlib import sha256
 from pathlib import Path
 from typing import Callable
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
 from django.conf import settings
-from django.utils import timezone
 from redis.exceptions import RedisError
+from yarl import URL
 
-from apps.worker.gates import budget, money
-from apps.worker.sandbox import image_contract, prices
+from apps.worker.gates import budget
+from apps.worker.sandbox import call_budget, image_contract, prices, provider_calls
 from apps.worker.sandbox.egress_policy import log_safe, split_authority
-from apps.worker.sandbox.metering import Meter, ResponseReader
+from apps.worker.sandbox.metering import Meter, ResponseReader, Usage
+from apps.worker.sandbox.provider_calls import CallRefused
 from apps.worker.sandbox.providers import Upstream
 
 logger = logging.getLogger("pidispatch.egress")
@@ -51,13 +55,10 @@ logger = logging.getLogger("pidispatch.egress")
 PLACEHOLDER_KEY = "pidispatch-gateway-adds-the-key"
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                         "transfer-encoding", "upgrade", "proxy-connection"})
-CLIENT_CREDENTIALS = frozenset({"authorization", "x-api-key", "x-goog-api-key", "api-key"})
-MAX_REQUEST_BYTES = 64 * 1024 * 1024
 MAX_PROXY_HEAD_BYTES = 16 * 1024
 CONNECT_TIMEOUT_SECONDS = 10
-MODEL_NEAR_START = re.compile(rb'"model"\s*:\s*"([^"\\]{1,200})"')
-GOOGLE_MODEL = re.compile(r"/models/([^/:]{1,200}):")
 MAX_DENIED_NAMED = 5
+MAX_WAITING_CALLS = 16  # provider calls queued behind the job's calls in flight; past it they are refused
 
 
 class GatewayUnavailable(Exception):
@@ -81,9 +82,11 @@ class EgressReport:
     meter: Meter
     stop_reason: str | None = None
     auth_refused: int = 0
-    denied: int = 0
+    denied: int = 0  # requests not let out (a proxy destination off the allowlist, a provider call off the table)
     faults: int = 0
     tunnels: dict[str, int] = field(default_factory=dict)
+    refusals: dict[str, int] = field(default_factory=dict)  # provider calls not forwarded, by reason
+    unpriced_model: str = ""  # the model refused `model-unpriced` (its name when the operator or pi knows it)
 
 
 def auth_headers(api: str, key: str) -> dict[str, str]:
@@ -122,6 +125,9 @@ class EgressGateway:
         self.owner = owner
         self.on_stop = on_stop
         self.report = EgressReport(meter=Meter())
+        self.budget = call_budget.CallBudget(max_tokens=limits.max_tokens, max_cost_micros=limits.max_cost_micros,
+                                             daily_token_cap=limits.daily_token_cap, redis=redis,
+                                             now=call_budget.now_utc)
         self.folder = socket_root() / sha256(job_id.encode()).hexdigest()[:20]
         self.provider_socket = self.folder / "provider.sock"
         self.proxy_socket = self.folder / "proxy.sock"
@@ -133,6 +139,8 @@ class EgressGateway:
         self._closing: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
         self._pipes: set[asyncio.Task] = set()
+        self._calls: asyncio.Semaphore | None = None  # made on the gateway's own loop
+        self._waiting = 0
 
     # --- what the container gets ---------------------------------------------------------------------
 
@@ -191,6 +199,7 @@ class EgressGateway:
 
     async def _serve(self) -> None:
         self._closing = asyncio.Event()
+        self._calls = asyncio.Semaphore(settings.PI_GATEWAY_CALLS_IN_FLIGHT)
         session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=32, enable_cleanup_closed=True),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SECONDS,
@@ -198,7 +207,8 @@ class EgressGateway:
             auto_decompress=False,
         )
         self._session = session
-        provider = web.Server(self._provider_request, access_log=None)
+        # No lingering: a refused body is not read to its end (it may be 60 MiB), the connection just closes.
+        provider = web.Server(self._provider_request, access_log=None, lingering_time=0)
         loop = asyncio.get_running_loop()
         provider_server = await loop.create_unix_server(provider, path=str(self.provider_socket))
         proxy_server = await asyncio.start_unix_server(self._proxy_connection, path=str(self.proxy_socket),
@@ -235,47 +245,17 @@ class EgressGateway:
             logger.info("egress_stop job=%s reason=%s tokens=%d", self.job_id, reason, self.report.meter.tokens_total)
             threading.Thread(target=self.on_stop, args=(reason,), name=f"egress-stop-{self.job_id}", daemon=True).start()
 
-    def _refusal(self) -> str | None:
-        if self.report.stop_reason:
-            return self.report.stop_reason
-        if self.limits.max_tokens and self.report.meter.tokens_total >= self.limits.max_tokens:
-            return "token-budget"
-        cap = self.limits.max_cost_micros
-        if cap and money.cost_micros(self.report.meter.priced_cost) >= cap:
-            return "cost-cap"
-        if self.limits.daily_token_cap:
-            try:
-                spent = budget.tokens_spent_today(self.redis, timezone.now())
-            except RedisError:
-                spent = 0  # the cap was checked before the job started; the run's record settles it
-            if spent + self.unrecorded_tokens >= self.limits.daily_token_cap:
-                return "daily-token-cap"
-        return None
-
-    def _count_tokens(self, tokens: int) -> None:
+    def _count_tokens(self, key: str, tokens: int) -> None:
+        """Into the day's counter; what Redis cannot take now is settled by the worker after the run."""
         if not tokens:
             return
         try:
-            budget.record_tokens(self.redis, tokens + self.unrecorded_tokens, timezone.now())
+            budget.add_tokens(self.redis, key, tokens + self.unrecorded_tokens)
             self.unrecorded_tokens = 0
         except RedisError:
             self.unrecorded_tokens += tokens
 
     # --- the provider ---------------------------------------------------------------------------------
-
-    def _model(self, path: str, body: bytes) -> str:
-        if self.upstream.api == "google-generative-ai":
-            match = GOOGLE_MODEL.search(path)
-            return match.group(1) if match else ""
-        match = MODEL_NEAR_START.search(body[:2048])
-        if match:
-            return match.group(1).decode("utf-8", "replace")
-        try:
-            document = json.loads(body)
-        except ValueError:
-            return ""
-        model = document.get("model") if isinstance(document, dict) else None
-        return model if isinstance(model, str) else ""
 
     def _recorded_model(self, model: str) -> str:
         """Only a name the operator or pi's registry knows reaches the record (the container chose it)."""
@@ -283,59 +263,102 @@ class EgressGateway:
             return model.lower()
         return "unlisted"
 
-    @staticmethod
-    def _with_usage_requested(body: bytes) -> bytes:
-        """A streamed chat completion without `stream_options.include_usage` would report no usage."""
-        if b'"include_usage"' in body or b'"stream"' not in body:
-            return body
-        try:
-            document = json.loads(body)
-        except ValueError:
-            return body
-        if not isinstance(document, dict) or document.get("stream") is not True:
-            return body
-        options = document.get("stream_options") if isinstance(document.get("stream_options"), dict) else {}
-        document["stream_options"] = {**options, "include_usage": True}
-        return json.dumps(document, separators=(",", ":")).encode()
-
     def _policy_answer(self, status: int, reason: str) -> web.Response:
         message = f"pidispatch egress gateway: {reason}"
         return web.json_response({"type": "error", "error": {"type": "pidispatch_policy", "message": message}},
                                  status=status)
 
+    def _refused(self, refused: CallRefused) -> web.Response:
+        """A call not forwarded: counted, logged (its reason only), and the job stopped when the reason says so."""
+        self.report.refusals[refused.reason] = self.report.refusals.get(refused.reason, 0) + 1
+        if refused.stop:
+            self._stop(refused.reason)
+        else:
+            self.report.denied += 1
+            logger.info("egress_call_refused job=%s provider=%s reason=%s", self.job_id, self.upstream.host_port,
+                        refused.reason)
+        answer = self._policy_answer(refused.status, refused.reason)
+        answer.force_close()  # its body may be unread: the connection ends with the answer
+        return answer
+
     async def _provider_request(self, request: web.BaseRequest) -> web.StreamResponse:
-        path = request.rel_url.path
-        prefix = self.upstream.path
-        if prefix and path != prefix and not path.startswith(prefix + "/"):
-            return self._policy_answer(404, "not a path of this job's provider")
-        refusal = self._refusal()
-        if refusal:
-            self._stop(refusal)
-            return self._policy_answer(403, refusal)
+        try:
+            call = provider_calls.match(self.upstream.api, request.method, request.raw_path, self.upstream.path)
+        except CallRefused as refused:
+            return self._refused(refused)
+        # The job's calls in flight are bounded, and so are the ones waiting for a place (whose bodies are not
+        # read yet): whatever the container sends, the gateway holds at most that many bodies at once.
+        if self._calls.locked() and self._waiting >= MAX_WAITING_CALLS:
+            return self._refused(CallRefused(429, "calls-in-flight"))
+        self._waiting += 1
+        try:
+            await self._calls.acquire()
+        finally:
+            self._waiting -= 1
+        try:
+            return await self._forward(call, request)
+        finally:
+            self._calls.release()
+
+    async def _read_body(self, request: web.BaseRequest) -> bytes:
+        limit = settings.PI_GATEWAY_MAX_REQUEST_MB * 1024 * 1024
+        if request.content_length is not None and request.content_length > limit:
+            raise CallRefused(413, "request-too-large")
         body = bytearray()
         async for chunk in request.content.iter_any():
             body += chunk
-            if len(body) > MAX_REQUEST_BYTES:
-                return self._policy_answer(413, "request too large")
-        body = bytes(body)
-        model = self._model(path, body)
-        if self.limits.model and model and model != self.limits.model:
-            self._stop("model-not-allowed")
-            return self._policy_answer(403, "model-not-allowed")
-        if self.upstream.api == "openai-completions":
-            body = self._with_usage_requested(body)
-        query = [(name, value) for name, value in parse_qsl(request.rel_url.query_string, keep_blank_values=True)
-                 if name != "key"]
-        url = self.upstream.origin + path + (f"?{urlencode(query)}" if query else "")
-        headers = {name: value for name, value in request.headers.items()
-                   if name.lower() not in HOP_BY_HOP | CLIENT_CREDENTIALS | {"host", "content-length", "accept-encoding"}}
-        headers.update(auth_headers(self.upstream.api, self._key))
-        headers["Accept-Encoding"] = "identity"
-        answered, reader = False, None
+            if len(body) > limit:
+                raise CallRefused(413, "request-too-large")
+        return bytes(body)
+
+    async def _prepared(self, call: provider_calls.Call, request: web.BaseRequest):
+        """(body to forward, model, rates, reservation) once every check passed; CallRefused or BudgetRefused if
+        not. What is forwarded is the parsed document, serialised again."""
+        received = await self._read_body(request)
+        document = provider_calls.parse(received)
+        model = provider_calls.model_of(call, document)
+        feature = provider_calls.refusal(call, document)
+        if feature:
+            raise CallRefused(403, feature)
+        if self.limits.model and model != self.limits.model:
+            raise CallRefused(403, "model-not-allowed", stop=True)
+        rates = call_budget.Rates.of(prices.price(self.upstream.provider, model))
+        if call.billed and rates is None and self.budget.dollar_cap_applies:
+            self.report.unpriced_model = self._recorded_model(model)
+            raise CallRefused(403, "model-unpriced", stop=True)
+        provider_calls.ask_for_usage(call, document)
+        grant = None
+        if call.billed:
+            input_bound = provider_calls.input_bound(call, received, document)
+            grant = await self.budget.reserve(rates, input_bound, provider_calls.output_ceiling(call, document))
+            if grant.output is not None:
+                provider_calls.set_output_ceiling(call, document, grant.output)
+        return provider_calls.serialise(document), model, rates, grant
+
+    async def _forward(self, call: provider_calls.Call, request: web.BaseRequest) -> web.StreamResponse:
+        stop = self.report.stop_reason or self.budget.exhausted()
+        if stop:
+            self._stop(stop)
+            return self._policy_answer(403, stop)
         try:
-            async with self._session.request(request.method, url, data=body, headers=headers,
-                                             allow_redirects=False) as answer:
-                answered = True
+            body, model, rates, grant = await self._prepared(call, request)
+        except CallRefused as refused:
+            return self._refused(refused)
+        except call_budget.BudgetRefused as refused:
+            return self._refused(CallRefused(403, refused.reason, stop=True))
+        except RedisError:
+            logger.warning("egress_budget_unavailable job=%s", self.job_id)
+            return self._policy_answer(503, "the day's token budget could not be read")
+        url = URL(self.upstream.origin + self.upstream.path + call.path + (f"?{call.query}" if call.query else ""),
+                  encoded=True)
+        headers = provider_calls.forwarded_headers(request.headers)
+        headers.update(auth_headers(self.upstream.api, self._key))
+        headers["Content-Type"] = "application/json"
+        headers["Accept-Encoding"] = "identity"
+        status, reader, cut, sent = None, None, False, True
+        try:
+            async with self._session.post(url, data=body, headers=headers, allow_redirects=False) as answer:
+                status = answer.status
                 if answer.status in (401, 403):
                     self.report.auth_refused += 1
                 response = web.StreamResponse(status=answer.status, reason=answer.reason)
@@ -345,7 +368,7 @@ class EgressGateway:
                 if answer.content_length is not None:
                     response.content_length = answer.content_length
                 streaming = answer.headers.get("Content-Type", "").startswith("text/event-stream")
-                reader = ResponseReader(self.upstream.api, streaming) if answer.status < 400 else None
+                reader = ResponseReader(call.api, streaming) if call.billed and 200 <= answer.status < 300 else None
                 await response.prepare(request)
                 try:
                     async for chunk in answer.content.iter_any():
@@ -355,20 +378,48 @@ class EgressGateway:
                     await response.write_eof()
                 except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
                     response.force_close()  # the provider or the container went away mid-answer
-                    self.report.meter.incomplete += 1  # its usage may be only partly read
+                    cut = True
                 return response
+        except aiohttp.ClientConnectorError as exc:
+            sent = False  # no connection: nothing reached the provider
+            return self._provider_fault(exc)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            self.report.faults += 1
-            logger.warning("egress_provider_fault job=%s provider=%s error=%s", self.job_id,
-                           self.upstream.host_port, type(exc).__name__)
-            return self._policy_answer(502, "the provider could not be reached")
+            return self._provider_fault(exc)
         finally:
-            if answered:
+            # Whatever ended the call (an answer, a fault, the gateway closing mid-call): its reservation settles.
+            if grant is not None:
                 usage = reader.finish() if reader is not None else None
-                if reader is not None and usage is None:
-                    self.report.meter.incomplete += 1  # a successful answer that said nothing of what it cost
-                self._count_tokens(self.report.meter.record(self.upstream.provider, self._recorded_model(model),
-                                                            usage))
+                unread = (reader is not None and (cut or usage is None)) or (status is None and sent)
+                if reader is not None and usage is None and not cut:
+                    self._stop("usage-unreadable")
+                await self._settle(model, rates, grant, usage, charge_worst_case=unread,
+                                   answered=status is not None or sent)
+
+    def _provider_fault(self, exc: BaseException) -> web.Response:
+        self.report.faults += 1
+        logger.warning("egress_provider_fault job=%s provider=%s error=%s", self.job_id, self.upstream.host_port,
+                       type(exc).__name__)
+        return self._policy_answer(502, "the provider could not be reached")
+
+    async def _settle(self, model: str, rates, grant: call_budget.Grant, usage: Usage | None, *,
+                      charge_worst_case: bool, answered: bool) -> None:
+        """Meter one call and settle its reservation. A call that may have been billed but whose usage was not
+        read whole (cut short, timed out, no usage in a successful answer) is charged its reserved worst case."""
+        worst_cost = None
+        if charge_worst_case:
+            usage = Usage(input=grant.input_bound, output=grant.output or 0)
+            worst_cost = rates.cost(grant.input_bound, grant.output or 0) if rates is not None else None
+        tokens = 0
+        if answered:
+            tokens = self.report.meter.record(self.upstream.provider, self._recorded_model(model), usage,
+                                              worst_case=worst_cost)
+        cost = worst_cost if worst_cost is not None else (
+            prices.cost(self.upstream.provider, model, usage) if usage is not None else Decimal(0))
+        if tokens > grant.tokens and grant.output is not None:
+            logger.warning("egress_call_over_reservation job=%s reserved=%d used=%d", self.job_id, grant.tokens,
+                           tokens)
+        await self.budget.settle(grant, tokens, cost)
+        self._count_tokens(*self.budget.day_adjustment(grant, tokens))
 
     # --- everything else: CONNECT and absolute-form, by the allowlist -----------------------------------
 

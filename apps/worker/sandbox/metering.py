@@ -196,7 +196,7 @@ class Meter:
     def __init__(self):
         self.rows: dict[tuple[str, str], ModelRow] = {}
         self.calls = 0
-        self.incomplete = 0  # answers whose usage could not be read whole (cut mid-stream, none reported)
+        self.worst_cases = 0  # answers charged their reserved worst case (cut short, or no usage reported)
 
     @property
     def metered(self) -> bool:
@@ -208,8 +208,9 @@ class Meter:
         return sum((row.cost for row in self.rows.values()), Decimal(0))
 
     def known_cost(self) -> Decimal | None:
-        """The whole cost, when every answer was read whole and priced; None when it cannot be known."""
-        if not self.metered or self.incomplete or not all(row.priced for row in self.rows.values()):
+        """The whole cost, when every call was priced (an answer cut short counts its worst case); None when it
+        cannot be known."""
+        if not self.metered or not all(row.priced for row in self.rows.values()):
             return None
         return self.priced_cost
 
@@ -217,8 +218,9 @@ class Meter:
     def tokens_total(self) -> int:
         return sum(row.usage.total for row in self.rows.values())
 
-    def record(self, provider: str, model: str, usage: Usage | None) -> int:
-        """One answered provider call; returns the tokens it used (0 when the answer carried no usage)."""
+    def record(self, provider: str, model: str, usage: Usage | None, *, worst_case: Decimal | None = None) -> int:
+        """One answered provider call; returns the tokens it used (0 when the answer carried no usage).
+        `worst_case`: the call is charged this reserved cost instead of its usage at list price."""
         self.calls += 1
         model = model if MODEL_ID.fullmatch(model) else "unlisted"
         row = self.rows.setdefault((provider, model), ModelRow(provider, model))
@@ -227,7 +229,9 @@ class Meter:
             return 0
         for attribute in ("input", "output", "cache_read", "cache_write"):
             setattr(row.usage, attribute, getattr(row.usage, attribute) + getattr(usage, attribute))
-        cost = prices.cost(provider, model, usage)
+        if worst_case is not None:
+            self.worst_cases += 1
+        cost = worst_case if worst_case is not None else prices.cost(provider, model, usage)
         if cost is None:
             row.priced = False
         else:

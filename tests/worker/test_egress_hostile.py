@@ -470,3 +470,18 @@ def test_the_gateways_memory_is_bounded_whatever_the_container_sends(provider, r
     print(f"gateway grew {peak - baseline:.0f} MB in {time.monotonic() - started:.1f} s: {results}")
     assert set(results[:4]) <= {413, "reset"} and results[4:] == [200] * 8
     assert peak - baseline < 200, f"the gateway grew {peak - baseline:.0f} MB"
+
+
+@pytest.mark.parametrize("ceilings", [{"max_tokens": 300, "max_completion_tokens": 900_000},
+                                      {"max_completion_tokens": 1e6}, {"max_tokens": "900000"}])
+def test_a_ceiling_read_two_ways_is_written_again(ceilings, provider, redis_conn):
+    """Two fields that disagree, or a ceiling that is not an integer: the provider might read either, so the
+    gateway writes its own into every field."""
+    body = json.dumps({"model": "scripted-coder", "stream": True, "messages": [{"role": "user", "content": "x"}],
+                       **ceilings}).encode()
+    limits = gateway.Limits(max_tokens=20_000)
+    with running_gateway(redis_conn, upstream_for("openai-completions", provider), limits=limits) as (egress, _):
+        post(egress.provider_socket, "/v1/chat/completions", body)
+    sent = sent_body(provider)
+    written = {sent[field] for field in ceilings}
+    assert len(written) == 1 and 256 <= written.pop() <= 20_000 - 4096

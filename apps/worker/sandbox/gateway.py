@@ -207,8 +207,9 @@ class EgressGateway:
             auto_decompress=False,
         )
         self._session = session
-        # No lingering: a refused body is not read to its end (it may be 60 MiB), the connection just closes.
-        provider = web.Server(self._provider_request, access_log=None, lingering_time=0)
+        # A refused body is read (and dropped) for two seconds at most after the answer, so a client still sending
+        # it sees the answer rather than a reset, and one sending 60 MiB is cut off.
+        provider = web.Server(self._provider_request, access_log=None, lingering_time=2)
         loop = asyncio.get_running_loop()
         provider_server = await loop.create_unix_server(provider, path=str(self.provider_socket))
         proxy_server = await asyncio.start_unix_server(self._proxy_connection, path=str(self.proxy_socket),
@@ -313,7 +314,7 @@ class EgressGateway:
 
     async def _prepared(self, call: provider_calls.Call, request: web.BaseRequest):
         """(body to forward, model, rates, reservation) once every check passed; CallRefused or BudgetRefused if
-        not. What is forwarded is the parsed document, serialised again."""
+        not. What is forwarded is the parsed document (provider_calls.py's docstring says how)."""
         received = await self._read_body(request)
         document = provider_calls.parse(received)
         model = provider_calls.model_of(call, document)
@@ -326,14 +327,16 @@ class EgressGateway:
         if call.billed and rates is None and self.budget.dollar_cap_applies:
             self.report.unpriced_model = self._recorded_model(model)
             raise CallRefused(403, "model-unpriced", stop=True)
-        provider_calls.ask_for_usage(call, document)
+        rewritten = provider_calls.ask_for_usage(call, document)
         grant = None
         if call.billed:
             input_bound = provider_calls.input_bound(call, received, document)
-            grant = await self.budget.reserve(rates, input_bound, provider_calls.output_ceiling(call, document))
-            if grant.output is not None:
+            asked = provider_calls.output_ceiling(call, document)
+            grant = await self.budget.reserve(rates, input_bound, asked)
+            if grant.output is not None and grant.output != asked:
                 provider_calls.set_output_ceiling(call, document, grant.output)
-        return provider_calls.serialise(document), model, rates, grant
+                rewritten = True
+        return (provider_calls.serialise(document) if rewritten else received), model, rates, grant
 
     async def _forward(self, call: provider_calls.Call, request: web.BaseRequest) -> web.StreamResponse:
         stop = self.report.stop_reason or self.budget.exhausted()

@@ -17,9 +17,10 @@ The path is checked as the container sent it, before any decoding: only unreserv
 segment, no empty segment, no percent-encoding at all (so no encoded slash, dot or backslash), no query but the
 one a call declares. The URL sent upstream is rebuilt from the table's own path, never from the request's.
 
-The body is parsed once, strictly (UTF-8, one JSON object, no duplicate key at any depth, no NaN), and the
-document is what is forwarded (serialised again): no parser upstream can read another model or another
-ceiling than the gateway did. The model is the document's (Google: the checked path's). Features the meter
+The body is parsed once, strictly (UTF-8, one JSON object, no duplicate key at any depth, no NaN, no comment or
+trailing comma), and what is forwarded is that document: serialised again when the gateway rewrote it (its output
+ceiling, its usage request), else the bytes it parsed, which then hold no construct two JSON parsers read apart,
+so no parser upstream can read another model or another ceiling than the gateway did. The model is the document's (Google: the checked path's). Features the meter
 cannot bound are refused: provider-side tools (web search, code execution, remote MCP servers, URL fetches),
 references to content stored at the provider (files, cached contents, earlier responses), several answers per
 call, priority tiers, and media the gateway cannot bound (documents, audio, video). Images travel inline only.
@@ -298,10 +299,13 @@ def input_bound(call: Call, body: bytes, document: dict) -> int:
 # --- the output ceiling -----------------------------------------------------------------------------------
 
 def output_ceiling(call: Call, document: dict) -> int | None:
-    """The output ceiling the request asks for (None: none set, or one the gateway cannot read)."""
-    values = [value for value in _ceiling_values(call, document)
-              if isinstance(value, int) and not isinstance(value, bool) and value > 0]
-    return min(values) if values else None
+    """The output ceiling the request asks for: None when it sets none, or one the gateway cannot read as one
+    positive integer (two fields that disagree, a float): the gateway then writes its own."""
+    values = {value for value in _ceiling_values(call, document) if value is not None}
+    if len(values) != 1:
+        return None
+    (value,) = values
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _ceiling_values(call: Call, document: dict) -> list:
@@ -342,11 +346,16 @@ def set_output_ceiling(call: Call, document: dict, ceiling: int) -> None:
             thinking["thinkingBudget"] = ceiling
 
 
-def ask_for_usage(call: Call, document: dict) -> None:
-    """A streamed chat completion reports its usage only when asked: always ask (set, or overwrite)."""
-    if call.api == COMPLETIONS and document.get("stream") is True:
-        options = document.get("stream_options")
-        document["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+def ask_for_usage(call: Call, document: dict) -> bool:
+    """A streamed chat completion reports its usage only when asked: always ask (set, or overwrite). Whether the
+    document changed."""
+    if call.api != COMPLETIONS or document.get("stream") is not True:
+        return False
+    options = document.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return False
+    document["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return True
 
 
 def forwarded_headers(headers) -> dict[str, str]:

@@ -170,12 +170,18 @@ PI_JOB_CPUS = env.float("PI_JOB_CPUS", default=2.0)
 # the admin's settings row overrides it live (apps/worker/gates/host_slots.py).
 PI_CONCURRENCY = env.int("PI_CONCURRENCY", default=0) or None
 PI_JOB_PIDS_LIMIT = 512
+# The container's root filesystem is read-only; /tmp and the job user's home are tmpfs of at most this many MiB
+# each (memory, counted in PI_JOB_MEMORY), so nothing the job writes outside /workspace reaches the host's disk.
+PI_JOB_TMP_MB = env.int("PI_JOB_TMP_MB", default=512)
+PI_JOB_HOME_MB = env.int("PI_JOB_HOME_MB", default=256)
 # The uid:gid a job runs as when the worker itself runs as root (never root inside the container).
 PI_JOB_USER = env("PI_JOB_USER", default="1000:1000")
 PI_JOB_TIMEOUT_SECONDS = env.int("PI_JOB_TIMEOUT_SECONDS", default=30 * 60)
-# The most a job's workspace may take on disk (a local job's: what it adds), measured every poll while the job
-# runs (apps/worker/sandbox/disk.py); 0 turns it off.
+# The most a job's workspace may take on disk (its files' apparent sizes; a local job's: what it adds), measured
+# every poll while the job runs and once more when it ends (apps/worker/sandbox/disk.py); 0 turns it off.
 PI_JOB_DISK_MB = env.int("PI_JOB_DISK_MB", default=10 * 1024)
+# The most files (and folders and links) it may hold, counted the same way; 0 turns it off.
+PI_JOB_MAX_FILES = env.int("PI_JOB_MAX_FILES", default=100_000)
 PI_JOB_DISK_POLL_SECONDS = env.float("PI_JOB_DISK_POLL_SECONDS", default=5)
 # `manage.py doctor` FAILs this host below this much free space under PI_JOB_ROOT (a clone would fail disk-full).
 PI_DOCTOR_MIN_FREE_MB = env.int("PI_DOCTOR_MIN_FREE_MB", default=1024)

@@ -515,6 +515,22 @@ def check_disk() -> list[Finding]:
     return [Finding(OK, "disk", shown)]
 
 
+def check_git() -> list[Finding]:
+    """The worker's git runs in repositories the agent wrote: one that fetches lazily could be made to run any
+    command (the worker refuses to start on it too)."""
+    from apps.worker.sandbox.gitrun import git_problem, git_version
+
+    try:
+        version = git_version()
+    except OSError as error:
+        return [Finding(FAIL, "git", f"git does not run on this host ({type(error).__name__})",
+                        "install git 2.39.4 or later (the worker clones and publishes with it)")]
+    problem = git_problem(version)
+    if problem:
+        return [Finding(FAIL, "git", problem[0], f"install {problem[1]}; the worker does not start until then")]
+    return [Finding(OK, "git", f"{version.removeprefix('git version ')}, fixed against lazy fetching")]
+
+
 def rows_of_this_machine(hosts) -> list:
     """This host's registry rows: its name's, and any whose worker processes run on this very machine (a
     worker declared by its queue, `rqworker pi-jobs@hostA`, has a name the doctor's settings do not)."""
@@ -617,6 +633,7 @@ def diagnose(live: bool = False) -> list[HostReport]:
     here.findings += _guarded(check_profiles)
     here.findings += _guarded(check_settings)
     here.findings += _guarded(check_disk)
+    here.findings += _guarded(check_git)
     reports = [here]
     if redis_ok:
         now = time.time()

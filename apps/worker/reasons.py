@@ -173,10 +173,18 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
     "push-too-many-files": ("The change touches more files than PI_MAX_CHANGED_FILES.", "Raise it and “Publish again”."),
     "push-too-large": ("The change is larger than PI_MAX_PUSH_BYTES.", "Raise it and “Publish again”."),
     "file-too-large": ("A changed file is larger than the forge accepts.", "Nothing to push; narrow the task."),
-    "symlink-escapes": ("The change adds a link out of the repository.", "Not publishable; narrow the task."),
+    "symlink-escapes": ("The change adds a link out of the repository (directly, or through the repository's "
+                        "other links).", "Not publishable; narrow the task."),
     "submodule-change-refused": ("The change touches a submodule.", "Not publishable; narrow the task."),
     "workspace-repo-unsafe": ("The agent left its repository in a state the worker does not read.", _CHECK_LOG),
     "work-unreadable": ("The worker could not read the agent's work.", _CHECK_LOG),
+    "work-config-unsafe": ("The agent's .git/config could make the worker's git run a program or reach elsewhere "
+                           "(partial clone, a promisor or added remote, a protocol, a URL rewrite, fsmonitor, ...).",
+                           "Nothing is read or published; start the run again, and tell the task not to change git's "
+                           "configuration."),
+    "work-nested-repository": ("The agent left another git repository (a .git folder, or a .git file naming one) "
+                               "inside its workspace, which the worker does not follow.",
+                               "Nothing is published; start the run again without nested repositories."),
     "push-refused": ("The forge refused the push (a protected branch, or a hook).",
                      "Allow the bot to push pi/* branches, then “Publish again”."),
 }
@@ -293,6 +301,9 @@ STOPPED = {
     "submodule-change-refused": NOT_PUBLISHED + "the change adds, changes or removes a submodule." + KEPT,
     "workspace-repo-unsafe": NOT_PUBLISHED + "the agent left its repository in a state the worker does not read.",
     "work-unreadable": NOT_PUBLISHED + "the worker could not read the agent's work.",
+    "work-config-unsafe": NOT_PUBLISHED + "the agent changed the repository's git configuration in a way the worker "
+                          "does not read.",
+    "work-nested-repository": NOT_PUBLISHED + "the agent left another git repository inside its workspace.",
     "push-refused": NOT_PUBLISHED + "the forge refused the push (a protected branch, or a hook)." + KEPT,
     "forge-auth-refused": NOT_PUBLISHED + "the forge refused this deployment's credential." + KEPT,
     "forge-repo-not-found": NOT_PUBLISHED + "this deployment's credential cannot see this repository." + KEPT,

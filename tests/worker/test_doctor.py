@@ -66,6 +66,7 @@ def test_a_working_host_can_run_a_job_and_says_what_to_improve(doctor, redis_con
     assert "ANTHROPIC_API_KEY set (20 chars)" in line(out, "ok", "provider")
     assert "GITHUB_TOKEN set" in line(out, "ok", "forge-github")
     assert "GiB free under" in line(out, "ok", "disk")
+    assert "fixed against lazy fetching" in line(out, "ok", "git")
     assert "python manage.py rqworker pi-jobs" in line(out, "warn", "workers")  # no worker runs now
     assert "nothing else" in line(out, "ok", "settings")
     assert re.search(r"a job can run on this host \(\d+ warnings\)$", out.rstrip())
@@ -135,6 +136,16 @@ def test_disk_below_the_threshold_fails_and_below_a_jobs_size_warns(doctor):
     result = doctor(PI_JOB_DISK_MB=10**9)
     assert result.returncode == 0
     assert "-> free space, or lower PI_JOB_DISK_MB" in line(result.stdout, "warn", "disk")
+
+
+def test_an_old_git_fails_naming_its_version_and_what_to_install(doctor, tmp_path):
+    (tmp_path / "git").write_text("#!/bin/sh\necho 'git version 2.43.3'\n")  # before 2.43.4 fixed lazy fetching
+    (tmp_path / "git").chmod(0o755)
+    result = doctor(PATH=f"{tmp_path}:{os.environ['PATH']}")
+    assert result.returncode == 1
+    found = line(result.stdout, "FAIL", "git")
+    assert "git 2.43.3 lets a repository the agent wrote" in found
+    assert "-> install git 2.43.4 or later; the worker does not start until then" in found
 
 
 def test_profiles_and_forge_config_are_validated(doctor, tmp_path):

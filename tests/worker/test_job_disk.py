@@ -1,6 +1,6 @@
-"""What a job may take of the disk: a workspace past PI_JOB_DISK_MB stops the job `workspace-too-large`
-(a local job's folder counts only what the job added), and a full disk while a job is prepared is a
-retried fault (`disk-full`), never the worker's own bug."""
+"""What a job may take of the disk: a workspace past PI_JOB_DISK_MB (its files' apparent sizes) or PI_JOB_MAX_FILES
+stops the job `workspace-too-large` before anything of it is published (a local job's folder counts only what the
+job added), and a full disk while a job is prepared is a retried fault (`disk-full`), never the worker's own bug."""
 
 import os
 import subprocess
@@ -29,6 +29,30 @@ def test_a_workspace_that_outgrows_the_limit_stops_the_job(run_worker):
     (run,) = runs("gh-disk-hog")
     assert (run.outcome, run.reason, run.budget_reserved) == (Outcome.POLICY, "workspace-too-large", True)
     assert (run.ended_at - run.started_at).total_seconds() < 20  # stopped, not left to its sleep or timeout
+
+
+def test_a_sparse_file_counts_as_long_as_it_says_even_when_written_just_before_the_end(run_worker, github_stand_in):
+    """4 GiB that occupy no block: `git add` would still read all of it. Written in the last moment of the run
+    (the watch's next sample is an hour away), it is caught by the look after the container ended."""
+    enqueue_spec(forge_spec("gh-disk-sparse", body="fake-agent:sparse-mb=4096"))
+
+    run_worker("pi-jobs", env_overrides={**SMALL_DISK, "PI_JOB_DISK_POLL_SECONDS": "3600"})
+
+    (run,) = runs("gh-disk-sparse")
+    assert (run.outcome, run.reason, run.publish_outcome) == (Outcome.POLICY, "workspace-too-large", "")
+    assert github_stand_in.created_pull_requests == []
+
+
+def test_many_empty_files_stop_the_job(run_worker, github_stand_in):
+    """Empty files occupy no block either, yet each is an inode and a walk for the host and for git."""
+    enqueue_spec(forge_spec("gh-disk-files", body="fake-agent:empty-files=3000 fake-agent:sleep=30"))
+
+    run_worker("pi-jobs", env_overrides={**SMALL_DISK, "PI_JOB_MAX_FILES": "1000"})
+
+    (run,) = runs("gh-disk-files")
+    assert (run.outcome, run.reason, run.publish_outcome) == (Outcome.POLICY, "workspace-too-large", "")
+    assert (run.ended_at - run.started_at).total_seconds() < 20  # stopped, not left to its sleep
+    assert github_stand_in.created_pull_requests == []
 
 
 def test_a_local_folder_counts_only_what_the_job_adds(repo, run_worker):  # noqa: F811

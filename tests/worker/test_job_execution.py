@@ -83,6 +83,7 @@ def test_the_container_is_locked_down(post_github, label_trigger, run_worker, se
     assert host_config["NanoCpus"] == 2 * 10**9
     assert host_config["NetworkMode"] == "none"
     assert host_config["Privileged"] is False and host_config["Init"] is True
+    assert host_config["ReadonlyRootfs"] is True and set(host_config["Tmpfs"]) == {"/tmp", "/home/pi"}
     assert config["User"] == "1000:1000"
     assert config["Labels"]["pidispatch.job"] == job_id
     mounts = {mount["Destination"]: mount for mount in seen["attrs"]["Mounts"]}

@@ -27,19 +27,28 @@ def agent_commit(workspace: Path, message: str, author="Someone Else <someone@ex
         GIT_COMMITTER_NAME=name, GIT_COMMITTER_EMAIL=email.rstrip(">"))
 
 
+def origin_of(tmp_path) -> str:
+    return f"file://{tmp_path / 'remote' / 'acme/web.git'}"
+
+
+def clone_of(tmp_path, files: dict):
+    """A depth-1 clone of a repository holding `files`, as a job's workspace; (workspace, start sha)."""
+    sha = make_repository(tmp_path / "remote", "acme/web", files)
+    workspace = tmp_path / "workspace"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", origin_of(tmp_path), str(workspace)], check=True,
+                   capture_output=True)
+    run(workspace, "config", "remote.origin.fetch", "+refs/heads/*:refs/remotes/origin/*")  # as `remote add` writes
+    return workspace, sha
+
+
 @pytest.fixture
 def clone(tmp_path):
-    """A depth-1 clone of a two-file repository, as a job's workspace; (workspace, start sha)."""
-    sha = make_repository(tmp_path / "remote", "acme/web", FILES)
-    workspace = tmp_path / "workspace"
-    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{tmp_path / 'remote' / 'acme/web.git'}",
-                    str(workspace)], check=True, capture_output=True)
-    return workspace, sha
+    return clone_of(tmp_path, FILES)
 
 
 def gather(tmp_path, workspace, sha):
     return collect(workspace, start_sha=sha, store=tmp_path / "job" / "publish.git", identity=BOT,
-                   finished_at=1_800_000_000)
+                   origin_url=origin_of(tmp_path), finished_at=1_800_000_000)
 
 
 def test_nothing_done_is_nothing_to_publish(tmp_path, clone):
@@ -126,6 +135,8 @@ def refusal_of(tmp_path, clone, files: dict, allow_ci=False, max_file_bytes=10**
     ({"azure-pipelines.yml": "steps: []\n"}, "ci-change-refused"),
     ({"docs/link": ("symlink", "../../etc/passwd")}, "symlink-escapes"),
     ({"docs/link": ("symlink", "/etc/passwd")}, "symlink-escapes"),
+    ({"sub/deep": ("symlink", ".."), "up": ("symlink", "sub/deep/..")}, "symlink-escapes"),  # together, not alone
+    ({"a": ("symlink", "b"), "b": ("symlink", "a")}, "symlink-escapes"),  # a loop: never resolves
     ({".gitmodules": "[submodule \"x\"]\n"}, "submodule-change-refused"),
     ({"big.bin": b"x" * 2048}, "file-too-large"),
 ])
@@ -134,7 +145,14 @@ def test_what_is_never_pushed(tmp_path, clone, files, reason):
 
 
 def test_harmless_work_passes_and_a_trigger_may_allow_ci_changes(tmp_path, clone):
-    assert refusal_of(tmp_path, clone, {"docs/link": ("symlink", "../README.md"), "docs/x.md": "x\n"}) is None
+    assert refusal_of(tmp_path, clone, {"docs/link": ("symlink", "../README.md"), "docs/x.md": "x\n",
+                                        "sub/deep": ("symlink", ".."), "top": ("symlink", "sub/deep/README.md")}) is None
+
+
+def test_a_link_out_that_the_repository_already_had_is_not_the_agents(tmp_path):
+    clone = clone_of(tmp_path, {**FILES, "hosts": ("symlink", "/etc/hosts")})
+    assert refusal_of(tmp_path, clone, {"docs/link": ("symlink", "../README.md")}) is None
+    assert refusal_of(tmp_path, clone, {"docs/out": ("symlink", "../../x")}) == "symlink-escapes"
 
 
 def test_a_trigger_may_allow_ci_changes(tmp_path, clone):

@@ -107,7 +107,7 @@ def container_environment(spec: JobSpec, runtime: runtime_settings.RuntimeSettin
     `egress` points pi and every other client at the gateway; the bot identity names the agent's commits.
     The job's resolved secrets come last; gate 9 refused any name that could shadow one of the above."""
     environment = {
-        "HOME": "/home/pi",
+        "HOME": container.JOB_HOME,
         "PI_JOB_ID": spec.job_id,
         "PI_MAX_TURNS": str(job_max_turns(spec, runtime)),
         "PI_PROVIDER": provider,
@@ -435,7 +435,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
                 (container_started - attempt.clock - attempt.workspace_seconds) * 1000,
                 attempt.workspace_seconds * 1000, container_seconds * 1000)
     verdict = classify(result, egress.report, runtime)
-    if watch.exceeded:
+    # The watch's last look, once the container has ended: what it wrote since the last sample counts too.
+    if watch.exceeded or watch.over_limit():
         verdict = Verdict.refused("workspace-too-large", exit_code=verdict.exit_code, telemetry=verdict.telemetry,
                                   budget_reserved=True)
     # The container has ended: from here a Redis fault must not turn its outcome into a retry (which would

@@ -3,6 +3,8 @@ and django-rq's `rqworker-pool` for N processes on one host.
 
 What it adds to RQ's forking worker:
 - it only drains pidispatch queues, and a host queue on the command line declares the host's name;
+- it does not start on a git older than the releases fixed against lazy fetching (the worker's git runs in
+  repositories the agent wrote: apps/worker/sandbox/gitrun.py);
 - it always runs RQ's scheduler (retries and deferrals wait in the scheduled registry), so no extra
   flag or process is needed;
 - it publishes its process in the host registry, and at boot, before taking work, removes this host's
@@ -56,6 +58,7 @@ from apps.worker.jobs import forget_container_texts
 from apps.worker.process import redis_outage, worker_lost
 from apps.worker.process.worker_cancel import CancelWatch
 from apps.worker.process.worker_presence import Presence, job_target
+from apps.worker.sandbox.gitrun import require_safe_git
 
 logger = logging.getLogger("pidispatch.worker")
 
@@ -125,6 +128,7 @@ class DispatchWorker(Worker):
     # --- boot and shutdown ----------------------------------------------------------------------------
 
     def work(self, *args, **kwargs):
+        require_safe_git()
         kwargs["with_scheduler"] = True
         register_queues(self.connection, self.queue_names())
         self.presence.beat()

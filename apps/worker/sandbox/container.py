@@ -2,6 +2,10 @@
 
 One single-use container per job, named `pi-job-<job id>` and labelled for the boot reaper. The
 isolation flags are fixed here and are never taken from a trigger. Nothing is ever pulled.
+
+What the job may write: `/workspace` (a bind mount, measured by apps/worker/sandbox/disk.py), and `/tmp` and its
+home, tmpfs bounded by PI_JOB_TMP_MB and PI_JOB_HOME_MB (memory, inside the container's memory limit). The root
+filesystem is read-only, so nothing else the job writes lands in the engine's data root on the host's disk.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ HOST_LABEL = "pidispatch.host"
 # the host stops it, whoever started it (apps/worker/process/worker_lost.py, reap_overdue).
 DEADLINE_LABEL = "pidispatch.deadline"
 CONTAINER_PREFIX = "pi-job-"
+JOB_HOME = "/home/pi"  # the job user's HOME in every image (DESIGN section 7)
 STOP_GRACE_SECONDS = 5
 # The summary and exit lines are read from the end of stdout; anything before this many bytes is ignored.
 OUTPUT_TAIL_BYTES = 64 * 1024
@@ -169,6 +174,8 @@ def run_container(
             shm_size="1g",
             init=True,
             network_mode="none",
+            read_only=True,
+            tmpfs=scratch_mounts(user),
             environment=environment,
             mounts=[
                 Mount("/job", str(job_dir), type="bind", read_only=True),
@@ -206,6 +213,14 @@ def run_container(
         raise EngineUnavailable(type(exc).__name__) from None
     finally:
         _remove(container)
+
+
+def scratch_mounts(user: tuple[int, int]) -> dict[str, str]:
+    """The writable scratch of a read-only container: /tmp for everyone, the home for the job user alone."""
+    uid, gid = user
+    options = "rw,nosuid,nodev,exec"
+    return {"/tmp": f"{options},size={settings.PI_JOB_TMP_MB}m,mode=1777",
+            JOB_HOME: f"{options},size={settings.PI_JOB_HOME_MB}m,uid={uid},gid={gid},mode=0700"}
 
 
 def _wait(container, deadline: float) -> tuple[int | None, bool]:

@@ -147,7 +147,8 @@ def classify(stderr: str) -> ForgeFailure | None:
 def git(folder: Path, *args: str, authorization: str = "", check: bool = True) -> subprocess.CompletedProcess:
     """git for the clone: a timeout or a failure to run is a transient fault; stderr comes back as text."""
     try:
-        result = run_git(folder, *args, authorization=authorization, timeout=settings.PI_CLONE_TIMEOUT_SECONDS)
+        result = run_git(folder, *args, authorization=authorization, transport="http",
+                         timeout=settings.PI_CLONE_TIMEOUT_SECONDS)
     except subprocess.TimeoutExpired:
         raise ForgeFailure("clone-timeout", transient=True) from None
     except OSError:

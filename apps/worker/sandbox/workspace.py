@@ -14,21 +14,13 @@ closed environment, no discovery above the folder, fsmonitor and hooks off.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from apps.worker.sandbox.gitrun import run_git
+from apps.worker.sandbox.gitrun import run_git, unsafe_settings
 
 GIT_TIMEOUT_SECONDS = 30
-# Keys (lowercased) of a repository's configuration that make `git status` run a program, read configuration
-# from another file, work on another tree, or reach the network.
-UNSAFE_CONFIG = re.compile(r"filter\..+|include\..+|includeif\..+|core\.worktree|extensions\.partialclone"
-                           r"|core\.fsmonitor|extensions\.worktreeconfig|remote\..+\.promisor")
-# Of those, the switches that are harmless when off (git's false: "false", "no", "off", "0" or empty).
-SWITCHES = re.compile(r"core\.fsmonitor|extensions\.worktreeconfig|remote\..+\.promisor")
-OFF = {"false", "no", "off", "0", ""}
 GITLINK_MODE = b"160000 "
 
 
@@ -72,15 +64,6 @@ def _config_entries(path: Path, owner: tuple[int, int]) -> list[tuple[str, str, 
     return entries
 
 
-def _unsafe_settings(entries: list[tuple[str, str, str | None]]) -> list[str]:
-    """`key (file)` of each unsafe setting, so the operator knows what to remove from where."""
-    return sorted({
-        f"{key} ({origin.removeprefix('file:')})" for origin, key, value in entries
-        if UNSAFE_CONFIG.fullmatch(key)
-        and not (SWITCHES.fullmatch(key) and value is not None and value.strip().lower() in OFF)
-    })
-
-
 def _check_repository_safe(path: Path, owner: tuple[int, int]) -> None:
     """Refuses, before any git command but `git config` reads the repository, what would run a program."""
     git_dir = path / ".git"
@@ -88,7 +71,7 @@ def _check_repository_safe(path: Path, owner: tuple[int, int]) -> None:
         raise _refuse_unsafe("the folder's .git is not a directory but a file or link to another git directory")
     if os.path.lexists(git_dir / "commondir"):
         raise _refuse_unsafe("the folder's .git/commondir points git at another git directory")
-    unsafe = _unsafe_settings(_config_entries(path, owner))
+    unsafe = unsafe_settings(_config_entries(path, owner))
     if unsafe:
         raise _refuse_unsafe(f"the repository's git configuration sets {', '.join(unsafe)}, "
                              "which would make git run a program or read another repository")

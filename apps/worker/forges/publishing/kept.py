@@ -120,14 +120,13 @@ def _rebuild(job_root: Path, destination, description: dict, client, credential)
     git = work_module.git
     git(store, "init", "-q", "--bare")
     git(store, "fetch", "-q", "--depth=1", "--no-tags", destination.clone_url, destination.start_sha,
-        authorization=client.git_authorization(credential))
-    git(store, "-c", "protocol.file.allow=always", "fetch", "-q", "--no-tags", str(job_root / BUNDLE),
-        f"{work_module.PUBLISHED_REF}:{work_module.PUBLISHED_REF}")
+        authorization=client.git_authorization(credential), transport="http")
+    git(store, "fetch", "-q", "--no-tags", str(job_root / BUNDLE), f"{work_module.PUBLISHED_REF}:{work_module.PUBLISHED_REF}",
+        transport="file")
     head = git(store, "rev-parse", work_module.PUBLISHED_REF).stdout.strip()
     if head != description["head"]:
         raise NothingKept(description["jobId"])
-    return work_module.Work(store=store, start=destination.start_sha, head=head, commits=description["commits"],
-                            changes=work_module.changes_between(store, destination.start_sha, head))
+    return work_module.work_between(store, destination.start_sha, head, description["commits"])
 
 
 class _SpecIds:

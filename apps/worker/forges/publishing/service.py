@@ -104,7 +104,7 @@ def publish_run(spec, workspace, job_root: Path, workspace_folder: Path, summary
     destination = destination_for(spec, workspace)
     try:
         work = collect(workspace_folder, start_sha=destination.start_sha, store=job_root / "publish.git",
-                       identity=bot_identity(), finished_at=finished_at)
+                       identity=bot_identity(), origin_url=destination.clone_url, finished_at=finished_at)
     except WorkUnreadable as unreadable:
         logger.warning("publish_refused job=%s reason=%s", spec.job_id, unreadable.reason)
         return Publication(unreadable.reason), unreadable.reason
@@ -196,7 +196,8 @@ def _push(work: Work, clone_url: str, branch: str, client, credential) -> str:
     try:
         result = run_git(work.store.parent, "--git-dir", str(work.store), "push", "--porcelain", "--no-verify",
                          clone_url, f"{work.head}:refs/heads/{branch}",
-                         authorization=client.git_authorization(credential), timeout=settings.PI_CLONE_TIMEOUT_SECONDS)
+                         authorization=client.git_authorization(credential), transport="http",
+                         timeout=settings.PI_CLONE_TIMEOUT_SECONDS)
     except Exception:  # a timeout or a git that cannot run: the forge may be fine next time
         raise PublishDeferred("push-failed") from None
     output = (result.stdout + result.stderr).decode("utf-8", "replace").lower()

@@ -6,29 +6,47 @@ the agent left uncommitted by reading the work tree with that repository's (empt
 every commit again with the deployment's bot identity, so whatever the agent put in `user.name` or in its
 commits' authors, what is published names the bot:
 
-    work = collect(workspace, start_sha=..., store=job_root / "publish.git", identity=bot_identity())
+    work = collect(workspace, start_sha=..., store=job_root / "publish.git", identity=bot_identity(),
+                   origin_url=clone_url, finished_at=...)
     work.commits          # how many commits on top of the start
     work.head             # the commit to push (== start when there is nothing)
     work.changes          # every path the push would change, with its mode, blob and size
+    work.links            # when a change is a link: every link of the tree after (`start_links`: before)
     bundle(work, path)    # the commits as a git bundle (their prerequisite: the start commit)
+
+Before git reads anything of it, the workspace is refused when it could point git elsewhere: links or odd files
+in its `.git`, alternates or a common directory (`workspace-repo-unsafe`); a config that could make the fetch's
+upload-pack, which reads it, run a program or reach another place (`work-config-unsafe`); another repository
+inside the work tree, which `git add` would open (`work-nested-repository`). Links in the work tree are never
+followed on this host (git records them as links); where they lead is checks.py's question.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from django.conf import settings
 
-from apps.worker.sandbox.gitrun import run_git
+from apps.worker.sandbox.gitrun import run_git, unsafe_settings
 
 UNCOMMITTED_MESSAGE = "Changes the agent left uncommitted"
 AGENT_REF = "refs/pi/agent"
 PUBLISHED_REF = "refs/pi/published"
 SYMLINK_MODE, GITLINK_MODE = "120000", "160000"
+# The remote the worker's clone wrote (forge_workspace.clone_at: `git remote add origin <clone url>`).
+ORIGIN_FETCH = "+refs/heads/*:refs/remotes/origin/*"
+# What in the agent's config the fetch's upload-pack would act on, or be sent elsewhere by: another file or tree
+# to read, a repository extension (a partial clone's lazy fetch), a protocol it allows, a URL it rewrites, a
+# program it runs. Filters are not among them: git reads the work tree with the worker's config, never the agent's.
+AGENT_CONFIG_UNSAFE = re.compile(r"include\..+|includeif\..+|core\.worktree|extensions\..+|remote\..+\.promisor"
+                                 r"|core\.fsmonitor|protocol\..+|url\..+|core\.sshcommand|core\.gitproxy"
+                                 r"|core\.alternaterefscommand")
 
 
 class WorkUnreadable(Exception):
@@ -64,7 +82,6 @@ class Change:
     new_mode: str
     blob: str  # the new blob ("0" * 40 when deleted)
     size: int  # the new blob's size in bytes (0 when deleted)
-    symlink_target: str = ""
 
 
 @dataclass
@@ -74,18 +91,20 @@ class Work:
     head: str
     commits: int
     changes: list[Change] = field(default_factory=list)
+    links: dict[str, str] = field(default_factory=dict)  # path -> target, at `head` (when a change is a link)
+    start_links: dict[str, str] = field(default_factory=dict)  # the same at `start`
 
     @property
     def empty(self) -> bool:
         return self.commits == 0
 
 
-def git(store: Path, *args: str, stdin: bytes | None = None, env: dict | None = None,
-        authorization: str = "", check: bool = True, timeout: float | None = None) -> subprocess.CompletedProcess:
+def git(store: Path, *args: str, stdin: bytes | None = None, env: dict | None = None, authorization: str = "",
+        transport: str = "none", check: bool = True, timeout: float | None = None) -> subprocess.CompletedProcess:
     """git on the worker's own repository (`--git-dir`), with the hardened runner; stdout as text."""
     try:
         result = run_git(store.parent, "--git-dir", str(store), *args, stdin=stdin, authorization=authorization,
-                         timeout=timeout or settings.PI_CLONE_TIMEOUT_SECONDS, extra_env=env)
+                         transport=transport, timeout=timeout or settings.PI_CLONE_TIMEOUT_SECONDS, extra_env=env)
     except (subprocess.TimeoutExpired, OSError):
         raise WorkUnreadable("work-unreadable") from None
     if check and result.returncode != 0:
@@ -95,8 +114,8 @@ def git(store: Path, *args: str, stdin: bytes | None = None, env: dict | None = 
 
 
 def _check_agents_repository(workspace: Path) -> None:
-    """Before git reads the agent's repository: a plain `.git` folder, no link inside it, no alternates or
-    common directory (they would point git at other repositories on this host)."""
+    """Before git reads the agent's repository: a plain `.git` folder of plain files (a link would point git
+    elsewhere, a FIFO would hold it), no alternates or common directory (other repositories on this host)."""
     dot_git = workspace / ".git"
     if dot_git.is_symlink() or not dot_git.is_dir():
         raise WorkUnreadable("workspace-repo-unsafe")
@@ -105,17 +124,55 @@ def _check_agents_repository(workspace: Path) -> None:
             raise WorkUnreadable("workspace-repo-unsafe")
     for root, folders, files in os.walk(dot_git):
         for name in folders + files:
-            if os.path.islink(os.path.join(root, name)):
+            mode = os.lstat(os.path.join(root, name)).st_mode
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
                 raise WorkUnreadable("workspace-repo-unsafe")
 
 
-def collect(workspace: Path, *, start_sha: str, store: Path, identity: Identity, finished_at: float) -> Work:
-    """`finished_at` (when the agent's container ended) dates the commit of what it left uncommitted."""
+def _check_agents_config(store: Path, workspace: Path, origin_url: str) -> None:
+    """The agent's `.git/config` is read by the upload-pack of the fetch below, a process of its own that the
+    runner's `-c` settings do not reach: it may set nothing that runs a program, reads another file, fetches
+    lazily or reaches elsewhere, and no remote but the `origin` the worker's clone wrote. Read by git's own
+    parser (no includes followed), so what is checked is what upload-pack would read."""
+    listing = git(store, "config", "--file", str(workspace / ".git" / "config"), "--list", "-z", check=False)
+    if listing.returncode != 0:
+        raise WorkUnreadable("work-unreadable")
+    ours = {("remote.origin.url", origin_url), ("remote.origin.fetch", ORIGIN_FETCH)}
+    entries = []
+    for entry in filter(None, listing.stdout.split("\0")):
+        key, has_value, value = entry.partition("\n")
+        entries.append((key, value if has_value else None))
+    lowered = [(".git/config", key.lower(), value) for key, value in entries]
+    if unsafe_settings(lowered, AGENT_CONFIG_UNSAFE) or any(
+            key.lower().startswith("remote.") and (key, value) not in ours for key, value in entries):
+        raise WorkUnreadable("work-config-unsafe")
+
+
+def _check_no_nested_repository(workspace: Path) -> None:
+    """Before git reads the work tree: no other repository inside it, a `.git` folder or a `.git` file naming one
+    anywhere on this host, which `git add` would open (as a submodule) to read its HEAD."""
+    def unreadable(error: OSError):
+        raise WorkUnreadable("work-unreadable")
+
+    for root, folders, files in os.walk(workspace, onerror=unreadable):
+        at_top = root == os.fspath(workspace)
+        if any(name.lower() == ".git" and not (at_top and name == ".git") for name in folders + files):
+            raise WorkUnreadable("work-nested-repository")
+        if at_top:
+            folders[:] = [name for name in folders if name != ".git"]  # the agent's repository: checked above
+
+
+def collect(workspace: Path, *, start_sha: str, store: Path, identity: Identity, origin_url: str,
+            finished_at: float) -> Work:
+    """`origin_url` is the clone's own remote (the one `remote.*` its config may hold); `finished_at` (when the
+    agent's container ended) dates the commit of what it left uncommitted."""
     _check_agents_repository(workspace)
+    _check_no_nested_repository(workspace)
     if store.exists():
         shutil.rmtree(store)
     store.mkdir(mode=0o700, parents=True)
     git(store, "init", "-q", "--bare")
+    _check_agents_config(store, workspace, origin_url)
     # The agent's HEAD, whatever it points at. A clone at depth 1 is shallow: its start commit is a root here too.
     if _fetch_workspace(store, workspace, f"+HEAD:{AGENT_REF}").returncode != 0:
         raise WorkUnreadable("work-unreadable")
@@ -133,17 +190,26 @@ def collect(workspace: Path, *, start_sha: str, store: Path, identity: Identity,
     head = _commit_work_tree(store, workspace, parent=head, identity=identity, when=f"{int(finished_at)} +0000")
     count = int(git(store, "rev-list", "--count", f"{start_sha}..{head}").stdout.strip() or 0)
     git(store, "update-ref", PUBLISHED_REF, head)
-    return Work(store=store, start=start_sha, head=head, commits=count,
-                changes=changes_between(store, start_sha, head) if count else [])
+    return work_between(store, start_sha, head, count)
+
+
+def work_between(store: Path, start: str, head: str, commits: int) -> Work:
+    """The work from `start` to `head` in `store`: its changes and, when one of them is a link, every link of
+    both trees (where a link leads depends on the others)."""
+    changes = changes_between(store, start, head) if commits else []
+    if not any(SYMLINK_MODE in (change.old_mode, change.new_mode) for change in changes):
+        return Work(store=store, start=start, head=head, commits=commits, changes=changes)
+    return Work(store=store, start=start, head=head, commits=commits, changes=changes,
+                links=links_in(store, head), start_links=links_in(store, start))
 
 
 def _fetch_workspace(store: Path, workspace: Path, refspec: str) -> subprocess.CompletedProcess:
     """Fetch from the agent's clone, which belongs to the job's user. Its upload-pack is a process of its own,
     which git starts without our `-c` settings, so it is told to read a repository it does not own; it runs
-    nothing the repository's own config names (its pack-objects hook is read only from the system and global
-    config, which run_git leaves empty)."""
-    return git(store, "-c", "protocol.file.allow=always", "fetch", "--upload-pack=git -c safe.directory=* upload-pack",
-               "-q", "--no-tags", "--update-shallow", str(workspace), refspec, check=False)
+    nothing the repository's own config names (checked above; its pack-objects hook is read only from the
+    system and global config, which run_git leaves empty) and fetches nothing lazily (GIT_NO_LAZY_FETCH)."""
+    return git(store, "fetch", "--upload-pack=git -c safe.directory=* upload-pack", "-q", "--no-tags",
+               "--update-shallow", str(workspace), refspec, transport="file", check=False)
 
 
 def _rewrite(store: Path, start: str, commits: list[str], identity: Identity) -> str:
@@ -195,14 +261,39 @@ def changes_between(store: Path, start: str, head: str) -> list[Change]:
                         stdin="\n".join(live).encode() + b"\n").stdout.splitlines():
             name, _, size = line.partition(" ")
             sizes[name] = int(size) if size.isdigit() else 0
-    changes = []
-    for path, status, old_mode, new_mode, blob in entries:
-        target = ""
-        if new_mode == SYMLINK_MODE:
-            target = git(store, "cat-file", "blob", blob).stdout
-        changes.append(Change(path=path, status=status, old_mode=old_mode, new_mode=new_mode, blob=blob,
-                              size=sizes.get(blob, 0), symlink_target=target))
-    return changes
+    return [Change(path=path, status=status, old_mode=old_mode, new_mode=new_mode, blob=blob, size=sizes.get(blob, 0))
+            for path, status, old_mode, new_mode, blob in entries]
+
+
+def links_in(store: Path, commit: str) -> dict[str, str]:
+    """Every link in `commit`'s tree, path -> target (one `ls-tree` and one `cat-file --batch`)."""
+    listing = git(store, "ls-tree", "-r", "-z", "--full-tree", commit).stdout
+    blobs = {}
+    for entry in filter(None, listing.split("\0")):
+        meta, _, path = entry.partition("\t")
+        mode, _, blob = meta.split(" ")
+        if mode == SYMLINK_MODE:
+            blobs[path] = blob
+    if not blobs:
+        return {}
+    unique = list(dict.fromkeys(blobs.values()))
+    try:
+        result = run_git(store.parent, "--git-dir", str(store), "cat-file", "--batch",
+                         stdin="\n".join(unique).encode() + b"\n", timeout=settings.PI_CLONE_TIMEOUT_SECONDS)
+    except (subprocess.TimeoutExpired, OSError):
+        raise WorkUnreadable("work-unreadable") from None
+    if result.returncode != 0:
+        raise WorkUnreadable("work-unreadable")
+    output, position, targets = result.stdout, 0, {}
+    for blob in unique:
+        header_end = output.find(b"\n", position)
+        header = output[position:header_end].split()
+        if header_end < 0 or len(header) != 3:  # "<oid> missing"
+            raise WorkUnreadable("work-unreadable")
+        start = header_end + 1
+        targets[blob] = output[start:start + int(header[2])].decode("utf-8", "replace")
+        position = start + int(header[2]) + 1
+    return {path: targets[blob] for path, blob in blobs.items()}
 
 
 def bundle(work: Work, path: Path) -> None:

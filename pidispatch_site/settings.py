@@ -339,6 +339,8 @@ LOGGING = {
 
 PI_API_RATE = env("PI_API_RATE", default="600/min")  # requests per token (or session user)
 PI_API_PAGE_SIZE = 50
+# The OpenAPI schema and its docs page are for signed-in users and tokens; true serves them to anyone.
+PI_API_SCHEMA_PUBLIC = env.bool("PI_API_SCHEMA_PUBLIC", default=False)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "apps.access.authentication.BearerTokenAuthentication",
@@ -358,6 +360,7 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Runs, jobs, triggers, deliveries, the fleet and spend: everything an operator does in the admin.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["apps.access.permissions.SchemaReaders"],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",

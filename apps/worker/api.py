@@ -31,7 +31,7 @@ from apps.fleet.connection import get_redis
 from apps.worker import reasons, run_logs
 from apps.worker.manual_runs import ManualRunRefused, start_forge_run, start_local_run
 from apps.worker.models import DispatchSettings, PauseWindow, Run, ScopedLimit
-from pidispatch_site.api_base import StrictCursorPagination, StrictSerializer
+from pidispatch_site.api_base import MAX_ID, StrictCursorPagination, StrictSerializer, WholeNumberIds, whole_number
 
 
 class StrictModelSerializer(StrictSerializer, serializers.ModelSerializer):
@@ -138,7 +138,8 @@ QUEUED_RUN = inline_serializer("QueuedRun", {"job_id": serializers.CharField(), 
         OpenApiParameter("until", OpenApiTypes.DATETIME, description="started before")]),
     create=extend_schema(request=StartRunSerializer, responses={202: QUEUED_RUN}),
 )
-class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):
+class RunViewSet(WholeNumberIds, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                 viewsets.GenericViewSet):
     """Run records (newest first, cursor pages) and starting a manual run."""
 
     serializer_class = RunSerializer
@@ -172,8 +173,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         for name, field in RUN_FILTERS.items():
             if name in query:
                 value = query[name]
-                if name == "trigger" and not value.isdigit():
-                    raise ValidationError({"trigger": ["a trigger id"]})
+                if name == "trigger" and whole_number(value, 1, MAX_ID) is None:
+                    raise ValidationError({"trigger": ["a trigger id: ASCII digits, at least 1"]})
                 runs = runs.filter(**{field: value})
         for name, lookup in (("since", "started_at__gte"), ("until", "started_at__lt")):
             if name in query:
@@ -233,7 +234,7 @@ class DispatchSettingsSerializer(StrictModelSerializer):
         extra_kwargs = {"updated_at": {"allow_null": True}}  # null until the row is first saved
 
 
-class ScopedLimitViewSet(viewsets.ModelViewSet):
+class ScopedLimitViewSet(WholeNumberIds, viewsets.ModelViewSet):
     """Caps and concurrency for one repository or folder (what `import_limits` reads)."""
 
     queryset = ScopedLimit.objects.all()
@@ -244,7 +245,7 @@ class ScopedLimitViewSet(viewsets.ModelViewSet):
                             **{action: ("worker.manage_limits",) for action in scopes}}
 
 
-class PauseWindowViewSet(viewsets.ModelViewSet):
+class PauseWindowViewSet(WholeNumberIds, viewsets.ModelViewSet):
     """Quiet hours: jobs in scope wait until the window ends."""
 
     queryset = PauseWindow.objects.all()

@@ -21,16 +21,18 @@ from drf_spectacular.utils import (
 from redis.exceptions import RedisError
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps import forge_registry
+from apps.access.permissions import allows
 from apps.fleet.api import RedisUnavailable
 from apps.fleet.connection import get_redis
 from apps.worker import reasons, run_logs
-from apps.worker.manual_runs import ManualRunRefused, start_forge_run, start_local_run
+from apps.worker.manual_runs import FOLDER_PERMISSION, ManualRunRefused, start_forge_run, start_local_run
 from apps.worker.models import DispatchSettings, PauseWindow, Run, ScopedLimit
+from apps.worker.sandbox.workspace import FOLDER_NOT_ALLOWED
 from pidispatch_site.api_base import MAX_ID, StrictCursorPagination, StrictSerializer, WholeNumberIds, whole_number
 
 
@@ -98,7 +100,9 @@ PAGINATION_PARAMETERS = {"cursor", "page_size", "format"}
 class StartRunSerializer(StrictSerializer):
     """A local folder on a host, or a forge's issue/pull request; what to do and how."""
 
-    folder = serializers.CharField(required=False, help_text="A git repository on the worker host (absolute path).")
+    folder = serializers.CharField(required=False, help_text="A git repository on the worker host (absolute path, "
+                                   "under a root the host declares in PI_LOCAL_ROOTS). Needs a token with the admin "
+                                   "scope and the permission worker.start_folder_run.")
     host = serializers.CharField(required=False, default="", help_text="The worker host holding the folder.")
     forge = serializers.ChoiceField(choices=forge_registry.NAMES, required=False)
     repository = serializers.CharField(required=False, help_text="As the forge names it, e.g. acme/web.")
@@ -140,7 +144,10 @@ QUEUED_RUN = inline_serializer("QueuedRun", {"job_id": serializers.CharField(), 
 )
 class RunViewSet(WholeNumberIds, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
                  viewsets.GenericViewSet):
-    """Run records (newest first, cursor pages) and starting a manual run."""
+    """Run records (newest first, cursor pages) and starting a manual run. A run on a folder lets the agent rewrite
+    that folder of a worker host: it takes the admin scope and `worker.start_folder_run` besides the operate
+    scope's `worker.start_run`, and a refused folder is answered `folder-not-allowed`, whatever the host found
+    (its worker's log says what and where)."""
 
     serializer_class = RunSerializer
     pagination_class = NewestFirst
@@ -187,9 +194,13 @@ class RunViewSet(WholeNumberIds, mixins.ListModelMixin, mixins.RetrieveModelMixi
         values = dict(serializer.validated_data)
         execution = {name: values.pop(name) for name in ("task", "flow", "command", "image", "provider", "model",
                                                          "max_turns")}
+        if "folder" in values and not allows(request, "admin", (FOLDER_PERMISSION,)):
+            raise PermissionDenied(f"a run on a folder needs a token with the admin scope and the permission "
+                                   f"{FOLDER_PERMISSION}")
         try:
             if "folder" in values:
-                queued = start_local_run(values["folder"], host=values["host"], force=values["force"], **execution)
+                queued = start_local_run(values["folder"], by=request.user, host=values["host"],
+                                         force=values["force"], **execution)
             else:
                 queued = start_forge_run(values["forge"], values["repository"], values["number"],
                                          target_type=values["target_type"], project_id=values["project_id"],
@@ -197,6 +208,8 @@ class RunViewSet(WholeNumberIds, mixins.ListModelMixin, mixins.RetrieveModelMixi
         except ManualRunRefused as refused:
             if not refused.field:
                 raise RedisUnavailable(refused.message) from None
+            if refused.reason:  # the host's folder: no path, owner or state of it leaves the host
+                raise ValidationError({"folder": [FOLDER_NOT_ALLOWED]}) from None
             raise ValidationError({refused.field: [refused.message]}) from None
         return Response({"job_id": queued.job_id, "queue": queued.queue, "target": queued.target, "note": queued.note,
                          "job_url": f"/api/v1/jobs/{queued.job_id}"}, status=status.HTTP_202_ACCEPTED)

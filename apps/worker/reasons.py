@@ -121,6 +121,10 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
     "pi-too-large": ("The .pi/ folder is too large.", "Trim .pi/ in the repository."),
     "pi-unreadable": ("The .pi/ folder could not be read at the cloned commit.", _CHECK_LOG),
     "pi-path-refused": ("A path in .pi/ is not allowed (a link out, or an odd name).", "Fix the path in .pi/."),
+    "folder-not-allowed": ("The host runs no job in this folder: it is not under a root the host declares "
+                           "(PI_LOCAL_ROOTS), or it is or holds pidispatch's own files.",
+                           "Read the worker log on the run's host; move the repository under a declared root, or "
+                           "declare one in the host's environment."),
     "workspace-missing": ("The job's folder does not exist on the host.", "Check the folder of the trigger or the run."),
     "workspace-not-a-repo": ("The job's folder is not a git repository.", "`git init` it, or fix the folder."),
     "workspace-no-commit": ("The folder's repository has no commit yet.", "Make a first commit."),
@@ -210,6 +214,7 @@ REFUSED = {
     "pi-too-many-files": "Refused: the repository's .pi/ folder has more files than a job may carry. Not run.",
     "pi-too-large": "Refused: the repository's .pi/ folder is larger than a job may carry. Not run.",
     "pi-unreadable": "Refused: the repository's .pi/ folder could not be read at the cloned commit. Not run.",
+    "folder-not-allowed": "Refused: the worker does not run jobs in this folder. Not run.",
     "workspace-missing": "Refused: the job's folder does not exist on the worker. Not run.",
     "workspace-not-a-repo": "Refused: the job's folder is not a usable git repository. Not run.",
     "workspace-no-commit": "Refused: the job's repository has no commit yet. Not run.",

@@ -169,6 +169,10 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
     "work-unreadable": ("The worker could not read the agent's work.", _CHECK_LOG),
     "push-refused": ("The forge refused the push (a protected branch, or a hook).",
                      "Allow the bot to push pi/* branches, then “Publish again”."),
+    "summary-held-secret": ("The agent's summary held the provider key or a forge token (as it is or encoded), so "
+                            "nothing of the run was published.",
+                            "Treat the key or token as leaked: rotate it, and review the kept work before "
+                            "“Publish again” (which posts a fixed text, never that summary)."),
 }
 
 REASONS: dict[str, Reason] = {token: Reason(token, *text) for token, text in _EXPLAINED.items()}
@@ -280,6 +284,7 @@ STOPPED = {
     "workspace-repo-unsafe": NOT_PUBLISHED + "the agent left its repository in a state the worker does not read.",
     "work-unreadable": NOT_PUBLISHED + "the worker could not read the agent's work.",
     "push-refused": NOT_PUBLISHED + "the forge refused the push (a protected branch, or a hook)." + KEPT,
+    "summary-held-secret": NOT_PUBLISHED + "the agent's summary held a credential of this deployment." + KEPT,
     "forge-auth-refused": NOT_PUBLISHED + "the forge refused this deployment's credential." + KEPT,
     "forge-repo-not-found": NOT_PUBLISHED + "this deployment's credential cannot see this repository." + KEPT,
     "forge-request-refused": NOT_PUBLISHED + "the forge refused a request to open the pull request." + KEPT,

@@ -135,7 +135,8 @@ def deliver(spec, destination: Destination, work: Work, client: ForgeClient, cre
     """Checks, then the forge, with retries of transient errors; keeps the work when it did not get there."""
     started = time.perf_counter()
     refusal = None if work.empty else checks.refusal(work, allow_ci_changes=destination.allow_ci_changes,
-                                                     max_file_bytes=client.max_file_bytes)
+                                                     max_file_bytes=client.max_file_bytes,
+                                                     repository=destination.ref.repo)
     if refusal:
         publication, reason = Publication(refusal, pushed_commits=0), refusal
     else:

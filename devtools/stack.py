@@ -35,6 +35,9 @@ DEMO_SELF_ID = "1"  # the demo deployment's own (made-up) GitHub account id, for
 DEMO_TIMEOUT_SECONDS = 180
 DEMO_MODEL = "claude-sonnet-4-5"  # priced from pi's list, so the demo's record shows a cost
 DEMO_FORGE_TOKEN = "demo-github-token"
+# The folders this demo's worker may run jobs in (Start a run, dispatch_run), unless PI_LOCAL_ROOTS is set: outside
+# the checkout and var/, which no folder run may touch.
+DEMO_LOCAL_ROOT = Path.home() / "pidispatch-folders"
 DEMO_REPOSITORY = {
     "README.md": "# acme/web\n\nThe demo repository the demo job clones.\n",
     ".pi/skills/demo/SKILL.md": "---\nname: demo\ndescription: The demo flow.\n---\n\nSay hello.\n",
@@ -319,6 +322,9 @@ def run_platform(args) -> int:
         elif env["PI_JOB_IMAGE"] == jobimage.DEFAULT_TAG:
             jobimage.ensure_image(docker_host, jobimage.DEFAULT_TAG)  # the real pi (about a minute, once)
         demo_model = _demo_provider(env, stack)
+        # Roots live in the environment of the processes it starts only, never in var/dev.env (no file names them).
+        env.setdefault("PI_LOCAL_ROOTS", str(DEMO_LOCAL_ROOT))
+        say(f"folder runs: git repositories under {env['PI_LOCAL_ROOTS']} (PI_LOCAL_ROOTS declares other roots)")
 
         local_github = not os.environ.get("GITHUB_API_URL")
         if local_github:
@@ -405,7 +411,9 @@ def _detach_if_gone() -> None:
 def run_tests(args) -> int:
     stack = Stack()
     try:
-        with tempfile.TemporaryDirectory(prefix="pidispatch-test-redis-") as redis_dir:
+        with tempfile.TemporaryDirectory(prefix="pidispatch-test-redis-") as redis_dir, \
+                tempfile.TemporaryDirectory(prefix="pidispatch-test-folders-") as local_root:
+            Path(local_root).chmod(0o755)  # the test repositories' owner (a uid of its own) passes through it
             port = services.free_port()
             say(f"starting a private redis-server for the tests on 127.0.0.1:{port}")
             redis_service = services.start_redis(Path(redis_dir), port, persistent=False, started=stack.add)
@@ -426,6 +434,7 @@ def run_tests(args) -> int:
                 "DOCKER_HOST": docker_host,
                 "PI_JOB_IMAGE": services.DEMO_IMAGE,
                 "PI_REAL_JOB_IMAGE": real_image,
+                "PI_LOCAL_ROOTS": local_root,  # the tests' folder runs (tests/local_repos.py), as a host declares it
                 # No connection may outlive a test's thread (live servers), or the test database cannot be dropped.
                 "DATABASE_CONN_MAX_AGE": "0",
                 "PIDISPATCH_TEST_STACK": "1",

@@ -1,12 +1,14 @@
 """Every API error is JSON with a token: `{"error": "invalid", "fields": {...}}`, `{"error": "not-authenticated",
 "detail": "..."}` (DESIGN section 3's shape, with the detail a person can act on)."""
 
-from django.http import JsonResponse
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions
 from rest_framework.views import exception_handler as drf_exception_handler
 
 TOKENS = {
+    Http404: "not-found", PermissionDenied: "forbidden",  # Django's own, which DRF answers as its NotFound and 403
     exceptions.ValidationError: "invalid", exceptions.NotAuthenticated: "not-authenticated",
     exceptions.AuthenticationFailed: "authentication-failed", exceptions.PermissionDenied: "forbidden",
     exceptions.NotFound: "not-found", exceptions.MethodNotAllowed: "method-not-allowed",

@@ -4,6 +4,7 @@ Precedence for the knobs the worker reads: job > DB settings row > environment >
 An optional `.env` beside manage.py is read first; real environment variables win over it.
 """
 
+import os
 from pathlib import Path
 
 import environ
@@ -17,6 +18,9 @@ from pidispatch_site.sqlite_file import prepare_database_file
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
+# Folder runs' roots come from the real environment only, never `.env` or var/dev.env (read below): a folder run may
+# rewrite any file under its folder (apps/worker/sandbox/folder_roots.py).
+_LOCAL_ROOTS_FROM_ENVIRONMENT = os.environ.get("PI_LOCAL_ROOTS")
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 VAR_DIR = Path(env("PI_VAR_DIR", default=str(BASE_DIR / "var"))).resolve()
@@ -26,6 +30,8 @@ private_folder(VAR_DIR)  # the key, the database, job folders, Redis's and Docke
 # The tests' stack never reads it: their services and config are their own.
 if not env.bool("PIDISPATCH_TEST_STACK", default=False):
     dev_env.apply(VAR_DIR / "dev.env")
+if _LOCAL_ROOTS_FROM_ENVIRONMENT is None:
+    os.environ.pop("PI_LOCAL_ROOTS", None)  # what a file put there: not for this process, nor the ones it starts
 
 SECRET_KEY = env("DJANGO_SECRET_KEY", default=None) or persistent_secret_key(VAR_DIR / "secret_key")
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
@@ -162,6 +168,9 @@ RQ_SHOW_ADMIN_LINK = False
 PI_WORKER_NAME = env("PI_WORKER_NAME", default="")
 PI_JOB_IMAGE = env("PI_JOB_IMAGE", default="pi-job:latest")
 PI_JOB_ROOT = Path(env("PI_JOB_ROOT", default=str(VAR_DIR / "jobs"))).resolve()
+# The folders local jobs may run in (comma-separated absolute paths), never the deployment's own files; none
+# declared: this host runs no folder. From the real environment only (read above), never `.env` or a file.
+PI_LOCAL_ROOTS = tuple(root.strip() for root in (_LOCAL_ROOTS_FROM_ENVIRONMENT or "").split(",") if root.strip())
 # Keep each job's /job and /workspace folders after the run (debugging and tests); off in production.
 PI_KEEP_JOB_DIRS = env.bool("PI_KEEP_JOB_DIRS", default=False)
 PI_JOB_MEMORY = env("PI_JOB_MEMORY", default="4g")
@@ -348,6 +357,8 @@ LOGGING = {
 
 PI_API_RATE = env("PI_API_RATE", default="600/min")  # requests per token (or session user)
 PI_API_PAGE_SIZE = 50
+# The OpenAPI schema and its docs page are for signed-in users and tokens; true serves them to anyone.
+PI_API_SCHEMA_PUBLIC = env.bool("PI_API_SCHEMA_PUBLIC", default=False)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "apps.access.authentication.BearerTokenAuthentication",
@@ -367,6 +378,7 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Runs, jobs, triggers, deliveries, the fleet and spend: everything an operator does in the admin.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["apps.access.permissions.SchemaReaders"],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",

@@ -1,5 +1,6 @@
-"""Git repositories on this host for local jobs: a folder their owner can reach, one committed repository
-owned by OWNER (a uid no test runs as), and git as root may run it there. Fixtures: `owner_space`, `repo`."""
+"""Git repositories on this host for local jobs: a folder their owner can reach, under the folder root `make test`
+declares (PI_LOCAL_ROOTS), one committed repository owned by OWNER (a uid no test runs as), and git as root may run
+it there. Fixtures: `owner_space`, `repo`."""
 
 import os
 import shutil
@@ -8,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 
 OWNER = (1234, 1234)
 
@@ -17,10 +19,15 @@ def git(folder, *args):
                    capture_output=True)
 
 
+def local_root() -> Path:
+    """The folder root this host declares for the tests (`make test` makes it, PI_LOCAL_ROOTS names it)."""
+    return Path(settings.PI_LOCAL_ROOTS[0])
+
+
 @pytest.fixture
 def owner_space():
-    """A folder the repositories' owner can reach (pytest's own temp folders are root-only, 0700)."""
-    base = Path(tempfile.mkdtemp(prefix="pidispatch-local-"))
+    """A folder the repositories' owner can reach (pytest's own temp folders are root-only, 0700), under the root."""
+    base = Path(tempfile.mkdtemp(prefix="pidispatch-local-", dir=local_root()))
     base.chmod(0o755)
     yield base
     shutil.rmtree(base, ignore_errors=True)

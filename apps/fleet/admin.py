@@ -146,8 +146,9 @@ class FleetPanelAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         # Retrying starts a run (spend): it takes the start-run permission as well as the fleet's cancel one.
         if not request.user.has_perm(CANCEL) or (service is failed.retry_failed and not request.user.has_perm(START)):
             raise PermissionDenied
+        as_user = {"user": request.user} if service is failed.retry_failed else {}  # a folder's run: their permission
         try:
-            result = service(get_redis(), request.POST.get("job_id", "").strip(), by=self._actor(request))
+            result = service(get_redis(), request.POST.get("job_id", "").strip(), by=self._actor(request), **as_user)
         except (ValueError, RedisError) as exc:
             return self._refused(request, exc)
         self.message_user(request, result.message, messages.SUCCESS)

@@ -86,8 +86,12 @@ def _trigger_task(trigger_id) -> str:
     return trigger.task if trigger else ""
 
 
-def retry_failed(redis, job_id: str, *, by: str) -> FailedJobResult:
-    """A new run of a failed job's target and flow, now; the failed copy leaves the failed list."""
+def retry_failed(redis, job_id: str, *, by: str, user=None) -> FailedJobResult:
+    """A new run of a failed job's target and flow, now; the failed copy leaves the failed list. `user` is the
+    admin's user retrying it (a folder's run takes their `worker.start_folder_run`), None for `fleet retry` on a
+    host."""
+    from django.core.exceptions import PermissionDenied
+
     from apps.worker.jobs import JobSpec, JobSpecError
     from apps.worker.manual_runs import ManualRunRefused, start_forge_run, start_local_run
 
@@ -100,12 +104,14 @@ def retry_failed(redis, job_id: str, *, by: str) -> FailedJobResult:
     try:
         if side == "local":
             folder = arguments.pop("folder")
-            queued = start_local_run(folder, **arguments)
+            queued = start_local_run(folder, by=user, **arguments)
         else:
             queued = start_forge_run(arguments.pop("forge"), arguments.pop("repository"), arguments.pop("number"),
                                      **arguments)
     except ManualRunRefused as refused:
         raise ValueError(f"retry of {job_id} refused: {refused.message}") from None
+    except PermissionDenied as denied:
+        raise ValueError(f"retry of {job_id} refused: {denied}; nothing was changed") from None
     _remove(redis, job)
     message = f"retried failed job {job_id} as {queued.job_id} on {queued.queue}"
     logger.info("fleet_retry job=%s new_job=%s queue=%s", job_id, queued.job_id, queued.queue)

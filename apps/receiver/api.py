@@ -17,7 +17,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
-from pidispatch_site.api_base import StrictCursorPagination
+from pidispatch_site.api_base import MAX_ID, StrictCursorPagination, WholeNumberIds, whole_number
 
 from . import intake, triggerfile, triggers
 from .models import Delivery, DeliveryStatus, Trigger
@@ -96,12 +96,13 @@ class TriggerViewSet(viewsets.ViewSet):
     """Triggers in file order. Writes need the admin scope and the user's permission to manage triggers."""
 
     WRITES = ("create", "update", "partial_update", "destroy", "enable", "disable", "import_file")
-    lookup_value_regex = r"\d+"
+    lookup_value_regex = WholeNumberIds.lookup_value_regex
     scopes = {name: "admin" for name in WRITES}
     required_permissions = {"list": VIEW, "retrieve": VIEW, "export": VIEW, **{name: MANAGE for name in WRITES}}
 
     def _get(self, pk) -> Trigger:
-        trigger = Trigger.objects.filter(pk=pk).first() if str(pk).isdigit() else None
+        number = whole_number(str(pk), 1, MAX_ID)
+        trigger = Trigger.objects.filter(pk=number).first() if number is not None else None
         if trigger is None:
             raise NotFound("no such trigger")
         return trigger
@@ -197,7 +198,7 @@ INBOX_CHANGE = ("receiver.change_delivery",)
 
 @extend_schema_view(list=extend_schema(parameters=[
     OpenApiParameter("status", str, enum=list(DeliveryStatus.values)), OpenApiParameter("forge", str)]))
-class DeliveryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class DeliveryViewSet(WholeNumberIds, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """The inbox: every verified delivery, its outcome and job ids (never its payload)."""
 
     serializer_class = DeliverySerializer

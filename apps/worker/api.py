@@ -21,17 +21,19 @@ from drf_spectacular.utils import (
 from redis.exceptions import RedisError
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps import forge_registry
+from apps.access.permissions import allows
 from apps.fleet.api import RedisUnavailable
 from apps.fleet.connection import get_redis
 from apps.worker import reasons, run_logs
-from apps.worker.manual_runs import ManualRunRefused, start_forge_run, start_local_run
+from apps.worker.manual_runs import FOLDER_PERMISSION, ManualRunRefused, start_forge_run, start_local_run
 from apps.worker.models import DispatchSettings, PauseWindow, Run, ScopedLimit
-from pidispatch_site.api_base import StrictCursorPagination, StrictSerializer
+from apps.worker.sandbox.workspace import FOLDER_NOT_ALLOWED
+from pidispatch_site.api_base import MAX_ID, StrictCursorPagination, StrictSerializer, WholeNumberIds, whole_number
 
 
 class StrictModelSerializer(StrictSerializer, serializers.ModelSerializer):
@@ -98,7 +100,9 @@ PAGINATION_PARAMETERS = {"cursor", "page_size", "format"}
 class StartRunSerializer(StrictSerializer):
     """A local folder on a host, or a forge's issue/pull request; what to do and how."""
 
-    folder = serializers.CharField(required=False, help_text="A git repository on the worker host (absolute path).")
+    folder = serializers.CharField(required=False, help_text="A git repository on the worker host (absolute path, "
+                                   "under a root the host declares in PI_LOCAL_ROOTS). Needs a token with the admin "
+                                   "scope and the permission worker.start_folder_run.")
     host = serializers.CharField(required=False, default="", help_text="The worker host holding the folder.")
     forge = serializers.ChoiceField(choices=forge_registry.NAMES, required=False)
     repository = serializers.CharField(required=False, help_text="As the forge names it, e.g. acme/web.")
@@ -138,8 +142,12 @@ QUEUED_RUN = inline_serializer("QueuedRun", {"job_id": serializers.CharField(), 
         OpenApiParameter("until", OpenApiTypes.DATETIME, description="started before")]),
     create=extend_schema(request=StartRunSerializer, responses={202: QUEUED_RUN}),
 )
-class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):
-    """Run records (newest first, cursor pages) and starting a manual run."""
+class RunViewSet(WholeNumberIds, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                 viewsets.GenericViewSet):
+    """Run records (newest first, cursor pages) and starting a manual run. A run on a folder lets the agent rewrite
+    that folder of a worker host: it takes the admin scope and `worker.start_folder_run` besides the operate
+    scope's `worker.start_run`, and a refused folder is answered `folder-not-allowed`, whatever the host found
+    (its worker's log says what and where)."""
 
     serializer_class = RunSerializer
     pagination_class = NewestFirst
@@ -172,8 +180,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         for name, field in RUN_FILTERS.items():
             if name in query:
                 value = query[name]
-                if name == "trigger" and not value.isdigit():
-                    raise ValidationError({"trigger": ["a trigger id"]})
+                if name == "trigger" and whole_number(value, 1, MAX_ID) is None:
+                    raise ValidationError({"trigger": ["a trigger id: ASCII digits, at least 1"]})
                 runs = runs.filter(**{field: value})
         for name, lookup in (("since", "started_at__gte"), ("until", "started_at__lt")):
             if name in query:
@@ -186,9 +194,13 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         values = dict(serializer.validated_data)
         execution = {name: values.pop(name) for name in ("task", "flow", "command", "image", "provider", "model",
                                                          "max_turns")}
+        if "folder" in values and not allows(request, "admin", (FOLDER_PERMISSION,)):
+            raise PermissionDenied(f"a run on a folder needs a token with the admin scope and the permission "
+                                   f"{FOLDER_PERMISSION}")
         try:
             if "folder" in values:
-                queued = start_local_run(values["folder"], host=values["host"], force=values["force"], **execution)
+                queued = start_local_run(values["folder"], by=request.user, host=values["host"],
+                                         force=values["force"], **execution)
             else:
                 queued = start_forge_run(values["forge"], values["repository"], values["number"],
                                          target_type=values["target_type"], project_id=values["project_id"],
@@ -196,6 +208,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         except ManualRunRefused as refused:
             if not refused.field:
                 raise RedisUnavailable(refused.message) from None
+            if refused.reason:  # the host's folder: no path, owner or state of it leaves the host
+                raise ValidationError({"folder": [FOLDER_NOT_ALLOWED]}) from None
             raise ValidationError({refused.field: [refused.message]}) from None
         return Response({"job_id": queued.job_id, "queue": queued.queue, "target": queued.target, "note": queued.note,
                          "job_url": f"/api/v1/jobs/{queued.job_id}"}, status=status.HTTP_202_ACCEPTED)
@@ -233,7 +247,7 @@ class DispatchSettingsSerializer(StrictModelSerializer):
         extra_kwargs = {"updated_at": {"allow_null": True}}  # null until the row is first saved
 
 
-class ScopedLimitViewSet(viewsets.ModelViewSet):
+class ScopedLimitViewSet(WholeNumberIds, viewsets.ModelViewSet):
     """Caps and concurrency for one repository or folder (what `import_limits` reads)."""
 
     queryset = ScopedLimit.objects.all()
@@ -244,7 +258,7 @@ class ScopedLimitViewSet(viewsets.ModelViewSet):
                             **{action: ("worker.manage_limits",) for action in scopes}}
 
 
-class PauseWindowViewSet(viewsets.ModelViewSet):
+class PauseWindowViewSet(WholeNumberIds, viewsets.ModelViewSet):
     """Quiet hours: jobs in scope wait until the window ends."""
 
     queryset = PauseWindow.objects.all()

@@ -5,18 +5,23 @@
     queued = start_forge_run("github", "acme/web", 7, flow="fix-bug", task="Look at the footer too.")
     queued.job_id, queued.queue
 
-A local run names a folder on a worker host: on this host it is checked now (a dirty tree or a missing folder
-is refused here, with what to do); on another host its own worker checks it at gate 10. A forge run names an
-issue or pull request; the worker resolves, clones and publishes it as it does a webhook's job. Every refusal is
-`ManualRunRefused(field, message)`, the message fit for a form, a 400 or a CLI error.
+A local run names a folder on a worker host, whose files the agent may then rewrite: starting one takes the
+permission `worker.start_folder_run` (checked here for the user who asks; None is a command run on the host, whose
+shell holds its files already). On this host the folder is checked now (outside the host's PI_LOCAL_ROOTS, a dirty
+tree or a missing folder is refused here, with what to do); on another host its own worker checks it at gate 10,
+as it does every local job's. A forge run names an issue or pull request; the worker resolves, clones and publishes
+it as it does a webhook's job. Every refusal is `ManualRunRefused(field, message)`, the message fit for a form, a
+400 or a CLI error (a folder's refusal also carries its reason token, and never the folder's real path).
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from django.core.exceptions import PermissionDenied
 from redis.exceptions import RedisError
 
 from apps.fleet.hosts import HOST_NAME_PATTERN, this_host
@@ -26,8 +31,11 @@ from apps.worker.jobs import FORGE_KINDS, JobSpec, enqueue
 from apps.worker.name_patterns import FLOW_PATTERN, IMAGE_PATTERN, MODEL_PATTERN, PROVIDER_PATTERN
 from apps.worker.sandbox.workspace import WorkspaceRefused, check_local_folder
 
+logger = logging.getLogger("pidispatch.manual_runs")
+
 MAX_TASK_CHARS = 100_000
 COMMAND_PATTERN = FLOW_PATTERN
+FOLDER_PERMISSION = "worker.start_folder_run"
 
 
 class ManualRunRefused(Exception):
@@ -83,10 +91,17 @@ def _enqueue(spec: JobSpec, queue: str) -> None:
             from None
 
 
-def start_local_run(folder: str, *, task: str, host: str = "", flow: str = "", command: str = "", image: str = "",
-                    provider: str = "", model: str = "", max_turns: int | None = None,
+def may_start_folder_runs(user) -> bool:
+    return bool(user and user.is_active and user.has_perm(FOLDER_PERMISSION))
+
+
+def start_local_run(folder: str, *, by, task: str, host: str = "", flow: str = "", command: str = "",
+                    image: str = "", provider: str = "", model: str = "", max_turns: int | None = None,
                     force: bool = False) -> QueuedRun:
-    """A run on a local git folder of a worker host (this one when `host` is empty or names this host)."""
+    """A run on a local git folder of a worker host (this one when `host` is empty or names this host), started by
+    the user `by` (PermissionDenied without `worker.start_folder_run`), or by a command on the host (None)."""
+    if by is not None and not may_start_folder_runs(by):
+        raise PermissionDenied(f"starting a run on a folder needs the permission {FOLDER_PERMISSION}")
     here = this_host()
     if host and not HOST_NAME_PATTERN.fullmatch(host):
         raise ManualRunRefused("host", f"{host!r} is not a host name (letters, digits, '.', '_' or '-')")
@@ -98,8 +113,10 @@ def start_local_run(folder: str, *, task: str, host: str = "", flow: str = "", c
         try:
             check_local_folder(path, force=force)
         except WorkspaceRefused as refused:
+            logger.info("manual_run_folder_refused folder=%r reason=%s", path, refused.reason)
             hint = " Commit or stash them, or run it forced." if refused.reason == "workspace-dirty" else ""
-            raise ManualRunRefused("folder", f"{path}: {refused.hint}.{hint}", refused.reason) from None
+            raise ManualRunRefused("folder", f"{refused.hint[:1].upper()}{refused.hint[1:]}.{hint}",
+                                   refused.reason) from None
     else:
         if not folder.startswith("/"):
             raise ManualRunRefused("folder", "a folder on another host is named by its absolute path")

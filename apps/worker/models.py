@@ -107,7 +107,10 @@ class Run(models.Model):
         ordering = ["-started_at", "-id"]
         constraints = [models.UniqueConstraint(fields=["job_id", "attempt"], name="run_job_attempt_unique")]
         permissions = [("publish_run", "Can publish a run's kept work again"),
-                       ("start_run", "Can start a run by hand (a folder on a worker host, or a forge's issue)")]
+                       ("start_run", "Can start a run by hand (a forge's issue; a folder also needs start_folder_run)"),
+                       # The agent may rewrite the folder: an administrator's power, as a trigger's folder is.
+                       ("start_folder_run", "Can start a run on a folder of a worker host (the agent may rewrite "
+                                            "the folder)")]
         indexes = [
             models.Index(fields=["-started_at"], name="run_started_idx"),
             models.Index(fields=["outcome", "-started_at"], name="run_outcome_idx"),

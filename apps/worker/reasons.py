@@ -135,6 +135,10 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
     "pi-too-large": ("The .pi/ folder is too large.", "Trim .pi/ in the repository."),
     "pi-unreadable": ("The .pi/ folder could not be read at the cloned commit.", _CHECK_LOG),
     "pi-path-refused": ("A path in .pi/ is not allowed (a link out, or an odd name).", "Fix the path in .pi/."),
+    "folder-not-allowed": ("The host runs no job in this folder: it is not under a root the host declares "
+                           "(PI_LOCAL_ROOTS), or it is or holds pidispatch's own files.",
+                           "Read the worker log on the run's host; move the repository under a declared root, or "
+                           "declare one in the host's environment."),
     "workspace-missing": ("The job's folder does not exist on the host.", "Check the folder of the trigger or the run."),
     "workspace-not-a-repo": ("The job's folder is not a git repository.", "`git init` it, or fix the folder."),
     "workspace-no-commit": ("The folder's repository has no commit yet.", "Make a first commit."),
@@ -187,6 +191,10 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
                                "Nothing is published; start the run again without nested repositories."),
     "push-refused": ("The forge refused the push (a protected branch, or a hook).",
                      "Allow the bot to push pi/* branches, then “Publish again”."),
+    "summary-held-secret": ("The agent's summary held the provider key or a forge token (as it is or encoded), so "
+                            "nothing of the run was published.",
+                            "Treat the key or token as leaked: rotate it, and review the kept work before "
+                            "“Publish again” (which posts a fixed text, never that summary)."),
 }
 
 REASONS: dict[str, Reason] = {token: Reason(token, *text) for token, text in _EXPLAINED.items()}
@@ -232,6 +240,7 @@ REFUSED = {
     "pi-too-many-files": "Refused: the repository's .pi/ folder has more files than a job may carry. Not run.",
     "pi-too-large": "Refused: the repository's .pi/ folder is larger than a job may carry. Not run.",
     "pi-unreadable": "Refused: the repository's .pi/ folder could not be read at the cloned commit. Not run.",
+    "folder-not-allowed": "Refused: the worker does not run jobs in this folder. Not run.",
     "workspace-missing": "Refused: the job's folder does not exist on the worker. Not run.",
     "workspace-not-a-repo": "Refused: the job's folder is not a usable git repository. Not run.",
     "workspace-no-commit": "Refused: the job's repository has no commit yet. Not run.",
@@ -305,6 +314,7 @@ STOPPED = {
                           "does not read.",
     "work-nested-repository": NOT_PUBLISHED + "the agent left another git repository inside its workspace.",
     "push-refused": NOT_PUBLISHED + "the forge refused the push (a protected branch, or a hook)." + KEPT,
+    "summary-held-secret": NOT_PUBLISHED + "the agent's summary held a credential of this deployment." + KEPT,
     "forge-auth-refused": NOT_PUBLISHED + "the forge refused this deployment's credential." + KEPT,
     "forge-repo-not-found": NOT_PUBLISHED + "this deployment's credential cannot see this repository." + KEPT,
     "forge-request-refused": NOT_PUBLISHED + "the forge refused a request to open the pull request." + KEPT,

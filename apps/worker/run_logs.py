@@ -1,9 +1,9 @@
 """Run logs, kept on purpose: a run's container output and the agent's summary (RunLog), only with
 PI_CAPTURE_JOB_LOGS, since they hold issue text and the agent's output, which no Run record or log line may.
 
-- Scrubbed before anything is kept: every value the job's secrets resolved to and the provider key, as they are
-  and as they appear inside a JSON string (the runner prints JSON events), become `[scrubbed]`. The scrub runs on
-  the whole output, before it is cut, so a cut can never leave half a secret behind.
+- Scrubbed before anything is kept: every value the job's secrets resolved to, the provider key and the job's forge
+  token, as they are and encoded or split (scrubbing.py, the scrubber of what is posted too), become `[scrubbed]`.
+  The scrub runs on the whole output, before it is cut, so a cut can never leave half a secret behind.
 - Bounded: at most PI_JOB_LOG_MAX_BYTES of it (the first half and the last, with a line saying how much was left
   out); the engine itself keeps a container's last 1 MB.
 - Kept for PI_JOB_LOG_RETENTION_DAYS, then deleted by every worker's periodic sweep (sweep()).
@@ -16,7 +16,6 @@ keeps its length alone (Run.summary_chars).
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -29,10 +28,11 @@ from django.http import Http404, HttpResponse
 from django.urls import path, reverse
 from django.utils import timezone
 
+from apps.worker.scrubbing import Scrubber
+
 logger = logging.getLogger("pidispatch.run_logs")
 
 PERMISSION = "worker.view_run_log"
-SCRUBBED = "[scrubbed]"
 
 
 @dataclass(frozen=True)
@@ -41,19 +41,6 @@ class CapturedLog:
     summary: str
     output_bytes: int  # before it was cut
     truncated: bool
-
-
-def scrub(text: str, values) -> str:
-    """Every non-empty value, raw and JSON-escaped, replaced; the longest first (one may contain another)."""
-    forms = set()
-    for value in values:
-        if value:
-            forms.add(value)
-            forms.add(json.dumps(value)[1:-1])
-            forms.add(json.dumps(value, ensure_ascii=False)[1:-1])
-    for form in sorted(forms, key=len, reverse=True):
-        text = text.replace(form, SCRUBBED)
-    return text
 
 
 def _bounded(text: str, limit: int) -> tuple[str, bool]:
@@ -70,12 +57,12 @@ def captured(output: bytes | None, summary: str, secret_values) -> CapturedLog |
     """What a run keeps of its output and summary: None unless its output was captured (PI_CAPTURE_JOB_LOGS)."""
     if output is None:
         return None
-    values = list(secret_values)
+    scrubber = Scrubber(secret_values)
     # NUL is the one character no database text column takes (PostgreSQL refuses it).
-    text = scrub(output.decode(errors="replace"), values).replace("\x00", "\ufffd")
+    text = scrubber.scrub(output.decode(errors="replace")).replace("\x00", "\ufffd")
     summary = summary.replace("\x00", "\ufffd")
     bounded, truncated = _bounded(text, settings.PI_JOB_LOG_MAX_BYTES)
-    return CapturedLog(output=bounded, summary=scrub(summary, values), output_bytes=len(output), truncated=truncated)
+    return CapturedLog(output=bounded, summary=scrubber.scrub(summary), output_bytes=len(output), truncated=truncated)
 
 
 def keep(run, log: CapturedLog | None) -> None:

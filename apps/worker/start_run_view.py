@@ -30,7 +30,8 @@ class StartRunForm(forms.Form):
         ("forge", "an issue or pull request on a forge (cloned, then published as a pull request)"),
         ("local", "a folder on a worker host (a git checkout; nothing is published)")))
     # a folder on a host
-    folder = forms.CharField(required=False, label="Folder", help_text="Absolute path on the host, e.g. /srv/code/app")
+    folder = forms.CharField(required=False, label="Folder", help_text="Absolute path on the host, under a root it "
+                             "declares (PI_LOCAL_ROOTS), e.g. /srv/code/app")
     host = forms.CharField(required=False, label="Host", help_text="The worker host that holds the folder, e.g. "
                                                                    "hostA. Empty: this host.")
     force = forms.BooleanField(required=False, label="Run even with uncommitted changes")
@@ -61,11 +62,12 @@ def _execution(data: dict) -> dict:
         "max_turns": data.get("max_turns")}
 
 
-def start(data: dict):
-    """One call into manual_runs for the form's choice; ManualRunRefused as the service raises it."""
+def start(data: dict, user):
+    """One call into manual_runs for the form's choice; ManualRunRefused and PermissionDenied as the service raises
+    them (a folder takes a permission of its own)."""
     execution = _execution(data)
     if data.get("where") == "local":
-        return start_local_run(data.get("folder") or "", host=(data.get("host") or "").strip(),
+        return start_local_run(data.get("folder") or "", by=user, host=(data.get("host") or "").strip(),
                                force=bool(data.get("force")), **execution)
     if data.get("number") is None:
         raise ManualRunRefused("number", "the issue or pull request number, at least 1")
@@ -108,9 +110,11 @@ def start_run_view(request):
         form = StartRunForm(request.POST)
         if form.is_valid():
             try:
-                queued = start(form.cleaned_data)
+                queued = start(form.cleaned_data, request.user)
             except ManualRunRefused as refused:
                 form.add_error(refused.field if refused.field in form.fields else None, refused.message)
+            except PermissionDenied as denied:
+                form.add_error("where", str(denied))
             else:
                 messages.success(request, format_html(
                     'Queued {} on {} ({}). <a href="{}">Its runs</a> appear when it starts; the '

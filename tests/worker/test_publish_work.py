@@ -116,7 +116,7 @@ def test_a_rewritten_history_is_not_taken_but_the_work_tree_is(tmp_path, clone):
     assert run(tmp_path / "job", "--git-dir", str(work.store), "rev-parse", f"{work.head}^") == sha
 
 
-def refusal_of(tmp_path, clone, files: dict, allow_ci=False, max_file_bytes=10**9):
+def refusal_of(tmp_path, clone, files: dict, allow_ci=False, max_file_bytes=10**9, repository=""):
     workspace, sha = clone
     for path, content in files.items():
         target = workspace / path
@@ -125,7 +125,8 @@ def refusal_of(tmp_path, clone, files: dict, allow_ci=False, max_file_bytes=10**
             target.symlink_to(content[1])
         else:
             target.write_bytes(content if isinstance(content, bytes) else content.encode())
-    return checks.refusal(gather(tmp_path, workspace, sha), allow_ci_changes=allow_ci, max_file_bytes=max_file_bytes)
+    return checks.refusal(gather(tmp_path, workspace, sha), allow_ci_changes=allow_ci, max_file_bytes=max_file_bytes,
+                          repository=repository)
 
 
 @pytest.mark.parametrize("files, reason", [
@@ -133,6 +134,7 @@ def refusal_of(tmp_path, clone, files: dict, allow_ci=False, max_file_bytes=10**
     ({".gitlab-ci.yml": "test: {}\n"}, "ci-change-refused"),
     ({".forgejo/workflows/x.yml": "on: push\n"}, "ci-change-refused"),
     ({"azure-pipelines.yml": "steps: []\n"}, "ci-change-refused"),
+    ({".github/actions/setup/action.yml": "runs: {using: composite, steps: []}\n"}, "ci-change-refused"),
     ({"docs/link": ("symlink", "../../etc/passwd")}, "symlink-escapes"),
     ({"docs/link": ("symlink", "/etc/passwd")}, "symlink-escapes"),
     ({"sub/deep": ("symlink", ".."), "up": ("symlink", "sub/deep/..")}, "symlink-escapes"),  # together, not alone
@@ -167,3 +169,65 @@ def test_too_many_files_and_too_many_bytes(tmp_path, clone, settings):
 def test_too_many_bytes(tmp_path, clone, settings):
     settings.PI_MAX_PUSH_BYTES = 100
     assert refusal_of(tmp_path, clone, {"a.txt": "x" * 60, "b.txt": "y" * 60}) == "push-too-large"
+
+
+# --- a GitLab pipeline's own files ----------------------------------------------------------------------------
+
+PIPELINE = {
+    **FILES,
+    ".gitlab-ci.yml": """
+include:
+  - local: /ci/build.yml
+  - templates/*.yml
+  - project: group/proj
+    file: [/shared/deploy.yml]
+  - project: other/proj
+    file: /shared/theirs.yml
+  - remote: https://example.com/remote.yml
+  - template: Auto-DevOps.gitlab-ci.yml
+  - local: envs/$CI_ENVIRONMENT_NAME.yml
+child:
+  trigger:
+    include: child/pipeline.yml
+test:
+  script: [!reference [.setup, script], make test]
+""",
+    "ci/build.yml": "include: {local: ci/nested.yml}\nbuild: {script: [make]}\n",
+    "ci/nested.yml": "nested: {script: [make nested]}\n",
+    "templates/lint.yml": "lint: {script: [make lint]}\n",
+    "shared/deploy.yml": "deploy: {script: [make deploy]}\n",
+    "child/pipeline.yml": "child-job: {script: [make child]}\n",
+    "envs/production.yml": "prod: {script: [make prod]}\n",
+}
+
+
+@pytest.fixture
+def gitlab_clone(tmp_path):
+    """A depth-1 clone of a repository whose `.gitlab-ci.yml` includes files of its own."""
+    sha = make_repository(tmp_path / "remote", "group/proj", PIPELINE)
+    workspace = tmp_path / "workspace"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{tmp_path / 'remote' / 'group/proj.git'}",
+                    str(workspace)], check=True, capture_output=True)
+    return workspace, sha
+
+
+@pytest.mark.parametrize("path", ["ci/build.yml", "ci/nested.yml", "templates/lint.yml", "templates/new.yml",
+                                  "shared/deploy.yml", "child/pipeline.yml", "envs/production.yml"])
+def test_a_file_the_gitlab_pipeline_includes_is_a_ci_change(tmp_path, gitlab_clone, path):
+    assert refusal_of(tmp_path, gitlab_clone, {path: "evil: {script: [curl evil]}\n"},
+                      repository="group/proj") == "ci-change-refused"
+    assert refusal_of(tmp_path, gitlab_clone, {path: "x: 1\n"}, allow_ci=True, repository="group/proj") is None
+
+
+@pytest.mark.parametrize("path", ["docs/x.md", "shared/theirs.yml", "remote.yml", "src/app.py"])
+def test_what_the_pipeline_does_not_include_is_not(tmp_path, gitlab_clone, path):
+    assert refusal_of(tmp_path, gitlab_clone, {path: "x: 1\n"}, repository="group/proj") is None
+
+
+def test_a_pipeline_that_cannot_be_read_makes_every_yaml_file_a_ci_change(tmp_path):
+    sha = make_repository(tmp_path / "remote", "group/proj", {**FILES, ".gitlab-ci.yml": "include: [unclosed\n"})
+    workspace = tmp_path / "workspace"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{tmp_path / 'remote' / 'group/proj.git'}",
+                    str(workspace)], check=True, capture_output=True)
+    assert refusal_of(tmp_path, (workspace, sha), {"notes.md": "x\n"}) is None
+    assert refusal_of(tmp_path, (workspace, sha), {"anything/else.yaml": "x: 1\n"}) == "ci-change-refused"

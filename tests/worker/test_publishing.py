@@ -3,7 +3,10 @@ real local git remote and opens the pull/merge request through each forge's API 
 pushes to the triggering PR's branch, or comments. In process: the clone is a real one (forge_workspace), the
 agent's work is files written into it."""
 
+import base64
+import json
 import subprocess
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -86,8 +89,8 @@ def start(tmp_path, spec):
     return dirs, forge_workspace.prepare(spec, dirs, owner=container.job_user())
 
 
-def publish(spec, dirs, workspace, summary=SUMMARY):
-    return publishing.publish_run(spec, workspace, dirs.root, dirs.workspace, summary, FINISHED_AT)
+def publish(spec, dirs, workspace, summary=SUMMARY, **secrets):
+    return publishing.publish_run(spec, workspace, dirs.root, dirs.workspace, summary, FINISHED_AT, **secrets)
 
 
 def comments_posted(forges):
@@ -299,3 +302,60 @@ def test_a_branch_name_another_jobs_work_holds_gets_this_jobs_own(tmp_path, forg
 
     (pull,) = forge.pulls()
     assert publication.outcome == "published" and pull["head"].startswith("pi/7-fix-bug-")
+
+
+# --- what is posted holds no secret -------------------------------------------------------------------------
+
+PROVIDER_KEY = "sk-ant-api03-provider-key-0123456789abcdef"
+HELD_KEY = {  # the provider key as an agent that reached it might write it into its summary
+    "as it is": f"Done. By the way: {PROVIDER_KEY}",
+    "base64": "Done.\n\n" + base64.b64encode(f"key={PROVIDER_KEY}".encode()).decode(),
+    "hex": "Done. " + PROVIDER_KEY.encode().hex().upper(),
+    "url-encoded": "Done. https://x.example/?k=" + urllib.parse.quote(PROVIDER_KEY, safe=""),
+    "split": "Done. " + "\n".join(PROVIDER_KEY[i:i + 6] for i in range(0, len(PROVIDER_KEY), 6)),
+}
+
+
+@github_only
+@pytest.mark.parametrize("how", HELD_KEY)
+def test_a_summary_holding_the_provider_key_publishes_nothing_and_keeps_the_work(tmp_path, forge, how):
+    spec = forge.spec("job-leak", number=7)
+    dirs, workspace = start(tmp_path, spec)
+    (dirs.workspace / "fix.txt").write_text("fixed\n")
+
+    publication, reason = publish(spec, dirs, workspace, summary=HELD_KEY[how], credentials=[PROVIDER_KEY])
+
+    assert (publication.outcome, reason) == ("summary-held-secret", "summary-held-secret")
+    assert set(forge.branches()) == {"main"} and forge.pulls() == [] and comments_posted(forge.forges) == []
+    assert kept.is_kept(dirs.root)  # for the operator to review; "Publish again" never posts that summary
+    description = json.loads((dirs.root / kept.DESCRIPTION).read_text())
+    assert description["summary"] == "The agent's summary is not shown: it held a credential of this deployment."
+
+
+@github_only
+def test_a_summary_holding_the_forge_token_posts_no_comment(tmp_path, forge):
+    spec = forge.spec("job-token", number=7)
+    dirs, workspace = start(tmp_path, spec)
+    token = workspace.credential.token
+
+    publication, reason = publish(spec, dirs, workspace, summary="Nothing to change. " + token.encode().hex())
+
+    assert (publication.outcome, reason) == ("summary-held-secret", "summary-held-secret")
+    assert comments_posted(forge.forges) == [] and not kept.is_kept(dirs.root)  # no commits: nothing to keep
+
+
+@github_only
+def test_the_jobs_own_secrets_are_scrubbed_from_the_pull_request(tmp_path, forge):
+    value = "npm_0123456789abcdefghijklmnop"
+    spec = forge.spec("job-scrubbed", number=7)
+    dirs, workspace = start(tmp_path, spec)
+    (dirs.workspace / "fix.txt").write_text("fixed\n")
+    summary = f"Publish with {value}\n\nThe token, once more: {base64.b64encode(value.encode()).decode()}"
+
+    publication, reason = publish(spec, dirs, workspace, summary=summary, credentials=[PROVIDER_KEY],
+                                  job_secrets=[value])
+
+    assert (publication.outcome, reason) == ("published", "")
+    (pull,) = forge.pulls()
+    assert pull["title"].endswith("Publish with [scrubbed]") and "The token, once more: [scrubbed]" in pull["body"]
+    assert value not in json.dumps(pull) and base64.b64encode(value.encode()).decode()[:12] not in json.dumps(pull)

@@ -18,6 +18,7 @@ from apps.worker.models import Outcome, Run
 from devtools.scripted_provider import ScriptedProvider, Status, Text, ToolCall
 from tests.conftest import FORGE_TOKEN_NAMES, ROOT, github_payload, wait_for
 from tests.egress_support import Listener
+from tests.local_repos import local_root
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
@@ -115,7 +116,7 @@ def test_a_labelled_issue_is_worked_on_by_the_real_pi_and_becomes_a_pull_request
 def test_a_dispatch_run_local_job_runs_the_real_pi(worker_env, run_worker, real_pi, model):
     model.scenarios["notes"] = [ToolCall("write", {"path": "NOTES.md", "content": "written by pi\n"}),
                                 Text("I wrote NOTES.md.")]
-    base = Path(tempfile.mkdtemp(prefix="pidispatch-real-local-"))
+    base = Path(tempfile.mkdtemp(prefix="pidispatch-real-local-", dir=local_root()))
     base.chmod(0o755)
     folder = base / "app"
     folder.mkdir()

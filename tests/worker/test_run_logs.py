@@ -22,9 +22,9 @@ VALUE = "s3cr3t-Value with spaces & $dollars"
 KEY = "sk-ant-provider-key-0123456789"
 
 
-def resolver(tmp_path):
+def resolver(tmp_path, value=VALUE):
     path = tmp_path / "resolver.sh"
-    path.write_text(f"#!/bin/sh\nprintf '%s\\n' '{VALUE}'\n")
+    path.write_text(f"#!/bin/sh\nprintf '%s\\n' '{value}'\n")
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return path
 
@@ -85,6 +85,40 @@ def test_a_captured_run_keeps_its_scrubbed_log_for_those_allowed_to_read_it(run_
     text = page.content.decode()
     assert "Done. It said [scrubbed]" in text and "the agent printed: [scrubbed]" in text and VALUE not in text
     assert run_logs.run_log_text(run, staff) == text
+
+
+@pytest.mark.docker
+def test_a_secret_the_agent_says_is_scrubbed_from_the_pull_request_it_opens_too(run_worker, tmp_path,
+                                                                              github_stand_in):
+    job_id = secret_job("gh-posted-scrubbed")
+
+    run_worker("pi-jobs", env_overrides={"PI_SECRET_PROFILES": f"vault:{resolver(tmp_path)}"})
+
+    run = Run.objects.get(job_id=job_id)
+    assert (run.outcome, run.publish_outcome) == (Outcome.COMPLETED, "published")
+    (pull,) = [pr for pr in github_stand_in.created_pull_requests if pr["number"] == run.pull_request]
+    assert pull["title"].endswith("Done. It said [scrubbed]") and VALUE not in json.dumps(pull)
+
+
+@pytest.mark.docker
+def test_a_summary_holding_the_provider_key_is_never_posted(run_worker, tmp_path, github_stand_in):
+    """The agent got hold of the key (here a resolver hands it over) and says it: nothing of its work is published,
+    the issue gets the fixed sentence, the run says why."""
+    from tests.conftest import PROVIDER_KEY
+
+    comments_before = len(github_stand_in.posted("/repos/acme/web/issues/7/comments"))
+    job_id = secret_job("gh-posted-key")
+
+    run_worker("pi-jobs", env_overrides={"PI_SECRET_PROFILES": f"vault:{resolver(tmp_path, PROVIDER_KEY)}"})
+
+    run = Run.objects.get(job_id=job_id)
+    assert (run.outcome, run.reason, run.publish_outcome) == (Outcome.POLICY, "summary-held-secret",
+                                                              "summary-held-secret")
+    assert not [pr for pr in github_stand_in.created_pull_requests if job_id in pr["body"]]
+    posted = github_stand_in.posted("/repos/acme/web/issues/7/comments")[comments_before:]
+    assert [comment["body"] for comment in posted] == [
+        "Stopped: nothing was published: the agent's summary held a credential of this deployment. The work is kept "
+        "on the worker for the operator."]
 
 
 @pytest.mark.docker

@@ -462,13 +462,15 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
 
     # The agent's summary is kept only with its run's log (PI_CAPTURE_JOB_LOGS), scrubbed like it.
     summary = parse_summary(result.output_tail)
-    scrub = [credential[1], *secret_values.values()]
+    forge_tokens = publishing.forge_tokens(attempt.forge) if attempt.forge is not None else []
+    scrub = [credential[1], *forge_tokens, *secret_values.values()]
     verdict = replace(verdict, summary=summary, log=run_logs.captured(result.log, summary, scrub))
 
-    # 14. Publish: the worker, not the agent, takes the work to the forge.
+    # 14. Publish: the worker, not the agent, takes the work to the forge (never a credential in what it posts).
     if verdict.outcome == Outcome.COMPLETED and attempt.forge is not None:
         publication, reason = publishing.publish_run(spec, attempt.forge, dirs.root, dirs.workspace,
-                                                     summary, result.ended_at)
+                                                     summary, result.ended_at, credentials=[credential[1]],
+                                                     job_secrets=list(secret_values.values()))
         verdict = replace(verdict, publication=publication)
         if reason == publishing.UNAVAILABLE:
             verdict = replace(verdict, outcome=Outcome.FAILED, reason=reason, retryable=False)

@@ -1,6 +1,8 @@
-"""A local job's workspace is the folder itself, mounted read-write: it must be a git repository with a
-commit (so every change the agent makes can be seen and undone), and a dirty tree is refused unless
-the run was forced. The container runs as the folder's owner, so what it writes stays the operator's.
+"""A local job's workspace is the folder itself, mounted read-write: it must lie under a root this host declares
+and hold none of the deployment's own files (folder_roots.py: `folder-not-allowed`, judged before anything looks
+inside it), be a git repository with a commit (so every change the agent makes can be seen and undone), and a
+dirty tree is refused unless the run was forced. The container runs as the folder's owner, so what it writes
+stays the operator's.
 
 The folder is writable by the agent, so its git configuration is untrusted, and `git status` runs on the
 host as the folder's owner. Before status runs, the configuration git will really use is read (`git config
@@ -13,12 +15,18 @@ closed environment, no discovery above the folder, fsmonitor and hooks off.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from apps.worker.sandbox import folder_roots
 from apps.worker.sandbox.gitrun import run_git, unsafe_settings
+
+logger = logging.getLogger("pidispatch.workspace")
+
+FOLDER_NOT_ALLOWED = "folder-not-allowed"
 
 GIT_TIMEOUT_SECONDS = 30
 GITLINK_MODE = b"160000 "
@@ -84,9 +92,23 @@ def _check_repository_safe(path: Path, owner: tuple[int, int]) -> None:
         raise _refuse_unsafe("the repository's index holds a submodule, and git status runs git inside it")
 
 
+def _owner_of(path: Path) -> str:
+    try:
+        return str(os.stat(path).st_uid)
+    except OSError:
+        return "-"
+
+
 def check_local_folder(folder: str, *, force: bool) -> LocalWorkspace:
-    path = Path(folder)
-    if not path.is_absolute() or not path.is_dir():
+    """The folder as a job's workspace (its real path, and the owner the job runs as), or WorkspaceRefused."""
+    judged = folder_roots.judge(folder)
+    if not judged.allowed:
+        # The path and its owner stay in this host's log: whoever asked learns only the reason token.
+        logger.warning("folder_not_allowed folder=%r owner=%s why=%s", str(judged.path), _owner_of(judged.path),
+                       judged.why)
+        raise WorkspaceRefused(FOLDER_NOT_ALLOWED, folder_roots.HINTS[judged.why])
+    path = judged.path
+    if not path.is_dir():
         raise WorkspaceRefused("workspace-missing", f"{path.name or folder} is not a folder on this host")
     stat = os.stat(path)
     owner = (stat.st_uid, stat.st_gid)

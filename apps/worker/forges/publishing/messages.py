@@ -1,7 +1,8 @@
 """The words the worker publishes: a pull request's title and body, a comment, from the agent's summary.
 
 The summary is the agent's own text (forge data: it may quote the issue), bounded by the runner; it goes to
-the forge and nowhere else. What the worker adds is fixed text and ids.
+the forge and nowhere else, and only as `postable_summary` leaves it (no secret of the deployment's in it, in any
+form the scrubber knows). What the worker adds is fixed text and ids.
 """
 
 from __future__ import annotations
@@ -12,14 +13,31 @@ from django.conf import settings
 
 from apps.worker.forges.base import fit
 from apps.worker.jobs import JobSpec
+from apps.worker.scrubbing import Scrubber
 
 TITLE_CHARS = 72
 CUT_MARKER = "\n\n… (cut: the rest is longer than the forge allows)"
 CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# What stands for a withheld summary in the kept work, so that "Publish again" never posts it.
+WITHHELD_SUMMARY = "The agent's summary is not shown: it held a credential of this deployment."
 
 
 def _clean(text: str) -> str:
     return CONTROL.sub("", text or "").strip()
+
+
+def postable_summary(summary: str, *, credentials, job_secrets) -> tuple[str, bool]:
+    """The summary as it may reach the forge, and whether it held one of the `credentials` (the provider key, a
+    forge token). The job's own secrets (`run.secrets`: the trigger gave them to the agent) are scrubbed out and the
+    rest is posted. A credential is another matter: the agent never holds one (the gateway adds the key outside its
+    container, the worker publishes with the token), so a summary holding one, as it is, encoded or split, means the
+    agent reached it around its sandbox, or tried to smuggle it out. Nothing it wrote is then trusted to be free of
+    it in some form the scrubber does not know: the caller posts none of its words and pushes none of its commits
+    (`summary-held-secret`), and keeps the work with WITHHELD_SUMMARY in place of the summary, for an operator to
+    review and publish again under that fixed text."""
+    if Scrubber(credentials).finds(summary):
+        return WITHHELD_SUMMARY, True
+    return Scrubber([*credentials, *job_secrets]).scrub(summary), False
 
 
 def footer(spec: JobSpec) -> str:

@@ -9,6 +9,7 @@ Called by the gate ladder after a completed run (step 14), and by `Publish again
                                     otherwise: pushed to a new branch `pi/<number>-<flow>`, and one pull/merge
                                       request opened against the default branch (draft unless PI_PR_DRAFT=false)
     no commits ──────────────────> the agent's summary as one comment (nothing-to-publish without one)
+    a summary holding a credential ──> nothing published (summary-held-secret), the work kept (messages.py says why)
 
 Never a force push, never the default branch. A transient forge error retries this step (PI_PUBLISH_ATTEMPTS
 times, backing off from PI_PUBLISH_RETRY_SECONDS), never the agent; a refusal (the checks in checks.py, the
@@ -29,7 +30,8 @@ from pathlib import Path
 
 from django.conf import settings
 
-from apps.worker.forges import Credential, ForgeClient, ForgeFailure, PullHead, RepoRef
+from apps import forge_registry
+from apps.worker.forges import Credential, ForgeClient, ForgeFailure, PullHead, RepoRef, forge_client
 from apps.worker.forges.publishing import checks, kept, messages
 from apps.worker.forges.publishing.work import Work, WorkUnreadable, bot_identity, collect
 from apps.worker.gates.verdicts import Publication
@@ -41,6 +43,7 @@ logger = logging.getLogger("pidispatch.publish")
 PUBLISHED, COMMENTED, NOTHING = "published", "commented", "nothing-to-publish"
 UNAVAILABLE = "publish-unavailable"  # every attempt met a transient forge error: failed, never retried
 BRANCH_MOVED = "branch-moved"  # the pull request's branch moved while the agent worked: commented instead
+SUMMARY_HELD_SECRET = "summary-held-secret"  # the agent's summary held a credential: nothing published
 MOVED = ("non-fast-forward", "fetch first", "[rejected]")
 REFUSED_BY_REMOTE = ("[remote rejected]", "protected branch", "pre-receive hook declined", "denied")
 # A ref another push was updating at the same moment: try again (it is then taken, or ours).
@@ -97,17 +100,33 @@ def destination_for(spec, workspace) -> Destination:
                        allow_ci_changes=spec.allow_ci_changes)
 
 
-def publish_run(spec, workspace, job_root: Path, workspace_folder: Path, summary: str,
-                finished_at: float) -> tuple[Publication, str]:
+def forge_tokens(workspace) -> list[str]:
+    """The forge tokens no published text may hold: the job's own (a GitHub App's is minted for it), and each one
+    this deployment is configured with."""
+    return [workspace.credential.token, *(forge_client(name).token for name in forge_registry.NAMES)]
+
+
+def publish_run(spec, workspace, job_root: Path, workspace_folder: Path, summary: str, finished_at: float, *,
+                credentials=(), job_secrets=()) -> tuple[Publication, str]:
     """Publish a completed run's work. Returns the publication and the run's reason: "" when the run stays
-    completed, a refusal token (policy) or UNAVAILABLE (failed, not retried). Never raises for the forge."""
+    completed, a refusal token (policy) or UNAVAILABLE (failed, not retried). Never raises for the forge.
+    `credentials` (the provider key; the forge tokens are added here) may not appear in what is posted, the job's
+    own secrets are scrubbed from it (messages.postable_summary)."""
     destination = destination_for(spec, workspace)
+    summary, held_credential = messages.postable_summary(
+        summary, credentials=[*credentials, *forge_tokens(workspace)], job_secrets=job_secrets)
     try:
         work = collect(workspace_folder, start_sha=destination.start_sha, store=job_root / "publish.git",
                        identity=bot_identity(), origin_url=destination.clone_url, finished_at=finished_at)
     except WorkUnreadable as unreadable:
         logger.warning("publish_refused job=%s reason=%s", spec.job_id, unreadable.reason)
         return Publication(unreadable.reason), unreadable.reason
+    if held_credential:
+        logger.warning("publish_refused job=%s reason=%s commits=%d", spec.job_id, SUMMARY_HELD_SECRET, work.commits)
+        if not work.empty:
+            kept.keep(job_root, spec, destination, work, summary)  # the fixed text stands for the summary
+        return Publication(SUMMARY_HELD_SECRET, pushed_commits=0, changed_files=len(work.changes)), \
+            SUMMARY_HELD_SECRET
     return deliver(spec, destination, work, workspace.client, workspace.credential, job_root, summary)
 
 
@@ -116,7 +135,8 @@ def deliver(spec, destination: Destination, work: Work, client: ForgeClient, cre
     """Checks, then the forge, with retries of transient errors; keeps the work when it did not get there."""
     started = time.perf_counter()
     refusal = None if work.empty else checks.refusal(work, allow_ci_changes=destination.allow_ci_changes,
-                                                     max_file_bytes=client.max_file_bytes)
+                                                     max_file_bytes=client.max_file_bytes,
+                                                     repository=destination.ref.repo)
     if refusal:
         publication, reason = Publication(refusal, pushed_commits=0), refusal
     else:

@@ -54,7 +54,7 @@ class FakeForge:
     `serve_git(root, authorization)` also makes it a git remote: `/git/<name>.git` is the bare repository
     `root/<name>.git`, served by `git http-backend` to requests carrying exactly that Authorization header."""
 
-    def __init__(self):
+    def __init__(self, address: str = "127.0.0.1"):
         self.routes: dict = {}
         self.patterns: list = []  # (method, compiled path regex, route), tried after `routes`
         self.fallback = None  # answers paths without a route (default: 404)
@@ -165,10 +165,10 @@ class FakeForge:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer((address, 0), Handler)
         self.server.daemon_threads = True
         self.server.block_on_close = False  # a deliberately slow answer must not hold up the test's teardown
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"http://{address}:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
 
@@ -753,11 +753,12 @@ def basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
-def github_for_any_repository(root: Path, token: str, files: dict) -> FakeForge:
+def github_for_any_repository(root: Path, token: str, files: dict, address: str = "127.0.0.1") -> FakeForge:
     """A GitHub where every repository is a protected `main` holding `files`, cloned from a local git remote
-    with `token`, and comments are accepted. The tests' workers and the `make run` demo use it."""
+    with `token`, and comments are accepted. The tests' workers and the `make run` demo use it (on `address`:
+    another than loopback for workers in network namespaces of their own)."""
     sha = make_repository(root, "any", files)
-    server = FakeForge()
+    server = FakeForge(address)
     server.serve_git(root, basic("x-access-token", token))
     repo = r"/repos/[^/]+/[^/]+"
     server.route("GET", repo, (200, {"default_branch": "main", "clone_url": f"{server.url}/git/any.git"}))

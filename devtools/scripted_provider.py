@@ -96,6 +96,7 @@ class ScriptedProvider:
     seen: list[Seen] = field(default_factory=list)
     requests: list[tuple[str, str, bool]] = field(default_factory=list)  # (method, raw path, key present)
     most_at_once: int = 0
+    address: str = "127.0.0.1"
 
     def __post_init__(self):
         provider = self
@@ -103,7 +104,7 @@ class ScriptedProvider:
         class Handler(ScriptedHandler):
             owner = provider
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer((self.address, 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
@@ -112,7 +113,7 @@ class ScriptedProvider:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"http://{self.address}:{self._server.server_address[1]}"
 
     def close(self) -> None:
         self._server.shutdown()

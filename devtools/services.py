@@ -226,7 +226,8 @@ def _aof_written(persistence: dict) -> bool:
             and persistence.get("aof_rewrite_scheduled") == 0)
 
 
-def start_redis(data_dir: Path, port: int, persistent: bool, started=None) -> Service:
+def start_redis(data_dir: Path, port: int, persistent: bool, started=None, bind: tuple[str, ...] = ("127.0.0.1",),
+                fsync: str = "always") -> Service:
     """A private redis-server. `persistent`: every write is on disk in its append-only file before Redis
     answers it, so neither a killed Redis nor a power cut loses the jobs whose deliveries the inbox has
     already settled (a snapshot every minute would lose up to a minute of them). `started(service)` is called
@@ -234,12 +235,15 @@ def start_redis(data_dir: Path, port: int, persistent: bool, started=None) -> Se
     binary = ensure_package("redis-server", "redis-server")
     data_dir.mkdir(parents=True, exist_ok=True)
     log = data_dir / "redis.log"
-    command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
-               "--daemonize", "no", "--logfile", str(log), "--protected-mode", "yes", "--save", ""]
+    command = [binary, "--port", str(port), "--bind", *bind, "--dir", str(data_dir),
+               "--daemonize", "no", "--logfile", str(log), "--save", "",
+               # Bound to loopback alone, protected mode is its guard; bound to an address of our own making too
+               # (the fleet drills' services address), the binding is, and remote clients must be let in.
+               "--protected-mode", "yes" if bind == ("127.0.0.1",) else "no"]
     # A folder from before the append-only file holds only a snapshot, which Redis ignores when it starts
     # with appendonly on: load the snapshot first, then switch (Redis writes the file from memory).
     has_log = (data_dir / "appendonlydir").is_dir()
-    logged = ["--appendonly", "yes", "--appendfsync", "always"]
+    logged = ["--appendonly", "yes", "--appendfsync", fsync]
     command += logged if persistent and has_log else ["--appendonly", "no"]
     url = f"redis://127.0.0.1:{port}/0"
     service = Service("redis", spawn(command), env={"REDIS_URL": url})
@@ -250,7 +254,7 @@ def start_redis(data_dir: Path, port: int, persistent: bool, started=None) -> Se
         import redis
 
         client = redis.Redis.from_url(url)
-        client.config_set("appendfsync", "always")
+        client.config_set("appendfsync", fsync)
         client.config_set("appendonly", "yes")
         wait_until(lambda: _aof_written(client.info("persistence")), 60, "redis-server's append-only file", log)
     return service

@@ -18,7 +18,7 @@ from django.db import connection  # noqa: E402
 from tests.receiver_support import GITHUB_SECRET, github_signature  # noqa: E402
 
 # Fixtures kept beside what they set up, offered to every test module (none imports another's fixtures).
-pytest_plugins = ["tests.receiver_support", "tests.local_repos", "tests.browser_support"]
+pytest_plugins = ["tests.receiver_support", "tests.local_repos", "tests.browser_support", "tests.hosts_support"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PAYLOADS = Path(__file__).resolve().parent / "payloads"

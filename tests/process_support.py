@@ -17,8 +17,8 @@ def host_row(redis_conn, name) -> registry.HostRow | None:
 class ContainerLifetimes:
     """Start and stop instants of job containers, from the engine's own event stream."""
 
-    def __init__(self):
-        self.engine = docker.from_env()
+    def __init__(self, engine=None):
+        self.engine = engine or docker.from_env()
         self.events = []
         self._stream = self.engine.events(decode=True, filters={"label": "pidispatch.job", "type": "container"})
         self._thread = threading.Thread(target=self._read, daemon=True)

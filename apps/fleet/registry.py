@@ -14,6 +14,9 @@ Redis keys (values are names, numbers and flags only: never paths, titles or log
     pidispatch:worker:<rq worker name>  HASH one worker process: host, pid, proc (liveness identity), queues,
                                              started_at, beat_at, and while busy job, job_started_at,
                                              job_target, job_queue; expires
+    pidispatch:host:<name>:card         HASH what the host declared (declared, capabilities), kept a day past its
+                                             last beat: a dead host's capabilities still route work to its queue
+                                             (routing.queue_for), where it waits for the host to return
 Deleting all of them is safe: every reader then sees no host, and routing falls back to `pi-jobs`.
 """
 
@@ -46,6 +49,10 @@ def host_key(name: str) -> str:
 
 def host_workers_key(name: str) -> str:
     return f"pidispatch:host:{name}:workers"
+
+
+def card_key(name: str) -> str:
+    return f"pidispatch:host:{name}:card"
 
 
 def worker_key(worker_name: str) -> str:
@@ -165,6 +172,8 @@ def publish(redis, host: HostFacts, process: ProcessFacts, now: float | None = N
         "beat_at": f"{now:.3f}",
     })
     pipe.expire(host_key(host.name), ttl)
+    pipe.hset(card_key(host.name), mapping={"declared": int(host.declared), "capabilities": ",".join(host.capabilities)})
+    pipe.expire(card_key(host.name), GONE_KEPT_SECONDS)
     pipe.sadd(host_workers_key(host.name), process.worker_name)
     pipe.expire(host_workers_key(host.name), ttl)
     pipe.hset(worker_key(process.worker_name), mapping=entry)
@@ -238,9 +247,10 @@ def read_hosts(redis, now: float | None = None) -> list[HostRow]:
         for name, _ in names:
             pipe.hgetall(host_key(name))
             pipe.smembers(host_workers_key(name))
+            pipe.hgetall(card_key(name))
         replies = pipe.execute()
-        rows_raw = replies[0::2]
-        members = [sorted(text(m) for m in workers) for workers in replies[1::2]]
+        rows_raw, cards = replies[0::3], replies[2::3]
+        members = [sorted(text(m) for m in workers) for workers in replies[1::3]]
         pipe = redis.pipeline(transaction=False)
         for workers in members:
             for worker_name in workers:
@@ -253,7 +263,7 @@ def read_hosts(redis, now: float | None = None) -> list[HostRow]:
         raise RegistryUnreadable(f"host registry unreadable ({type(exc).__name__})") from exc
 
     hosts = []
-    for (name, indexed_beat), raw, workers in zip(names, rows_raw, members):
+    for (name, indexed_beat), raw, workers, card in zip(names, rows_raw, members, cards):
         processes = []
         for worker_name in workers:
             raw_entry = next(entries)
@@ -261,6 +271,7 @@ def read_hosts(redis, now: float | None = None) -> list[HostRow]:
             if process and process.host == name:
                 processes.append(process)
         row = {text(k): text(v) for k, v in raw.items()}
+        declared = {text(k): text(v) for k, v in card.items()} if not row else row  # a gone host: its card
         beat_at = _number(row.get("beat_at")) if row else indexed_beat
         concurrency = _number(row.get("concurrency"))
         if now - indexed_beat > GONE_KEPT_SECONDS:
@@ -269,10 +280,10 @@ def read_hosts(redis, now: float | None = None) -> list[HostRow]:
             name=name,
             liveness=liveness_of(beat_at, bool(row), now),
             beat_at=beat_at,
-            declared=row.get("declared") == "1",
+            declared=declared.get("declared") == "1",
             version=row.get("version", ""),
             image=row.get("image", ""),
-            capabilities=_names(row.get("capabilities"), lambda c: ":" in c),
+            capabilities=_names(declared.get("capabilities"), lambda c: ":" in c),
             concurrency=int(concurrency) if concurrency else None,
             processes=tuple(processes) if row else (),
         ))

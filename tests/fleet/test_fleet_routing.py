@@ -45,11 +45,9 @@ def test_several_capable_hosts_are_chosen_deterministically_by_job_id(redis_conn
     assert all(routing.queue_for(needs, job_id) == queue for job_id, queue in picks.items())
 
 
-@pytest.mark.parametrize("case", ["stale", "undeclared", "lacks-it", "no-hosts", "unreadable"])
+@pytest.mark.parametrize("case", ["undeclared", "lacks-it", "no-hosts", "unreadable"])
 def test_any_doubt_routes_to_the_shared_queue(redis_conn, case):
-    if case == "stale":
-        publish(redis_conn, "hostA", ["secrets:prod"], beat_age=3)
-    elif case == "undeclared":
+    if case == "undeclared":
         publish(redis_conn, "hostA", ["secrets:prod"], declared=False)
     elif case == "lacks-it":
         publish(redis_conn, "hostA", ["wait:ci-green"])
@@ -57,6 +55,24 @@ def test_any_doubt_routes_to_the_shared_queue(redis_conn, case):
         redis_conn.set(registry.INDEX, "broken")
 
     assert routing.queue_for(frozenset({"secrets:prod"})) == "pi-jobs"
+
+
+def test_a_need_only_an_absent_host_offers_waits_on_its_queue(redis_conn):
+    """Another host would refuse the job (`secret-profile-unknown`): it waits for the host that can run it, whether
+    that host's beat is late or its row expired (its card is kept for a day)."""
+    publish(redis_conn, "hostA", ["secrets:prod"], beat_age=3)
+    publish(redis_conn, "hostB", ["wait:ci-green"])
+    assert routing.queue_for(frozenset({"secrets:prod"})) == "pi-jobs@hostA"
+
+    redis_conn.delete(registry.host_key("hostA"), registry.host_workers_key("hostA"))  # its row expired
+    routing.clear_cache()
+    (gone,) = [host for host in registry.read_hosts(redis_conn) if host.name == "hostA"]
+    assert gone.liveness == registry.GONE and gone.capabilities == ("secrets:prod",)
+    assert routing.queue_for(frozenset({"secrets:prod"})) == "pi-jobs@hostA"
+
+    publish(redis_conn, "hostC", ["secrets:prod"])  # a live host that offers it wins
+    routing.clear_cache()
+    assert routing.queue_for(frozenset({"secrets:prod"})) == "pi-jobs@hostC"
 
 
 def test_registry_reads_are_cached_between_deliveries(redis_conn, settings):

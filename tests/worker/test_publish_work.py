@@ -203,12 +203,9 @@ test:
 
 @pytest.fixture
 def gitlab_clone(tmp_path):
-    """A depth-1 clone of a repository whose `.gitlab-ci.yml` includes files of its own."""
-    sha = make_repository(tmp_path / "remote", "group/proj", PIPELINE)
-    workspace = tmp_path / "workspace"
-    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{tmp_path / 'remote' / 'group/proj.git'}",
-                    str(workspace)], check=True, capture_output=True)
-    return workspace, sha
+    """A depth-1 clone of a repository whose `.gitlab-ci.yml` includes files of its own (the forge calls it
+    group/proj: `refusal_of(..., repository="group/proj")`)."""
+    return clone_of(tmp_path, PIPELINE)
 
 
 @pytest.mark.parametrize("path", ["ci/build.yml", "ci/nested.yml", "templates/lint.yml", "templates/new.yml",
@@ -225,9 +222,6 @@ def test_what_the_pipeline_does_not_include_is_not(tmp_path, gitlab_clone, path)
 
 
 def test_a_pipeline_that_cannot_be_read_makes_every_yaml_file_a_ci_change(tmp_path):
-    sha = make_repository(tmp_path / "remote", "group/proj", {**FILES, ".gitlab-ci.yml": "include: [unclosed\n"})
-    workspace = tmp_path / "workspace"
-    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{tmp_path / 'remote' / 'group/proj.git'}",
-                    str(workspace)], check=True, capture_output=True)
+    workspace, sha = clone_of(tmp_path, {**FILES, ".gitlab-ci.yml": "include: [unclosed\n"})
     assert refusal_of(tmp_path, (workspace, sha), {"notes.md": "x\n"}) is None
     assert refusal_of(tmp_path, (workspace, sha), {"anything/else.yaml": "x: 1\n"}) == "ci-change-refused"

@@ -37,6 +37,30 @@ FORGE_TOKEN_NAMES = {"GITHUB_TOKEN", "GH_TOKEN", "GITHUB_API_URL", "GITLAB_TOKEN
 SHELL_OWN_ENV = {"PWD", "SHLVL", "OLDPWD", "_"}
 
 
+# The modules whose code asks the database what only it can answer alike or not: PostgreSQL's own SQL (the cost
+# page's GROUPING SETS, /metrics' JSON functions, the run list's estimated count, hand-written row statements), its
+# locking and isolation (the inbox, deduplication, one-shot rules, trigger reordering under SELECT FOR UPDATE, the
+# cron producer), its types and ranges (the API's filters, cursors and ids), its outage (a worker losing it
+# mid-job), and the fleet drills, which run on it alone. .ci/run runs the whole suite on SQLite, then these on
+# PostgreSQL (`-m database`): running everything twice bought nothing the second time but half the CI's time.
+DATABASE_SENSITIVE = {
+    "tests/receiver/test_receiver_inbox.py", "tests/receiver/test_receiver_dedup.py", "tests/receiver/test_rowwrites.py",
+    "tests/receiver/test_one_shots.py", "tests/receiver/test_receiver_one_shot.py", "tests/receiver/test_cron.py",
+    "tests/receiver/test_receiver_triggers.py", "tests/receiver/test_github_intake.py",
+    "tests/admin/test_cost_page.py", "tests/admin/test_admin_runs.py", "tests/site/test_metrics.py",
+    "tests/api/test_api.py", "tests/api/test_api_numbers.py", "tests/fleet/test_fleet_panel.py",
+    "tests/worker/test_worker_database_down.py", "tests/worker/test_dollar_caps.py",
+    "tests/worker/test_budget_caps.py", "tests/worker/test_doctor.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = item.path.relative_to(ROOT).as_posix()
+        if path in DATABASE_SENSITIVE or path.startswith("tests/hosts/"):
+            item.add_marker(pytest.mark.database)
+
+
 def pytest_configure(config):
     if not os.environ.get("PIDISPATCH_TEST_STACK"):
         pytest.exit(

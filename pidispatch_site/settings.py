@@ -224,7 +224,7 @@ PI_GIT_AUTHOR_EMAIL = env("PI_GIT_AUTHOR_EMAIL", default="pidispatch@users.norep
 PI_MAX_CHANGED_FILES = env.int("PI_MAX_CHANGED_FILES", default=300)
 PI_MAX_PUSH_BYTES = env.int("PI_MAX_PUSH_BYTES", default=50 * 1024 * 1024)
 PI_KEEP_WORK_HOURS = env.int("PI_KEEP_WORK_HOURS", default=24)
-PI_PUBLISH_ATTEMPTS = env.int("PI_PUBLISH_ATTEMPTS", default=3)
+PI_PUBLISH_ATTEMPTS = env.int("PI_PUBLISH_ATTEMPTS", default=6)
 PI_PUBLISH_RETRY_SECONDS = env.float("PI_PUBLISH_RETRY_SECONDS", default=5.0)
 # Spend caps (job counts per UTC day / Monday week / month; 0 or unset = no cap).
 PI_DAILY_CAP = env.int("PI_DAILY_CAP", default=25) or None

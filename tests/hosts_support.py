@@ -418,6 +418,18 @@ class Fleet:
 
     # what drills do
 
+    def fleet_command(self, *args: str) -> subprocess.CompletedProcess:
+        """`manage.py fleet ...` as an operator runs it, in the root namespace."""
+        return subprocess.run([sys.executable, "manage.py", "fleet", *args], cwd=ROOT,
+                              env=self.base_env() | {"REDIS_URL": self._loopback_redis()}, capture_output=True,
+                              text=True, timeout=60)
+
+    def restart_redis(self, down_for: float):
+        """Redis stopped (SIGTERM: its append-only file flushed) and started again on the same files and port."""
+        self.redis_service.stop()
+        time.sleep(down_for)
+        self.start_redis()
+
     def deliver(self, repository: str, number: int, labels=("pi",), body: str = "") -> dict:
         """A signed GitHub `issues labeled` delivery to the web server, as GitHub sends it; its JSON answer."""
         payload = json.loads((ROOT / "tests" / "payloads" / "github" / "issues_labeled.json").read_text())

@@ -4,8 +4,11 @@
   its payload; it never runs and leaves no run record;
 - running: a cancel request is written, and the worker process that runs it (on whichever host) sees it
   within about a second, acknowledges it and stops the job's container (SIGTERM, SIGKILL after 5 s) from
-  its main process; the work horse records the run `operator-cancel`. When no live worker acknowledges
-  within PI_FLEET_CANCEL_ACK_SECONDS the request is withdrawn and the answer says nothing was changed;
+  its main process; the work horse records the run `operator-cancel`. When no worker acknowledges within
+  PI_FLEET_CANCEL_ACK_SECONDS (its host is cut off, or its worker is between a death and a restart) the request
+  stays, `pending`: the job's worker carries it out when it reaches Redis again, and a worker that lost the job
+  records it `operator-cancel` too (apps/worker/process/worker_lost.py). Withdrawing it instead would let a
+  job an operator meant to stop run on after a network partition heals;
 - finished or failed: nothing to do, and the answer says so.
 
 The request also stays for the job's later life: the gate ladder's first gate asks `is_cancel_requested`
@@ -73,13 +76,13 @@ def acknowledge(redis, job_id: str, worker_name: str) -> bool:
 @dataclass(frozen=True)
 class CancelResult:
     job_id: str
-    outcome: str  # removed | stopping | not-acknowledged | ended | not-found
+    outcome: str  # removed | stopping | pending | ended | not-found
     message: str
     audit_error: str = ""
 
     @property
     def changed(self) -> bool:
-        return self.outcome in ("removed", "stopping")
+        return self.outcome in ("removed", "stopping", "pending")
 
 
 
@@ -142,15 +145,15 @@ def _await_acknowledgement(redis, job: Job, ack_seconds: float | None) -> Cancel
                                                     f"{_where(redis, worker)}: its container is being stopped "
                                                     "(SIGTERM, SIGKILL after 5 s) and the run recorded operator-cancel")
         status = job.get_status(refresh=True)
-        if status in (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED) or time.monotonic() >= deadline:
+        if status in (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED):
             if not redis.eval(_WITHDRAW, 1, key):
                 continue  # acknowledged at the last moment: report that
-            if status in (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED):
-                return CancelResult(job.id, "ended", f"job {job.id} ended ({status.value}) before it could be "
-                                                     "cancelled; nothing was changed")
-            return CancelResult(job.id, "not-acknowledged", f"no live worker acknowledged the cancel of {job.id} within "
-                                                            f"{wait:g} s: the job may have just finished, or its host "
-                                                            "is unreachable; nothing was changed")
+            return CancelResult(job.id, "ended", f"job {job.id} ended ({status.value}) before it could be "
+                                                 "cancelled; nothing was changed")
+        if time.monotonic() >= deadline:
+            return CancelResult(job.id, "pending", f"no worker acknowledged the cancel of running job {job.id} within "
+                                                   f"{wait:g} s (its host may be unreachable): the request stays, and "
+                                                   "its worker stops the job when it reaches Redis again")
         time.sleep(0.2)
 
 

@@ -5,6 +5,8 @@ engine saw, never on log lines."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from itertools import pairwise
 
@@ -126,3 +128,142 @@ def test_load_across_the_fleet_keeps_every_bound(drill):
     assert len(capped) == 10 and not overlaps(capped), "two containers of the capped repository at once"
     assert not overlaps(by_host["hostC"]), "two containers at once on the host capped at one"
     assert any(overlaps(spans) for spans in by_host.values())  # elsewhere the fleet did run jobs side by side
+
+
+def start_hosts(drill, vaults, workers_per_host=1, **extra_by_host):
+    for name, host in drill.hosts.items():
+        for _ in range(workers_per_host):
+            host.start_worker(drill.host_env(host, **vaults[name], **extra_by_host.get(name, {})))
+    wait_live(*drill.hosts)
+
+
+def deliver_to(drill, label: str, number: int, body: str, repository="acme/web") -> str:
+    (job_id,) = drill.deliver(repository, number, labels=(label,), body=body)["jobs"]
+    return job_id
+
+
+def queued_in(queue: str) -> list[str]:
+    from rq import Queue
+
+    from apps.fleet.connection import get_redis
+
+    return Queue(queue, connection=get_redis()).job_ids
+
+
+def test_pause_all_reaches_a_dead_hosts_queue_and_it_stays_paused_when_it_returns(drill):
+    vaults = declare_vaults(drill)
+    label_triggers(drill.hosts)
+    start_hosts(drill, vaults)
+    hostB = drill.hosts["hostB"]
+    hostB.kill_workers()
+
+    paused = drill.fleet_command("pause", "--all", "--note", "provider outage", "--by", "drill")
+    assert paused.returncode == 0, paused.stdout + paused.stderr
+    time.sleep(2)  # a worker honours a pause flag within about a second
+    waiting = deliver_to(drill, "pi-hostB", 1, "fake-agent:sleep=1")
+    assert queued_in("pi-jobs@hostB") == [waiting]  # routed to its host, which is away
+
+    hostB.revive_workers()
+    wait_live("hostB")
+    time.sleep(5)  # the host is back and beating: its queue stays paused, the job waits
+    assert not Run.objects.filter(job_id=waiting).exists() and queued_in("pi-jobs@hostB") == [waiting]
+
+    resumed = drill.fleet_command("resume", "--all", "--by", "drill")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    wait_for(lambda: final_runs([waiting]), timeout=60, what="the job once resumed")
+    assert final_runs([waiting]) == {waiting: [("completed", "")]}
+    assert Run.objects.get(job_id=waiting).host == "hostB"
+
+
+def test_a_capability_only_a_dead_host_offers_waits_for_that_host(drill):
+    vaults = declare_vaults(drill)
+    label_triggers(drill.hosts)
+    start_hosts(drill, vaults)
+    hostC = drill.hosts["hostC"]
+    hostC.kill_workers()
+    time.sleep(4)  # its beat is late: the registry calls it stale, not live
+
+    job_id = deliver_to(drill, "pi-hostC", 2, "fake-agent:sleep=1")
+    shared = deliver_to(drill, "pi", 3, "fake-agent:sleep=1")
+    wait_for(lambda: final_runs([shared]), timeout=60, what="the shared queue's job")
+    assert queued_in("pi-jobs@hostC") == [job_id]  # no live host took it, none refused it
+    assert not Run.objects.filter(job_id=job_id).exists()
+
+    hostC.revive_workers()
+    wait_for(lambda: final_runs([job_id]), timeout=60, what="the job on its host's return")
+    assert final_runs([job_id]) == {job_id: [("completed", "")]}
+    assert Run.objects.get(job_id=job_id).host == "hostC"
+
+
+def test_a_host_cut_off_rejoins_on_its_own_and_every_job_is_recorded_once(drill):
+    """hostA's link goes down for 30 s and hostB's for 120 s while their jobs run; hostB rides out the Redis it
+    cannot reach for longer than that (PI_REDIS_OUTAGE_SECONDS). A cancel sent to hostB's other job while it is
+    away is carried out when it returns; pause and resume reach both hosts afterwards."""
+    vaults = declare_vaults(drill)
+    label_triggers(drill.hosts)
+    hostA, hostB = drill.hosts["hostA"], drill.hosts["hostB"]
+    start_hosts(drill, vaults, workers_per_host=2, hostB={"PI_REDIS_OUTAGE_SECONDS": 180})
+    short_a = deliver_to(drill, "pi-hostA", 11, "fake-agent:sleep=20")
+    short_b = deliver_to(drill, "pi-hostB", 12, "fake-agent:sleep=40")
+    long_b = deliver_to(drill, "pi-hostB", 13, "fake-agent:sleep=600")
+    wait_for(lambda: short_a in hostA.containers() and {short_b, long_b} <= set(hostB.containers()), timeout=60,
+             what="the three containers")
+
+    hostA.cut()
+    hostB.cut()
+    cancelled = drill.fleet_command("cancel", long_b, "--by", "drill")
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    time.sleep(30)
+    hostA.restore()
+    wait_for(lambda: final_runs([short_a]), timeout=90, what="hostA's job recorded after its return")
+    time.sleep(90)
+    hostB.restore()
+    wait_for(lambda: len(final_runs([short_b, long_b])) == 2, timeout=120, what="hostB's jobs recorded on its return")
+
+    every = Counter(Run.objects.filter(job_id__in=[short_a, short_b, long_b]).values_list("job_id", flat=True))
+    assert every == {short_a: 1, short_b: 1, long_b: 1}  # recorded exactly once each
+    assert final_runs([short_a, short_b, long_b]) == {
+        short_a: [("completed", "")], short_b: [("completed", "")], long_b: [("policy", "operator-cancel")]}
+    assert hostB.containers() == {}
+
+    wait_live("hostA", "hostB")  # they rejoined by themselves
+    paused = drill.fleet_command("pause", "--host", "hostB", "--note", "drill", "--by", "drill")
+    assert paused.returncode == 0, paused.stdout + paused.stderr
+    time.sleep(2)  # a worker honours a pause flag within about a second
+    after = deliver_to(drill, "pi-hostB", 14, "fake-agent:sleep=1")
+    time.sleep(4)
+    assert not Run.objects.filter(job_id=after).exists()
+    drill.fleet_command("resume", "--host", "hostB", "--by", "drill")
+    wait_for(lambda: final_runs([after]), timeout=60, what="the job after the resume")
+    assert final_runs([after]) == {after: [("completed", "")]}
+
+
+def test_redis_restarted_under_running_jobs_loses_nothing(drill):
+    """Redis goes away for 10 s while every host runs jobs, and deliveries keep arriving: every job runs once
+    and no worker process died (the service manager never had to start one again)."""
+    vaults = declare_vaults(drill)
+    label_triggers(drill.hosts)
+    start_hosts(drill, vaults, workers_per_host=2)
+    jobs = [deliver_to(drill, label, number, "fake-agent:sleep=15")
+            for number, label in enumerate(["pi-hostA", "pi-hostB", "pi-hostC"] * 2, start=21)]
+    wait_for(lambda: all(host.containers() for host in drill.hosts.values()), timeout=60,
+             what="containers on every host")
+
+    outage = threading.Thread(target=drill.restart_redis, args=(10,))
+    outage.start()
+    time.sleep(2)
+    during = [drill.deliver("acme/web", number, labels=("pi",), body="fake-agent:sleep=1") for number in (31, 32)]
+    outage.join()
+
+    assert len(during) == 2  # answered (kept in the inbox when they could not be queued)
+
+    from apps.receiver.models import Delivery
+
+    wait_for(lambda: Delivery.objects.count() == 8 and all(d.job_ids for d in Delivery.objects.all()), timeout=120,
+             what="every delivery queued, the two of the outage by the replayer")
+    every = [job for delivery in Delivery.objects.all() for job in delivery.job_ids]
+    wait_for(lambda: len(final_runs(every)) == 8, timeout=180, what="every job's run after the outage")
+    assert set(map(tuple, final_runs(every).values())) == {(("completed", ""),)}
+    assert set(jobs) < set(every)
+    assert all(worker.starts == 1 and worker.process.poll() is None
+               for host in drill.hosts.values() for worker in host.workers)

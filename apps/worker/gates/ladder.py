@@ -193,6 +193,21 @@ def _telemetry(exit_line: Telemetry, egress: gateway.EgressReport | None,
     return telemetry
 
 
+def _cancelled_after_run(job_id: str, redis, attempts: int = 20) -> bool:
+    """Whether an operator cancelled the job, asked once its container ended. A worker whose host was cut off
+    carries out a pending cancel the moment Redis answers again, and the first calls on its pool may still fail
+    then: asked again for a few seconds, so the run is recorded as the operator's decision, not as a stopped
+    container's exit code."""
+    for attempt in range(attempts):
+        try:
+            return cancel.is_cancel_requested(job_id, redis)
+        except RedisError:
+            if attempt + 1 < attempts:
+                time.sleep(0.5)
+    logger.warning("job_cancel_unknown job=%s why=redis-unavailable", job_id)
+    return False
+
+
 def warm_up() -> None:
     """Run the gates' database reads once in the worker's main process, before it forks any work horse.
 
@@ -441,11 +456,11 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
                                   budget_reserved=True)
     # The container has ended: from here a Redis fault must not turn its outcome into a retry (which would
     # run the agent again). What cannot be settled now is logged; the counters' TTLs bound the drift.
+    if _cancelled_after_run(spec.job_id, redis):
+        # The operator stopped it: whatever the exit code says, the run ends as their decision.
+        verdict = Verdict.refused("operator-cancel", exit_code=verdict.exit_code,
+                                  telemetry=verdict.telemetry, budget_reserved=True)
     try:
-        if cancel.is_cancel_requested(spec.job_id, redis):
-            # The operator stopped it: whatever the exit code says, the run ends as their decision.
-            verdict = Verdict.refused("operator-cancel", exit_code=verdict.exit_code,
-                                      telemetry=verdict.telemetry, budget_reserved=True)
         if not verdict.budget_reserved:
             reservation.give_back(redis)  # nothing ran, so nothing was spent
         # The dollar hold: charged what the gateway metered, unless that cannot be the whole cost (a run stopped

@@ -104,8 +104,6 @@ class Command(BaseCommand):
     def cancel(self, redis, job_id: str, by: str):
         result = cancel.cancel_job(redis, job_id, by=by)
         self.say_audit(result.audit_error)
-        if result.outcome == "not-acknowledged":
-            raise CommandError(result.message)
         self.stdout.write(result.message)
 
     def say_audit(self, error: str):

@@ -201,7 +201,8 @@ class PauseWindow(models.Model):
 
 
 class ScopedLimit(models.Model):
-    """Caps for one repository or folder: runs per UTC day/week/month, and how many at once (fleet-wide)."""
+    """Caps for one repository or folder: runs per UTC day/week/month, and how many of a repository's at once
+    (fleet-wide; a folder's path names no repository across hosts, so a folder runs one at a time per host)."""
 
     scope = models.CharField(
         max_length=500, unique=True,
@@ -215,7 +216,8 @@ class ScopedLimit(models.Model):
                                         help_text="Runs per UTC calendar month.")
     concurrent = models.PositiveIntegerField(
         null=True, blank=True, validators=[validators.limit_count],
-        help_text="Runs at the same time across all hosts; more wait, never refused.",
+        help_text="A repository's runs at the same time across all hosts; more wait, never refused. A folder runs "
+                  "one job at a time on its own host, whatever this says.",
     )
     day_usd = models.DecimalField("day $", max_digits=13, decimal_places=6, null=True, blank=True,
                                   validators=[validators.dollar_amount],

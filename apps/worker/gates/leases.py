@@ -12,7 +12,7 @@ admin): `pidispatch:lease:<name>:span` remembers the highest ceiling whose slots
 those count against the lower one until their jobs end, so the new ceiling holds from the next start on.
 
 Names: `h:<host>` (PI_CONCURRENCY, apps/worker/gates/host_slots.py), `s:<hash16 of a scoped limit's scope>`
-(fleet-wide `concurrent`), `f:<host>:<hash16 of a folder>` (one local job per folder per host),
+(a repository's fleet-wide `concurrent`), `f:<host>:<hash16 of a folder>` (one local job per folder per host),
 `wc:<host>` and `wc` (wait checks, apps/worker/gates/wait_slots.py).
 """
 

@@ -156,6 +156,23 @@ def test_a_job_lost_twice_is_run_again_only_as_often_as_the_policy_says(
 
 
 @pytest.mark.docker
+def test_a_lost_attempt_leaves_the_job_its_infrastructure_retries(start_worker, redis_conn, fast_fleet,
+                                                                  job_containers):
+    worker = start_worker("pi-jobs", "pi-jobs@hostA", env=host_env("hostA"))
+    job_id = enqueue_spec(forge_spec("gh-lost-then-faulty", body="fake-agent:sleep=4 fake-agent:exit=1"))
+    wait_for(lambda: job_containers("hostA").get(job_id), timeout=90, what="the first attempt's container")
+
+    os.kill(horse_of(worker.pid), 9)
+
+    found = wait_for(lambda: len(found := runs(job_id)) == 3 and found, timeout=120, what="three attempts")
+    assert [(run.attempt, run.reason, run.lost_retry) for run in found] == [
+        (1, "worker-lost", LostRetry.RETRIED), (2, "runner-infra", ""), (3, "runner-infra", "")]
+    wait_for(lambda: rq_status(redis_conn, job_id) == "failed", timeout=15, what="RQ to mark it failed")
+    time.sleep(3)
+    assert len(runs(job_id)) == 3  # PI_RETRY_ATTEMPTS (2) faults, and the lost attempt besides
+
+
+@pytest.mark.docker
 def test_a_job_its_operator_cancelled_while_its_worker_was_lost_is_not_run_again(
         start_worker, redis_conn, fast_fleet, job_containers):
     first = start_worker("pi-jobs", "pi-jobs@hostA", env=host_env("hostA"), name="first")

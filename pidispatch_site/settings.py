@@ -268,6 +268,9 @@ PI_RETRY_ATTEMPTS = 2
 PI_RETRY_BACKOFF_SECONDS = env.int("PI_RETRY_BACKOFF_SECONDS", default=60)
 # How long a worker running a job rides out a Redis outage before it gives the job up (apps/worker/process/redis_outage.py).
 PI_REDIS_OUTAGE_SECONDS = env.int("PI_REDIS_OUTAGE_SECONDS", default=60)
+# How many times one job runs again, as a new attempt, after the worker running it died (0: never); the
+# settings row overrides it live (apps/worker/process/worker_lost.py).
+PI_LOST_RETRIES = env.int("PI_LOST_RETRIES", default=1)
 # How long RQ keeps a finished job (its payload holds issue text). The DB holds history and the
 # delivery inbox holds the long-term dedup; RQ's copy only has to outlive racing duplicates.
 PI_FINISHED_JOB_TTL_SECONDS = env.int("PI_FINISHED_JOB_TTL_SECONDS", default=600)

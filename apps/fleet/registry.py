@@ -237,8 +237,9 @@ def read_process(redis, worker_name: str) -> WorkerProcess | None:
     return _process(worker_name, raw) if raw else None
 
 
-def read_hosts(redis, now: float | None = None) -> list[HostRow]:
-    """Every host in the index, with its liveness and processes. RegistryUnreadable if it cannot be read."""
+def read_hosts(redis, now: float | None = None, *, processes: bool = True) -> list[HostRow]:
+    """Every host in the index, with its liveness and, unless `processes` is false, its worker processes (the
+    queue union and routing need only the rows and cards: fewer reads). RegistryUnreadable if it cannot be read."""
     now = time.time() if now is None else now
     try:
         indexed = [(text(name), score) for name, score in redis.zrange(INDEX, 0, -1, withscores=True)]
@@ -246,16 +247,19 @@ def read_hosts(redis, now: float | None = None) -> list[HostRow]:
         pipe = redis.pipeline(transaction=False)
         for name, _ in names:
             pipe.hgetall(host_key(name))
-            pipe.smembers(host_workers_key(name))
+            if processes:
+                pipe.smembers(host_workers_key(name))
             pipe.hgetall(card_key(name))
         replies = pipe.execute()
-        rows_raw, cards = replies[0::3], replies[2::3]
-        members = [sorted(text(m) for m in workers) for workers in replies[1::3]]
+        width = 3 if processes else 2
+        rows_raw, cards = replies[0::width], replies[width - 1::width]
+        members = ([sorted(text(m) for m in workers) for workers in replies[1::width]] if processes
+                   else [[]] * len(names))
         pipe = redis.pipeline(transaction=False)
         for workers in members:
             for worker_name in workers:
                 pipe.hgetall(worker_key(worker_name))
-        entries = iter(pipe.execute())
+        entries = iter(pipe.execute() if processes else ())
         forgotten = [name for name, score in indexed if now - score > GONE_KEPT_SECONDS]
         if forgotten:
             redis.zrem(INDEX, *forgotten)

@@ -43,7 +43,7 @@ def _routable_hosts() -> tuple[registry.HostRow, ...]:
         if now - _cache["at"] < settings.PI_FLEET_ROUTE_CACHE_SECONDS:
             return _cache["hosts"]
         try:
-            hosts = tuple(h for h in registry.read_hosts(get_redis()) if h.declared)
+            hosts = tuple(h for h in registry.read_hosts(get_redis(), processes=False) if h.declared)
         except Exception as exc:  # routing is a hint: every failure means the shared queue
             logger.warning("fleet_routing_registry_unreadable error=%s", type(exc).__name__)
             hosts = ()

@@ -49,13 +49,15 @@ def register_queues(redis, queue_names) -> None:
     redis.sadd(Queue.redis_queues_keys, *(prefix + name for name in queue_names))
 
 
-def queue_union(redis, now: float | None = None) -> QueueUnion:
+def queue_union(redis, now: float | None = None, *, processes: bool = True) -> QueueUnion:
+    """The union, with the registry's host rows (and their worker processes unless `processes` is false: a
+    pause or resume needs only the queues)."""
     now = time.time() if now is None else now
     problems = []
     queues = {SHARED_QUEUE}
     hosts = None
     try:
-        hosts = tuple(registry.read_hosts(redis, now))
+        hosts = tuple(registry.read_hosts(redis, now, processes=processes))
         queues |= {host_queue(h.name) for h in hosts if h.declared and h.liveness != registry.GONE}
     except registry.RegistryUnreadable as exc:
         problems.append(str(exc))
@@ -106,5 +108,5 @@ def resolve_scope(redis, *, queue: str | None = None, host: str | None = None, a
         return [queue], ""
     if host:
         return [host_queue(host)], ""
-    union = queue_union(redis)
+    union = queue_union(redis, processes=False)
     return list(union.queues), union.degraded

@@ -109,7 +109,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     # Every recorded field is on the page; numbers, times and targets in their readable form (`*_display`).
     fieldsets = (
         (None, {"fields": ("job_id", "attempt", "attempts_display", "outcome", "reason", "explanation",
-                           "forge_sentence", "exit_code")}),
+                           "lost_retry_display", "forge_sentence", "exit_code")}),
         ("What it did", {"fields": ("publish_outcome", "publish_display", "pull_request", "pushed_commits",
                                     "changed_files", "agent_summary", "summary_chars")}),
         ("What ran", {"fields": ("kind", "target_display", "scope", "flow", "command", "image",
@@ -217,6 +217,17 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             return "The run completed." if run.outcome == "completed" else f"No explanation for {run.reason!r} yet."
         return format_html("{}<br><strong>Next:</strong> {}", reason.means, reason.next_step)
 
+    @admin.display(description="after its worker died")
+    def lost_retry_display(self, run: Run) -> str:
+        text = reasons.lost_retry_text(run.lost_retry, run.attempt)
+        if not text:
+            return "-"
+        retry = _attempts_of(run.job_id).filter(attempt=run.attempt + 1).values_list("pk", flat=True).first()
+        if retry is None:
+            return text
+        return format_html('{} (<a href="{}">attempt {}</a>)', text, reverse("admin:worker_run_change", args=[retry]),
+                           run.attempt + 1)
+
     @admin.display(description="posted on the issue")
     def forge_sentence(self, run: Run) -> str:
         from apps.worker.forges.comments import sentence_for
@@ -234,11 +245,13 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     @admin.display(description="attempts of this job")
     def attempts_display(self, run: Run) -> str:
-        rows = list(_attempts_of(run.job_id).order_by("attempt").values_list("pk", "attempt", "outcome", "reason"))
+        rows = list(_attempts_of(run.job_id).order_by("attempt")
+                    .values_list("pk", "attempt", "outcome", "reason", "lost_retry"))
         return format_html_join(
-            mark_safe(" · "), '<a href="{}"{}>attempt {}: {} {}</a>',
+            mark_safe(" · "), '<a href="{}"{}>attempt {}: {} {}{}</a>',
             ((reverse("admin:worker_run_change", args=[pk]), mark_safe(' class="current"') if pk == run.pk else "",
-              attempt, outcome, reason) for pk, attempt, outcome, reason in rows))
+              attempt, outcome, reason, f" ({text})" if (text := reasons.lost_retry_text(lost_retry, attempt)) else "")
+             for pk, attempt, outcome, reason, lost_retry in rows))
 
     @admin.display(description="published to")
     def publish_display(self, run: Run) -> str:
@@ -280,7 +293,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         return [field.name for field in self.model._meta.fields] + [
             "duration_display", "explanation", "forge_sentence", "attempts_display", "target_display",
             "publish_display", "delivery_display", "cost_display", "usage_display", "started_display",
-            "ended_display", "view_log", "agent_summary"]
+            "ended_display", "view_log", "agent_summary", "lost_retry_display"]
 
     @admin.action(description="Publish again (work kept on this host after a failed publish)",
                   permissions=["publish_again"])
@@ -348,6 +361,7 @@ class DispatchSettingsAdmin(ManagedChangesAdmin, admin.ModelAdmin):
         ("Per run", {"fields": ("max_turns", "max_tokens", "job_memory", "job_cpus")}),
         ("Tokens", {"fields": ("daily_token_cap",)}),
         ("Per worker host", {"fields": ("concurrency",)}),
+        ("Lost workers", {"fields": ("lost_retries",)}),
         ("Dollar caps (a window needs the per-run cap)",
          {"fields": ("max_cost_usd", "daily_cost_usd", "weekly_cost_usd", "monthly_cost_usd")}),
     )

@@ -62,6 +62,9 @@ class RunSerializer(serializers.ModelSerializer):
     duration_seconds = serializers.SerializerMethodField()
     reason_explained = serializers.SerializerMethodField(
         help_text="What the reason means and what to do next (the table of GET /api/v1/reasons).")
+    lost_retry_explained = serializers.SerializerMethodField(
+        help_text="An attempt whose worker died: `lost; retried as attempt N`, or `lost; not retried: <why>`; "
+                  "empty for any other attempt.")
 
     class Meta:
         model = Run
@@ -76,11 +79,15 @@ class RunSerializer(serializers.ModelSerializer):
         explained = reasons.explain(run.reason)
         return explained.as_json() if explained else None
 
+    def get_lost_retry_explained(self, run: Run) -> str:
+        return reasons.lost_retry_text(run.lost_retry, run.attempt)
+
 
 def run_summaries(job_id: str) -> list[dict]:
     """A job's run records, first attempt first, for a job's whereabouts."""
     return [{"attempt": run.attempt, "outcome": run.outcome, "reason": run.reason, "ended_at": run.ended_at,
-             "publish_outcome": run.publish_outcome, "pull_request": run.pull_request, "id": run.pk}
+             "publish_outcome": run.publish_outcome, "pull_request": run.pull_request,
+             "lost_retry": run.lost_retry, "id": run.pk}
             for run in Run.objects.for_job(job_id)]
 
 

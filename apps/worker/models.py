@@ -11,6 +11,16 @@ class Outcome(models.TextChoices):
     FAILED = "failed"
 
 
+class LostRetry(models.TextChoices):
+    """What became of an attempt whose worker died (apps/worker/process/worker_lost.py): run again as the next
+    attempt, or not, and why not. Blank on every other attempt."""
+
+    RETRIED = "retried"
+    USED_UP = "used-up"  # the job's lost-worker retries (PI_LOST_RETRIES) are spent
+    OFF = "off"  # PI_LOST_RETRIES is 0
+    CANCELLED = "cancelled"  # an operator cancelled it: never run again
+
+
 class RunQuerySet(models.QuerySet):
     """The questions asked of the run history, each answered from an index (see Run.Meta.indexes)."""
 
@@ -32,6 +42,11 @@ class RunQuerySet(models.QuerySet):
         """Has another job of this trigger run (since it was armed)? A one-shot rule's question."""
         runs = self.filter(trigger_id=trigger_id).exclude(job_id=other_than)
         return (runs.since(since) if since is not None else runs).exists()
+
+    def lost_retries(self, job_id: str, *, before: int | None = None) -> int:
+        """How many of a job's attempts (before attempt `before`) were lost and run again (run_job_idx)."""
+        runs = self.filter(job_id=job_id, lost_retry=LostRetry.RETRIED)
+        return (runs.filter(attempt__lt=before) if before is not None else runs).count()
 
     def latest_outcomes(self, job_ids) -> dict[str, tuple]:
         """Per job, its highest attempt's (pk, attempt, outcome, reason)."""
@@ -100,6 +115,8 @@ class Run(models.Model):
     dollar_basis = models.CharField(max_length=16, blank=True)
     # The length of the agent's last message; the text itself is kept only with the run's log (RunLog).
     summary_chars = models.PositiveIntegerField(null=True, blank=True)
+    # An attempt whose worker died: whether it was run again as the next attempt (LostRetry), else blank.
+    lost_retry = models.CharField(max_length=16, blank=True, choices=LostRetry.choices)
 
     objects = RunQuerySet.as_manager()
 
@@ -184,7 +201,8 @@ class PauseWindow(models.Model):
 
 
 class ScopedLimit(models.Model):
-    """Caps for one repository or folder: runs per UTC day/week/month, and how many at once (fleet-wide)."""
+    """Caps for one repository or folder: runs per UTC day/week/month, and how many of a repository's at once
+    (fleet-wide; a folder's path names no repository across hosts, so a folder runs one at a time per host)."""
 
     scope = models.CharField(
         max_length=500, unique=True,
@@ -198,7 +216,8 @@ class ScopedLimit(models.Model):
                                         help_text="Runs per UTC calendar month.")
     concurrent = models.PositiveIntegerField(
         null=True, blank=True, validators=[validators.limit_count],
-        help_text="Runs at the same time across all hosts; more wait, never refused.",
+        help_text="A repository's runs at the same time across all hosts; more wait, never refused. A folder runs "
+                  "one job at a time on its own host, whatever this says.",
     )
     day_usd = models.DecimalField("day $", max_digits=13, decimal_places=6, null=True, blank=True,
                                   validators=[validators.dollar_amount],
@@ -266,6 +285,10 @@ class DispatchSettings(models.Model):
     monthly_cost_usd = models.DecimalField("dollars per month", max_digits=13, decimal_places=6, null=True,
                                            blank=True, validators=[validators.dollar_amount],
                                            help_text="Dollars per UTC month (PI_MONTHLY_COST_USD).")
+    lost_retries = models.PositiveSmallIntegerField(
+        "runs again after a lost worker", null=True, blank=True,
+        help_text="How many times one job is run again, as a new attempt, after the worker running it died "
+                  "(PI_LOST_RETRIES; 0: never). A lost attempt may have spent: its dollar hold stays charged.")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -60,7 +60,9 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
     "forge-malformed-answer": ("The forge sent an answer the worker could not read.", _CHECK_LOG),
     "pull-request-conflict": ("The pull request changed while the worker read it.", _RETRIED),
     "worker-lost": ("The worker process running the job died (killed, host rebooted, or Redis gone too long).",
-                    "Check the host's supervisor and memory; start the run again if it is still wanted."),
+                    "Check the host's supervisor and memory. The job runs again by itself as its next attempt "
+                    "unless its runs after a lost worker (PI_LOST_RETRIES) are used up or off: the run says "
+                    "which; start it again if it is still wanted."),
     "worker-error": ("A bug in pidispatch's own code stopped the job; its traceback is in the worker log.",
                      _CHECK_LOG + " Report it with the traceback."),
     "publish-unavailable": ("The agent finished but the forge did not answer the publish step, on every try.",
@@ -208,6 +210,22 @@ def explain(token: str) -> Reason | None:
 def as_table() -> list[dict]:
     """The whole table, for the API (`GET /api/v1/reasons` would serve this)."""
     return [reason.as_json() for reason in REASONS.values()]
+
+
+# --- what became of an attempt whose worker died (Run.lost_retry; apps/worker/process/worker_lost.py) ----------
+
+LOST_RETRY = {
+    "retried": "lost; retried as attempt {next}",
+    "used-up": "lost; not retried: its runs after a lost worker are used up (PI_LOST_RETRIES)",
+    "off": "lost; not retried: runs after a lost worker are off (PI_LOST_RETRIES is 0)",
+    "cancelled": "lost; not retried: an operator cancelled it",
+}
+
+
+def lost_retry_text(decision: str, attempt: int) -> str:
+    """A lost attempt's words (`lost; retried as attempt 2`, or why it was not run again); "" for any other."""
+    text = LOST_RETRY.get(decision or "")
+    return text.format(next=attempt + 1) if text else ""
 
 
 # --- the fixed sentences the worker posts on the issue or pull request (comments.py) -------------------------

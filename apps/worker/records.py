@@ -1,7 +1,9 @@
 """The one place a Run row is written.
 
 A record is evidence: the first one written for a job's attempt stands, and a second write for the same
-attempt (a killed work horse's worker settling it after the horse wrote its own, say) changes nothing.
+attempt (a killed work horse's worker settling it after the horse wrote its own, say) changes nothing. Two
+fields change later, each in one function here: the publish fields (`Publish again`) and a lost attempt's
+`lost_retry` (a cancel that came between the record and the retry it announced).
 """
 
 import logging
@@ -54,6 +56,13 @@ def record_publication(run: Run, publication) -> None:
     logger.info("run_publication job=%s attempt=%s outcome=%s", run.job_id, run.attempt, publication.outcome)
 
 
+def record_lost_retry(run: Run, decision: str) -> None:
+    """A lost attempt's retry decision changed before it was carried out (an operator cancelled the job)."""
+    Run.objects.filter(pk=run.pk).update(lost_retry=decision)
+    run.lost_retry = decision
+    logger.info("run_lost_retry job=%s attempt=%s lost_retry=%s", run.job_id, run.attempt, decision)
+
+
 def record_run(spec: JobSpec, verdict: Verdict, *, attempt: int, host: str, queue: str) -> Run:
     telemetry = verdict.telemetry
     run, created = _create_once(spec.job_id, attempt, dict(
@@ -85,6 +94,7 @@ def record_run(spec: JobSpec, verdict: Verdict, *, attempt: int, host: str, queu
         parent_job_id=spec.parent_job_id,
         # Only the summary's length: its text (agent output) is kept with the run's log, or not at all.
         summary_chars=len(verdict.summary) if verdict.exit_code is not None else None,
+        lost_retry=verdict.lost_retry,
         **verdict.dollars,
         **publication_fields(verdict.publication),
     ))

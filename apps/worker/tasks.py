@@ -10,17 +10,20 @@ from apps.fleet.hosts import this_host
 from apps.worker.gates import ladder
 from apps.worker.gates.verdicts import Deferred, Verdict, database_unavailable
 from apps.worker.jobs import JobSpec, JobSpecError
-from apps.worker.models import Outcome
+from apps.worker.models import Outcome, Run
 from apps.worker.records import record_run, record_unreadable_job
 
 logger = logging.getLogger("pidispatch.worker")
 
 
-def _retry_policy() -> Retry:
-    """2 attempts in all, exponential backoff from PI_RETRY_BACKOFF_SECONDS."""
+def _retry_policy(job_id: str) -> Retry:
+    """PI_RETRY_ATTEMPTS (2) attempts ending in an infrastructure fault, exponential backoff from
+    PI_RETRY_BACKOFF_SECONDS. Attempts run again after a lost worker are their own policy's and do not use these
+    up (RQ counts every attempt, so its ceiling rises by them)."""
     base = settings.PI_RETRY_BACKOFF_SECONDS
     retries = settings.PI_RETRY_ATTEMPTS - 1
-    return Retry(max=retries, interval=[base * 2**i for i in range(retries)] or [base])
+    return Retry(max=retries + Run.objects.lost_retries(job_id),
+                 interval=[base * 2**i for i in range(retries)] or [base])
 
 
 def execute_job(payload: dict):
@@ -58,5 +61,5 @@ def execute_job(payload: dict):
         logger.warning("job_record_deferred job=%s reason=%s", spec.job_id, verdict.reason or verdict.outcome)
         return database_unavailable()  # nothing spent: the job climbs again once the database answers
     if verdict.retryable:
-        return _retry_policy()
+        return _retry_policy(spec.job_id)
     return {"outcome": verdict.outcome, "reason": verdict.reason}

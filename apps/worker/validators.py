@@ -80,7 +80,7 @@ def validate_scoped_limit(limit) -> None:
 
 DISPATCH_FIELDS = ("daily_cap", "weekly_cap", "monthly_cap", "soft_hold_pct", "max_turns", "max_tokens",
                    "daily_token_cap", "job_memory", "job_cpus", "concurrency", "max_cost_usd", "daily_cost_usd",
-                   "weekly_cost_usd", "monthly_cost_usd")
+                   "weekly_cost_usd", "monthly_cost_usd", "lost_retries")
 
 
 def validate_dispatch_settings(row, *, fields: bool = False) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from apps.worker.forges import comments
 from apps.worker.gates.verdicts import Verdict
-from apps.worker.models import Outcome, Run
+from apps.worker.models import LostRetry, Outcome, Run
 from apps.worker.records import record_run
 from apps.worker.sandbox.exitline import RUNNER_REASONS
 from tests.jobspecs import forge_spec, local_spec
@@ -70,6 +70,25 @@ def test_a_retried_attempt_posts_nothing_and_the_final_failure_posts_once(github
 
 def test_a_lost_worker_is_final_at_the_first_attempt(github):
     record(forge_spec("gh-c6"), Verdict(outcome=Outcome.FAILED, reason="worker-lost"), attempt=1)
+    (posted,) = github.posted(GITHUB_COMMENTS)
+    assert posted["body"].startswith("Failed: the worker running this job stopped unexpectedly.")
+
+
+def test_a_lost_attempt_run_again_posts_nothing_and_leaves_its_retry_every_infrastructure_retry(github, settings):
+    assert settings.PI_RETRY_ATTEMPTS == 2
+    spec = forge_spec("gh-c8")
+
+    record(spec, Verdict(outcome=Outcome.FAILED, reason="worker-lost", lost_retry=LostRetry.RETRIED), attempt=1)
+    record(spec, Verdict.infrastructure_fault("forge-unavailable"), attempt=2)  # its first fault: retried
+    assert github.posted() == []
+
+    record(spec, Verdict.infrastructure_fault("forge-unavailable"), attempt=3)
+    assert github.posted(GITHUB_COMMENTS) == [{"body": comments.FAILED_DEFAULT}]
+
+
+def test_a_lost_attempt_not_run_again_posts_why_once(github):
+    record(forge_spec("gh-c9"), Verdict(outcome=Outcome.FAILED, reason="worker-lost", lost_retry=LostRetry.USED_UP),
+           attempt=2)
     (posted,) = github.posted(GITHUB_COMMENTS)
     assert posted["body"].startswith("Failed: the worker running this job stopped unexpectedly.")
 

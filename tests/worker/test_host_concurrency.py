@@ -104,7 +104,8 @@ def test_lowering_it_in_the_admin_takes_effect_without_a_restart(start_worker, r
 
 def test_a_crashed_work_horses_slot_is_taken_over_at_once(start_worker, redis_conn, fast_fleet, job_containers):
     worker = start_worker("pi-jobs", "pi-jobs@hostK", env={"PI_WORKER_NAME": "hostK", "PI_CONCURRENCY": "1",
-                                                           "PI_SCOPE_BUSY_RECHECK_SECONDS": "1"})
+                                                           "PI_SCOPE_BUSY_RECHECK_SECONDS": "1",
+                                                           "PI_LOST_RETRIES": "0"})  # its retry would take the slot
     enqueue_spec(forge_spec("gh-crashed", body="fake-agent:sleep=60"), "pi-jobs@hostK")
     wait_for(lambda: job_containers("hostK").get("gh-crashed"), timeout=90, what="the job's container")
 

@@ -1,12 +1,13 @@
-"""A scoped limit's `concurrent` holds across worker processes (deferral, never refusal), the local
-folder mutex serialises one folder, and a crashed holder does not keep its slot."""
+"""A repository's scoped `concurrent` holds across worker processes and hosts (deferral, never refusal); a
+folder's never reaches past its own host, whose folder mutex serialises it; a crashed holder does not keep its
+slot."""
 
 import pytest
 
 from apps.worker.gates import leases
 from apps.worker.models import Outcome, Run, ScopedLimit
 from tests.conftest import wait_for
-from tests.jobspecs import enqueue_spec, forge_spec
+from tests.jobspecs import enqueue_spec, forge_spec, local_spec
 from tests.process_support import ContainerLifetimes, assert_no_overlap
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,6 +27,42 @@ def test_concurrent_one_never_overlaps_across_two_workers(start_worker):
     assert set(Run.objects.values_list("outcome", flat=True)) == {Outcome.COMPLETED}
     assert set(lifetimes.intervals()) == set(jobs)
     assert_no_overlap(lifetimes.intervals())
+
+
+def test_a_repositorys_concurrent_one_never_overlaps_across_two_hosts(start_worker):
+    ScopedLimit.objects.create(scope="acme/web", concurrent=1)
+    lifetimes = ContainerLifetimes()
+    jobs = [enqueue_spec(forge_spec(f"gh-h{i}{host}", number=20 + i, body="fake-agent:sleep=2"), f"pi-jobs@{host}")
+            for i in range(2) for host in ("hostA", "hostB")]
+
+    for host in ("hostA", "hostB"):
+        start_worker("pi-jobs", f"pi-jobs@{host}", env={"PI_WORKER_NAME": host, "PI_SCOPE_BUSY_RECHECK_SECONDS": "1"})
+
+    wait_for(lambda: Run.objects.count() == 4, timeout=120, interval=0.5, what="four runs")
+    wait_for(lambda: len(lifetimes.intervals()) == 4, timeout=10, what="container events")
+    lifetimes.close()
+    assert set(Run.objects.values_list("host", flat=True)) == {"hostA", "hostB"}
+    assert set(lifetimes.intervals()) == set(jobs)
+    assert_no_overlap(lifetimes.intervals())
+
+
+def test_a_folders_concurrent_never_serialises_two_hosts(start_worker, repo):
+    """`/srv/site` on two hosts is two repositories sharing a layout: a limit on the path bounds each host's
+    folder, never both at once. (On this one machine both hosts' folder is the same one, which only makes the
+    test stricter: nothing but the path's limit could keep the two apart.)"""
+    ScopedLimit.objects.create(scope=str(repo), concurrent=1)
+    lifetimes = ContainerLifetimes()
+    for host in ("hostA", "hostB"):
+        enqueue_spec(local_spec(f"run-site-{host}", str(repo), task="fake-agent:sleep=4", force=True),
+                     f"pi-jobs@{host}")
+        start_worker("pi-jobs", f"pi-jobs@{host}", env={"PI_WORKER_NAME": host, "PI_SCOPE_BUSY_RECHECK_SECONDS": "1"})
+
+    wait_for(lambda: Run.objects.count() == 2, timeout=120, interval=0.5, what="two runs")
+    wait_for(lambda: len(lifetimes.intervals()) == 2, timeout=10, what="container events")
+    lifetimes.close()
+    assert set(Run.objects.values_list("outcome", flat=True)) == {Outcome.COMPLETED}
+    (a_start, a_end), (b_start, b_end) = lifetimes.intervals()["run-site-hostA"], lifetimes.intervals()["run-site-hostB"]
+    assert a_start < b_end and b_start < a_end  # the two hosts ran the folder at the same time
 
 
 def test_other_scopes_are_not_held_back(start_worker):

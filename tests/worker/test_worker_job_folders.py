@@ -77,7 +77,8 @@ def test_the_sweep_removes_job_folders_no_live_process_holds_and_keeps_the_rest(
 
 def test_a_killed_workers_job_folders_go_at_the_next_boot_and_a_local_jobs_own_folder_stays(
         start_worker, fast_fleet, job_containers, settings, repo):  # noqa: F811
-    first = start_worker(*QUEUES, env=HOST, name="first")
+    host = {**HOST, "PI_LOST_RETRIES": "0"}  # a lost job run again would prepare its folder anew
+    first = start_worker(*QUEUES, env=host, name="first")
     enqueue_spec(marked_spec("gh-orphan-folder", body="fake-agent:sleep=60"), "pi-jobs@hostA")
     enqueue_spec(local_spec("run-orphan-folder", str(repo), task="fake-agent:sleep=60"), "pi-jobs@hostA")
     forge_folder, local_folder = settings.PI_JOB_ROOT / "gh-orphan-folder", settings.PI_JOB_ROOT / "run-orphan-folder"
@@ -87,13 +88,13 @@ def test_a_killed_workers_job_folders_go_at_the_next_boot_and_a_local_jobs_own_f
     first.kill()
     wait_for(lambda: not group_alive(first.pid), timeout=30, what="its scheduler and horse to die with it")
     assert forge_folder.exists()  # nothing of the dead worker removes it
-    second = start_worker(*QUEUES, env=HOST, name="second")
+    second = start_worker(*QUEUES, env=host, name="second")
     wait_for(lambda: "run-orphan-folder" in job_containers("hostA"), timeout=90, what="the local job's container")
     second.kill()
     wait_for(lambda: not group_alive(second.pid), timeout=30, what="the second worker to die")
     assert (local_folder / "job" / "prompt.md").exists()
 
-    start_worker(*QUEUES, env=HOST, name="third")
+    start_worker(*QUEUES, env=host, name="third")
 
     wait_for(lambda: not forge_folder.exists() and not local_folder.exists(), timeout=60, what="the boot reaper")
     assert (repo / "README.md").read_text() == "hello\n" and (repo / ".git").is_dir()

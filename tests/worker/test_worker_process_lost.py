@@ -1,6 +1,7 @@
-"""A job whose worker died is recorded `failed` / `worker-lost` and never silently re-run; at boot a
-worker removes this host's stray job containers, but never one a live sibling process is running. However
-it ended, the copy RQ keeps of the job holds none of its texts."""
+"""A job whose worker died is recorded `failed` / `worker-lost`, whichever way the loss is found, and never
+silently re-run (here the lost-retry policy is off: tests/worker/test_lost_retry.py runs lost jobs again); at
+boot a worker removes this host's stray job containers, but never one a live sibling process is running.
+However it ended, the copy RQ keeps of the job holds none of its texts."""
 
 import os
 import time
@@ -9,14 +10,14 @@ import pytest
 from rq.command import send_stop_job_command
 from rq.job import Job
 
-from apps.worker.models import Outcome, Run
+from apps.worker.models import LostRetry, Outcome, Run
 from tests.conftest import wait_for
 from tests.jobspecs import enqueue_spec, forge_spec, keys_holding, marked_spec
 from tests.process_support import group_alive, horse_of
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
-HOST = {"PI_WORKER_NAME": "hostA"}
+HOST = {"PI_WORKER_NAME": "hostA", "PI_LOST_RETRIES": "0"}
 QUEUES = ("pi-jobs", "pi-jobs@hostA")
 
 
@@ -37,7 +38,8 @@ def test_a_worker_killed_mid_job_is_reaped_and_recorded_at_restart_and_nothing_r
 
     wait_for(lambda: "gh-orphaned" not in job_containers("hostA"), timeout=60, what="the boot reaper")
     (run,) = wait_for(lambda: runs("gh-orphaned"), timeout=30, what="the worker-lost record")
-    assert (run.outcome, run.reason, run.attempt, run.host) == (Outcome.FAILED, "worker-lost", 1, "hostA")
+    assert (run.outcome, run.reason, run.attempt, run.host, run.lost_retry) == (
+        Outcome.FAILED, "worker-lost", 1, "hostA", LostRetry.OFF)
     # RQ's failure mark follows the record (and its status comment): poll, bounded.
     wait_for(lambda: Job.fetch("gh-orphaned", connection=redis_conn).get_status() == "failed", timeout=15,
              what="RQ to mark the job failed")
@@ -61,7 +63,8 @@ def test_the_boot_reaper_keeps_a_live_siblings_container(start_worker, redis_con
 
 def test_a_worker_that_dies_for_good_has_its_job_settled_by_a_live_worker(start_worker, redis_conn, fast_fleet,
                                                                         job_containers):
-    doomed = start_worker("pi-jobs", "pi-jobs@hostB", env={"PI_WORKER_NAME": "hostB"}, name="hostB")
+    doomed = start_worker("pi-jobs", "pi-jobs@hostB", env={"PI_WORKER_NAME": "hostB", "PI_LOST_RETRIES": "0"},
+                          name="hostB")
     enqueue_spec(marked_spec("gh-host-lost", body="fake-agent:sleep=60"), "pi-jobs")
     wait_for(lambda: job_containers("hostB").get("gh-host-lost"), timeout=90, what="the job's container on hostB")
     doomed.kill()
@@ -105,7 +108,7 @@ def test_rqs_stop_command_stops_the_container_without_the_killed_horse(start_wor
 
     wait_for(lambda: "gh-rq-stopped" not in job_containers(), timeout=30, what="the container to be stopped")
     (run,) = wait_for(lambda: runs("gh-rq-stopped"), timeout=30, what="the record")
-    assert (run.outcome, run.reason) == (Outcome.POLICY, "operator-cancel")
+    assert (run.outcome, run.reason, run.lost_retry) == (Outcome.POLICY, "operator-cancel", LostRetry.CANCELLED)
     wait_for(lambda: Job.fetch("gh-rq-stopped", connection=redis_conn).get_status() == "stopped", timeout=15,
              what="RQ to mark the job stopped")  # after the record and its status comment
     assert keys_holding(redis_conn) == []

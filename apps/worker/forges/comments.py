@@ -6,7 +6,8 @@ settles a lost job), passes through there once per attempt, after the record is 
 
 - a policy outcome (a pre-spend refusal "Refused: ... Not run.", or a stop after spend "Stopped: ...")
   posts its sentence;
-- a failed attempt that will be retried posts nothing; the final failed attempt posts once;
+- a failed attempt that will be retried posts nothing (a lost attempt run again included); the final failed
+  attempt posts once;
 - a completed run posts nothing here: its publish step (apps/worker/forges/publishing/) opened a pull request or
   commented with the agent's own summary; a publish refusal is a policy outcome and posts its sentence.
 
@@ -23,17 +24,22 @@ from django.conf import settings
 
 from apps.worker.forges import ForgeFailure, forge_client
 from apps.worker.jobs import FORGE_KINDS, JobSpec
-from apps.worker.models import Outcome, Run
+from apps.worker.models import LostRetry, Outcome, Run
 from apps.worker.reasons import FAILED, FAILED_DEFAULT, NOT_RETRIED_FAILURES, REFUSED, STOPPED  # noqa: F401 (one table)
 from apps.worker.sandbox.forge_workspace import repo_ref
 
 logger = logging.getLogger("pidispatch.comments")
 
 def is_final(run: Run) -> bool:
-    """Will this attempt be the job's last? Only failed attempts can be followed by another."""
-    if run.outcome != Outcome.FAILED:
+    """Will this attempt be the job's last? Only failed attempts can be followed by another: a lost one as its
+    retry decision says, an infrastructure fault until PI_RETRY_ATTEMPTS of them (lost attempts run again do
+    not count)."""
+    if run.lost_retry:
+        return run.lost_retry != LostRetry.RETRIED
+    if run.outcome != Outcome.FAILED or run.reason in NOT_RETRIED_FAILURES:
         return True
-    return run.attempt >= settings.PI_RETRY_ATTEMPTS or run.reason in NOT_RETRIED_FAILURES
+    faults = run.attempt - (Run.objects.lost_retries(run.job_id, before=run.attempt) if run.attempt > 1 else 0)
+    return faults >= settings.PI_RETRY_ATTEMPTS
 
 
 def sentence_for(run: Run) -> str | None:

@@ -22,7 +22,8 @@ Dollars: before the container the job's per-job cap is held in every dollar wind
 script that first checks every window has room (used + held + cap <= window cap): all or nothing, so a refusal
 (`dollar-cap`) leaves nothing held. After the run, settle_dollars moves the hold to `used`, charged the metered
 cost (rounded up to the micro-dollar) or, when the cost cannot be known, the whole hold (`floor`); a job whose
-container never ran is refunded. A hold no one settles (its work horse was killed) stays until its key expires.
+container never ran is refunded. The hold of an attempt whose worker died is charged whole by whoever settles the
+lost attempt (charge_lost_hold), before the job may run again and hold anew.
 """
 
 from __future__ import annotations
@@ -212,13 +213,15 @@ redis.call('HSET', KEYS[1], 'amount', amount, 'keys', table.concat(keys, ' '))
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 return 0
 """
-# KEYS[1] the job's hold; ARGV the charge in micro-dollars. Returns the amount that was held, or -1 when there
-# was no open hold (settled already, or expired): a hold is settled once, whoever tries again.
+# KEYS[1] the job's hold; ARGV the charge in micro-dollars, negative for the whole hold. Returns the amount that
+# was held, or -1 when there was no open hold (settled already, or expired): a hold is settled once, whoever
+# tries again.
 _SETTLE_USD = """
 local amount = redis.call('HGET', KEYS[1], 'amount')
 if not amount then return -1 end
 amount = tonumber(amount)
 local charge = tonumber(ARGV[1])
+if charge < 0 then charge = amount end
 for key in string.gmatch(redis.call('HGET', KEYS[1], 'keys') or '', '%S+') do
   if redis.call('EXISTS', key) == 1 then
     redis.call('HINCRBY', key, 'held', -amount)
@@ -383,10 +386,11 @@ def keep_hold(hold: DollarHold) -> None:
     hold.settled, hold.basis, hold.charged_micros = True, FLOOR, hold.amount
 
 
-def open_hold_micros(redis, job_id: str) -> int | None:
-    """The amount a job still holds (its settlement never ran: a killed work horse), for its record."""
-    value = redis.hget(hold_key(job_id), "amount")
-    return None if value is None else int(value)
+def charge_lost_hold(redis, job_id: str) -> int | None:
+    """The open hold of an attempt whose worker died, charged whole as spent (`floor`: its container may have
+    spent all of it), so that the job's next attempt holds its own. The amount, or None when none was open."""
+    charged = _script(redis, _SETTLE_USD)(keys=[hold_key(job_id)], args=[-1])
+    return None if charged < 0 else int(charged)
 
 
 def dollar_windows_in_force(redis, now: datetime | None = None) -> list[DollarWindow]:

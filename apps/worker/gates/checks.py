@@ -86,7 +86,7 @@ def egress_settings(app_configs, **kwargs):
 # Settings a value out of range would turn upside down (a negative disk limit would stop every job): the
 # least each may be.
 BOUNDS = {"PI_JOB_DISK_MB": 0, "PI_JOB_MAX_FILES": 0, "PI_JOB_TMP_MB": 1, "PI_JOB_HOME_MB": 1,
-          "PI_JOB_DISK_POLL_SECONDS": 0.1, "PI_REDIS_OUTAGE_SECONDS": 0,
+          "PI_JOB_DISK_POLL_SECONDS": 0.1, "PI_REDIS_OUTAGE_SECONDS": 0, "PI_LOST_RETRIES": 0,
           "PI_DATABASE_RECHECK_SECONDS": 1, "PI_WAIT_CHECK_SLOTS": 1, "PI_WAIT_THROTTLE_SECONDS": 0.1,
           "PI_JOB_LOG_MAX_BYTES": 1024, "PI_JOB_LOG_RETENTION_DAYS": 1, "PI_GATEWAY_CALLS_IN_FLIGHT": 1,
           "PI_GATEWAY_MAX_REQUEST_MB": 1}

@@ -271,17 +271,20 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     if waited.defer_until is not None:
         return Deferred(waited.defer_until, waited.reason, waited.detail or {})
 
-    # 4. The host's slot (PI_CONCURRENCY), scope concurrency (fleet-wide) and the local-folder mutex (per host).
+    # 4. The host's slot (PI_CONCURRENCY), a forge scope's concurrency (fleet-wide) and the local-folder mutex
+    # (per host). A folder's path names no repository across hosts (`/srv/site` on two hosts is two repositories
+    # sharing a layout), so a local scope never takes a fleet-wide slot: its folder mutex, one job per folder on
+    # its host, is already as narrow as any `concurrent` it could have.
     host_busy = host_slots.take(redis, attempt)
     if host_busy is not None:
         return host_busy
     limit = budget.limit_for(spec)
     lease_ttl = job_time_budget_seconds()
     slots = []
-    if limit is not None and limit.concurrent:
-        slots.append((f"s:{scope_hash(limit.scope)}", limit.concurrent))
     if spec.kind == "local":
         slots.append((f"f:{attempt.host}:{scope_hash(normalise_folder(spec.folder))}", 1))
+    elif limit is not None and limit.concurrent:
+        slots.append((f"s:{scope_hash(limit.scope)}", limit.concurrent))
     for name, count in slots:
         lease = leases.acquire(redis, name, count, attempt.holder, lease_ttl)
         if lease is None:

@@ -4,14 +4,15 @@ A ceiling of N is N independent keys `pidispatch:lease:<name>:<i>`, each holding
 script counts the held slots and takes a free one, so no two racers can both take the last. Release
 deletes a key only if it still holds our value. A slot whose holder is no longer running (its worker was
 killed) is taken over at once rather than waiting for the TTL, so a crash frees the slot on the next
-attempt; the TTL is the last resort.
+attempt; the TTL is the last resort. A holder is a host's attempt at a job: once a lost attempt's job runs
+again on another host, the old host's slots are no longer held by anyone running.
 
 A ceiling can be lowered while its slots are held (the live PI_CONCURRENCY, a scoped limit edited in the
 admin): `pidispatch:lease:<name>:span` remembers the highest ceiling whose slots may still be held, and
 those count against the lower one until their jobs end, so the new ceiling holds from the next start on.
 
 Names: `h:<host>` (PI_CONCURRENCY, apps/worker/gates/host_slots.py), `s:<hash16 of a scoped limit's scope>`
-(fleet-wide `concurrent`), `f:<host>:<hash16 of a folder>` (one local job per folder per host),
+(a repository's fleet-wide `concurrent`), `f:<host>:<hash16 of a folder>` (one local job per folder per host),
 `wc:<host>` and `wc` (wait checks, apps/worker/gates/wait_slots.py).
 """
 
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 from rq.job import Job, JobStatus
+
+from apps.fleet import registry
 
 PREFIX = "pidispatch:lease"
 SPAN_GREW = -2
@@ -72,12 +75,15 @@ def holder_id(host: str, job_id: str) -> str:
 
 
 def _holder_is_running(redis, holder: str) -> bool:
-    job_id = holder.partition("#")[2]
+    host, _, job_id = holder.partition("#")
     try:
-        status = Job.fetch(job_id, connection=redis).get_status(refresh=False)
+        job = Job.fetch(job_id, connection=redis)
     except Exception:  # no such job (expired, removed): nobody runs it
         return False
-    return status == JobStatus.STARTED
+    if job.get_status(refresh=False) != JobStatus.STARTED:
+        return False
+    process = registry.read_process(redis, job.worker_name) if job.worker_name else None
+    return process is None or process.host == host  # no entry: it cannot be told, so it counts as running
 
 
 def _clear_gone_holders(redis, keys: list[str]) -> bool:

@@ -39,6 +39,7 @@ class RuntimeSettings:
     daily_cost_usd: Decimal | None = None
     weekly_cost_usd: Decimal | None = None
     monthly_cost_usd: Decimal | None = None
+    lost_retries: int = 1  # runs again after the worker running it died (apps/worker/process/worker_lost.py)
 
     @property
     def max_cost_micros(self) -> int | None:
@@ -126,6 +127,7 @@ def _resolve(row) -> RuntimeSettings:
         job_memory=_pick(row.job_memory, settings.PI_JOB_MEMORY),
         job_cpus=float(_pick(row.job_cpus, settings.PI_JOB_CPUS)),
         concurrency=_pick(row.concurrency, settings.PI_CONCURRENCY),
+        lost_retries=_pick(row.lost_retries, settings.PI_LOST_RETRIES),
     )
 
 
@@ -136,3 +138,12 @@ def live_concurrency() -> int | None:
         return current().concurrency
     except SettingsInvalid:
         return settings.PI_CONCURRENCY
+
+
+def live_lost_retries() -> int:
+    """PI_LOST_RETRIES as it applies now, read by whichever worker settles a lost job (any host's sweep may):
+    the row gives every host one answer. An unusable row gives the environment's value."""
+    try:
+        return current().lost_retries
+    except SettingsInvalid:
+        return settings.PI_LOST_RETRIES

@@ -46,6 +46,8 @@ class Verdict:
     dollars: dict = field(default_factory=dict)
     # The run's scrubbed output and summary (run_logs.CapturedLog), only with PI_CAPTURE_JOB_LOGS.
     log: object | None = field(default=None, repr=False)
+    # An attempt whose worker died: whether it runs again (models.LostRetry), set by worker_lost.settle only.
+    lost_retry: str = ""
 
     @classmethod
     def refused(cls, reason: str, **fields) -> Verdict:

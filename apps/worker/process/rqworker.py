@@ -15,7 +15,8 @@ What it adds to RQ's forking worker:
   id, with no attempt used and no record written, and a note says why it waits (apps/fleet/waiting.py);
 - while a job runs, its main process watches for a cancel request and stops the container itself
   (apps/worker/process/worker_cancel.py); a cancelled job is never retried;
-- a job whose work horse or whole worker died is recorded `worker-lost` and never re-run;
+- a job whose work horse or whole worker died is recorded `worker-lost` once, and run again as its next attempt
+  only as the lost-retry policy says (apps/worker/process/worker_lost.py);
 - a Redis outage while a job runs is ridden out for PI_REDIS_OUTAGE_SECONDS (apps/worker/process/redis_outage.py):
   heartbeats that fail are noted, not fatal, and past that the job is given up, its container stopped;
 - it never logs a job's description or arguments (RQ's defaults would print the payload or attach it to

@@ -1,5 +1,5 @@
-"""Jobs whose worker died: recorded `failed` / `worker-lost`, never silently re-run, containers and job
-folders reaped.
+"""Jobs whose worker died: recorded `failed` / `worker-lost` once, run again as a new attempt when the lost-retry
+policy allows it, containers and job folders reaped.
 
 Four ways a job loses its worker, one settlement (`settle`):
 - the work horse dies while its worker lives (killed, OOM): the worker stops the container itself and
@@ -12,9 +12,22 @@ Four ways a job loses its worker, one settlement (`settle`):
 - RQ's own registry cleanup finds an abandoned job: the exception handler settles it before RQ could
   retry it.
 
+The lost-retry policy (Buildkite's automatic retry on a lost agent is the model): a lost attempt may have spent,
+so whether it runs again is the operator's setting, `PI_LOST_RETRIES` (the settings row over the environment,
+default 1, 0 never), counted per job across its attempts. A retry is the same job id, enqueued again on the
+queue it came from as the next attempt (a host-queue job waits for its host to return; a shared-queue job goes
+to any live host), and it climbs every gate again: it holds its dollar cap and takes a job-count slot anew,
+while the lost attempt's open dollar hold is charged whole as spent (`floor`) and its job-count slot is kept.
+A job an operator cancelled never runs again. The record of the lost attempt says what became of it
+(`Run.lost_retry`). Only the settler holding the attempt's lock decides, so the record and the re-enqueue
+happen once whichever way the loss is found; the re-enqueue is RQ's own `job.retry`, done here or, on the
+two paths where RQ handles the failure itself (the killed horse, the abandoned job), by RQ when `settle`
+leaves the job one retry.
+
 And one way a worker lets go of its job itself: Redis has been gone longer than a running job rides out
-(apps/worker/process/redis_outage.py). It stops the container and records the attempt (`give_up`); RQ's failure
-mark follows from whichever sweep finds the job once Redis answers.
+(apps/worker/process/redis_outage.py). It stops the container and records the attempt (`give_up`), deciding its
+retry from the database alone; the retry (or RQ's failure mark) follows from whichever sweep finds the job once
+Redis answers.
 
 Whatever became of its worker, a container past its deadline (its `pidispatch.deadline` label, plus the
 time its worker's own stop takes) is stopped by the sweep of any worker on its host (`reap_overdue`), with
@@ -40,6 +53,7 @@ from requests import RequestException
 from rq.exceptions import AbandonedJobError, NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.job_lifecycle import record_job_failure
+from rq.queue import Queue
 from rq.registry import StartedJobRegistry
 
 from apps.fleet import registry
@@ -47,11 +61,11 @@ from apps.fleet.cancel import is_cancel_requested
 from apps.fleet.connection import text
 from apps.fleet.union import existing_queues
 from apps.worker import run_logs
-from apps.worker.gates import budget, money
+from apps.worker.gates import budget, money, runtime_settings
 from apps.worker.gates.verdicts import Verdict
 from apps.worker.jobs import JobSpec, forget_container_texts
-from apps.worker.models import Outcome, Run
-from apps.worker.records import record_run
+from apps.worker.models import LostRetry, Outcome, Run
+from apps.worker.records import record_lost_retry, record_run
 from apps.worker.sandbox import container, jobfiles
 
 logger = logging.getLogger("pidispatch.worker")
@@ -89,48 +103,85 @@ def remove_container(job_id: str, host: str, grace: int = 0) -> bool:
 
 def settle(job: Job, *, host: str, settled_by: str, reason: str = WORKER_LOST, budget_reserved: bool = False,
            fail_in_rq: bool = True) -> bool:
-    """Record the lost attempt (unless its record exists) and end the job without a retry. Once per attempt."""
+    """Record the lost attempt (unless its record exists), charge its open dollar hold, and put the job back as
+    its next attempt when the policy says so, else end it. Once per attempt: False for every settler but the
+    first. `fail_in_rq`: this settler writes RQ's end of the attempt; otherwise RQ does (the killed horse's
+    failure handling, the abandoned-job cleanup), retrying the job when this leaves it one retry."""
     redis = job.connection
     attempt = attempt_of(job)
-    job.retries_left = 0  # whatever ends it from here, RQ does not run it again
+    job.retries_left = 0  # whatever ends it from here, RQ runs it again only if this settler says so
     if not redis.set(f"pidispatch:lost:{job.id}:{attempt}", settled_by, nx=True, ex=LOCK_SECONDS):
         return False
     if reason == WORKER_LOST and is_cancel_requested(job.id, redis):
         reason = OPERATOR_CANCEL
-    _record(job, attempt, host=host, reason=reason, budget_reserved=budget_reserved)
-    forget_container_texts(job)  # the failure write below, or RQ's own after this, stores the job without them
+    dollars = _charge_hold(job)  # before any next attempt, which holds its own under the same job id
+    decision = _record(job, attempt, host=host, reason=reason, budget_reserved=budget_reserved, dollars=dollars)
+    retried = decision == LostRetry.RETRIED
+    if retried:
+        job.number_of_retries = attempt  # RQ counts attempts from it: the next one is attempt + 1
+        job.retries_left = 1
+    else:
+        forget_container_texts(job)  # the failure write below, or RQ's own after this, stores the job without them
     if fail_in_rq:
         with redis.pipeline() as pipe:
             StartedJobRegistry(job.origin, connection=redis, job_class=type(job)).remove_executions(job, pipeline=pipe)
-            record_job_failure(job, f"{reason}: the worker running this job died", pipe)
+            if retried:
+                job.retry(Queue(job.origin, connection=redis), pipe)
+            else:
+                record_job_failure(job, f"{reason}: the worker running this job died", pipe)
             pipe.execute()
-    logger.warning("job_lost job=%s attempt=%s host=%s reason=%s", job.id, attempt, host, reason)
+    logger.warning("job_lost job=%s attempt=%s host=%s reason=%s lost_retry=%s", job.id, attempt, host, reason,
+                   decision or "-")
+    if retried:
+        logger.info("job_lost_retried job=%s attempt=%s queue=%s", job.id, attempt + 1, job.origin)
     return True
 
 
-def _record(job: Job, attempt: int, *, host: str, reason: str, budget_reserved: bool) -> None:
+def retry_decision(job_id: str, attempt: int, reason: str) -> str:
+    """Whether a lost attempt runs again (LostRetry): never after an operator's cancel, nor with the policy off,
+    nor once the job's lost-worker retries are used up."""
+    if reason == OPERATOR_CANCEL:
+        return LostRetry.CANCELLED
+    allowed = runtime_settings.live_lost_retries()
+    if allowed == 0:
+        return LostRetry.OFF
+    if Run.objects.lost_retries(job_id, before=attempt) >= allowed:
+        return LostRetry.USED_UP
+    return LostRetry.RETRIED
+
+
+def _record(job: Job, attempt: int, *, host: str, reason: str, budget_reserved: bool, dollars: dict) -> str:
+    """The attempt's record and what becomes of the job: RETRIED only when the record says it runs again."""
     try:
         spec = JobSpec.from_payload(job.args[0])
     except Exception:  # any unreadable payload (JobSpecError, a missing or foreign argument)
         logger.error("job_lost_unrecorded job=%s why=payload-unreadable", job.id)
-        return
+        return ""
     try:
-        if Run.objects.filter(job_id=job.id, attempt=attempt).exists():
-            return  # the horse wrote its verdict before it died: that record is the truth
+        existing = Run.objects.filter(job_id=job.id, attempt=attempt).first()
+        if existing is not None:
+            # The horse wrote its verdict before it died (that record is the truth and says nothing of a retry),
+            # or the worker that gave the job up wrote this one and decided its retry.
+            if existing.lost_retry == LostRetry.RETRIED and reason == OPERATOR_CANCEL:
+                record_lost_retry(existing, LostRetry.CANCELLED)
+            return existing.lost_retry
         outcome = Verdict.refused(reason) if reason == OPERATOR_CANCEL else Verdict(outcome=Outcome.FAILED, reason=reason)
         started = job.started_at or timezone.now()
         verdict = Verdict(outcome=outcome.outcome, reason=reason, budget_reserved=budget_reserved,
                           started_at=started if started.tzinfo else started.replace(tzinfo=UTC),
-                          ended_at=timezone.now(), dollars=_kept_hold(job))
-        record_run(spec, verdict, attempt=attempt, host=host, queue=job.origin)
+                          ended_at=timezone.now(), dollars=dollars,
+                          lost_retry=retry_decision(job.id, attempt, reason))
+        # Another settler's record may have won the race: its decision stands.
+        return record_run(spec, verdict, attempt=attempt, host=host, queue=job.origin).lost_retry
     except DatabaseError as exc:
         logger.error("job_lost_unrecorded job=%s why=database-%s", job.id, type(exc).__name__)
+        return ""  # without its record the job is not run again: the count of its retries is the records
 
 
-def _kept_hold(job: Job) -> dict:
-    """A dollar hold the dead horse never settled stays whole until its keys expire: its record says so."""
+def _charge_hold(job: Job) -> dict:
+    """The lost attempt's open dollar hold, charged whole (it may have spent all of it), as its record's fields."""
     try:
-        held = budget.open_hold_micros(job.connection, job.id)
+        held = budget.charge_lost_hold(job.connection, job.id)
     except RedisError:
         return {}
     if held is None:
@@ -155,18 +206,18 @@ def abandoned_job_handler(job: Job, exc_type, exc_value, traceback):
         return None
     host = job.worker_name or ""
     process = registry.read_process(job.connection, job.worker_name) if job.worker_name else None
+    # Leaves the job one retry when it runs again: RQ's cleanup then puts it back itself (`job.retry`).
     settle(job, host=process.host if process else host, settled_by="rq-cleanup", fail_in_rq=False)
-    job.retries_left = 0
     return None
 
 
 def give_up(worker, job: Job) -> None:
     """Called in the worker's main process once its horse is dead and Redis still does not answer: the
-    container is stopped, and the attempt recorded from the database alone (`settle` finds the record and
-    marks the job failed in RQ once Redis is back)."""
+    container is stopped, and the attempt recorded, its retry decided, from the database alone (`settle` finds
+    the record once Redis is back, and carries the decision out or marks the job failed in RQ)."""
     host = worker.presence.host.name
     had_container = remove_container(job.id, host, grace=container.STOP_GRACE_SECONDS)
-    _record(job, attempt_of(job), host=host, reason=WORKER_LOST, budget_reserved=had_container)
+    _record(job, attempt_of(job), host=host, reason=WORKER_LOST, budget_reserved=had_container, dollars={})
 
 
 # --- the whole worker died ----------------------------------------------------------------------------

@@ -160,8 +160,9 @@ def run_container(
     memory_limit = memory_bytes(memory)
     deadline = time.time() + timeout_seconds
     try:
-        container = client.containers.create(
-            image,
+        container = _create_once_named(
+            client, job_id,
+            image=image,
             name=container_name(job_id),
             labels={JOB_LABEL: job_id, HOST_LABEL: host, DEADLINE_LABEL: str(int(deadline))},
             user=f"{uid}:{gid}",
@@ -213,6 +214,23 @@ def run_container(
         raise EngineUnavailable(type(exc).__name__) from None
     finally:
         _remove(container)
+
+
+def _create_once_named(client: docker.DockerClient, job_id: str, **options):
+    """The job's container. Its name is taken only by an earlier attempt of the same job whose worker died on this
+    engine: that attempt was settled before this one could start, so nothing watches its container any more, and
+    it goes first (its host's boot reaper would have removed it when that host came back)."""
+    try:
+        return client.containers.create(**options)
+    except APIError as exc:
+        if exc.status_code != 409:
+            raise
+    try:
+        client.containers.get(options["name"]).remove(force=True)
+        logger.warning("container_reaped job=%s why=earlier-attempt", job_id)
+    except NotFound:
+        pass
+    return client.containers.create(**options)
 
 
 def scratch_mounts(user: tuple[int, int]) -> dict[str, str]:

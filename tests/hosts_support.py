@@ -418,6 +418,12 @@ class Fleet:
 
     # what drills do
 
+    @staticmethod
+    def now():
+        from django.utils import timezone
+
+        return timezone.now()
+
     def fleet_command(self, *args: str) -> subprocess.CompletedProcess:
         """`manage.py fleet ...` as an operator runs it, in the root namespace."""
         return subprocess.run([sys.executable, "manage.py", "fleet", *args], cwd=ROOT,

@@ -37,6 +37,13 @@ def drill(fleet, settings):
     get_redis().flushall()
 
 
+@pytest.fixture
+def redis_conn_of_fleet(drill):
+    from apps.fleet.connection import get_redis
+
+    return get_redis()
+
+
 def declare_vaults(fleet) -> dict[str, dict]:
     """Each host offers a secret profile of its own (`vault-<host>`): a job needing it can run only there."""
     environments = {}
@@ -267,3 +274,75 @@ def test_redis_restarted_under_running_jobs_loses_nothing(drill):
     assert set(jobs) < set(every)
     assert all(worker.starts == 1 and worker.process.poll() is None
                for host in drill.hosts.values() for worker in host.workers)
+
+
+def test_a_host_killed_mid_job_loses_its_jobs_once_and_they_run_again(drill, redis_conn_of_fleet):
+    """hostB's worker processes are SIGKILLed with their containers left running: each of its jobs is recorded
+    `worker-lost` once and run again as a second attempt, the shared queue's by a live host, its own queue's by
+    hostB once it returns, whose boot reaper removes the orphaned containers. Each attempt's dollar hold is
+    charged once: the lost one whole, none left held."""
+    from apps.worker.gates import budget
+
+    vaults = declare_vaults(drill)
+    label_triggers(drill.hosts)
+    hostB = drill.hosts["hostB"]
+    dollars = {"PI_MAX_COST_USD": "1", "PI_DAILY_COST_USD": "10"}
+    for _ in range(2):
+        hostB.start_worker(drill.host_env(hostB, **vaults["hostB"], **dollars))
+    wait_live("hostB")
+    shared = deliver_to(drill, "pi", 41, "fake-agent:sleep=20")
+    own = deliver_to(drill, "pi-hostB", 42, "fake-agent:sleep=20")
+    wait_for(lambda: {shared, own} <= set(hostB.containers()), timeout=60, what="both jobs' containers on hostB")
+    for name in ("hostA", "hostC"):
+        host = drill.hosts[name]
+        host.start_worker(drill.host_env(host, **vaults[name], **dollars))
+
+    hostB.kill_workers()
+    assert {shared, own} <= {job for job, c in hostB.containers().items() if c.status == "running"}
+
+    wait_for(lambda: final_runs([shared]), timeout=120, what="the shared job run again on a live host")
+    rerun = Run.objects.get(job_id=shared, attempt=2)
+    assert (rerun.outcome, rerun.host in ("hostA", "hostC")) == (Outcome.COMPLETED, True)
+    wait_for(lambda: Run.objects.filter(job_id=own, reason="worker-lost").exists(), timeout=60,
+             what="the host-queue job recorded lost")
+    time.sleep(5)
+    assert not final_runs([own])  # it waits for its host
+
+    hostB.revive_workers()
+    wait_for(lambda: final_runs([own]), timeout=120, what="the host-queue job on its host's return")
+    for job_id in (shared, own):
+        runs = list(Run.objects.filter(job_id=job_id).order_by("attempt").values_list("attempt", "outcome", "reason"))
+        assert runs == [(1, "failed", "worker-lost"), (2, "completed", "")], runs
+    assert Run.objects.get(job_id=own, attempt=2).host == "hostB"
+    wait_for(lambda: not hostB.containers(), timeout=60, what="hostB's orphaned containers reaped")
+
+    used, held = redis_conn_of_fleet.hmget(budget.usd_window_keys("all", drill.now())["day"], "used", "held")
+    assert (int(used), int(held or 0)) == (4_000_000, 0)  # four attempts, each its whole $1 hold (no metering)
+
+
+def test_the_real_pi_runs_on_a_host_of_its_own_through_its_gateway(drill):
+    """The production image on hostA's own engine: pi reaches the model only through the job's gateway, which
+    crosses hostA's link to the services' address, and its work becomes a pull request."""
+
+    from devtools import jobimage
+    from devtools.scripted_provider import ScriptedProvider
+    from tests.hosts_support import SERVICES_ADDRESS
+
+    hostA = drill.hosts["hostA"]
+    image = jobimage.ensure_image(hostA.docker_host)  # imported from var/image-cache the first time (~20 s)
+    model = ScriptedProvider(key="sk-ant-fleet-model-key", address=SERVICES_ADDRESS)
+    try:
+        vaults = declare_vaults(drill)
+        label_triggers(drill.hosts)
+        hostA.start_worker(drill.host_env(hostA, **vaults["hostA"], PI_JOB_IMAGE=image, PI_PROVIDER="anthropic",
+                                          PI_PROVIDER_BASE_URL=model.url, ANTHROPIC_API_KEY=model.key,
+                                          PI_MODEL="claude-sonnet-4-5", PI_JOB_MEMORY="1g"))
+        wait_live("hostA")
+        job_id = deliver_to(drill, "pi-hostA", 51, "Add a note.")
+        wait_for(lambda: final_runs([job_id]), timeout=180, what="the real pi's run on hostA")
+    finally:
+        model.close()
+    run = Run.objects.get(job_id=job_id)
+    assert (run.outcome, run.host, run.publish_outcome) == (Outcome.COMPLETED, "hostA", "published")
+    assert run.usage["source"] == "gateway" and run.tokens_total == sum(model.reported()) > 0
+    assert all(seen.key_accepted for seen in model.seen)

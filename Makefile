@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 run: $(INSTALLED)
 	$(PY) -m devtools.stack run
 
-# PART=receiver|worker|fleet|api|admin|site runs one part of the suite (tests/<part>/).
+# PART=receiver|worker|fleet|api|admin|site|hosts runs one part of the suite (tests/<part>/).
 test: $(INSTALLED)
 	$(PY) -m devtools.stack test -- $(if $(PART),tests/$(PART)) $(PYTEST_ARGS)
 

@@ -452,9 +452,11 @@ class Fleet:
             return json.loads(answer.read() or b"{}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def fleet(django_db_setup, django_db_blocker):
-    """The fleet, started once for the drills (skipped, saying why, where it cannot run)."""
+    """The fleet, started once for a module of drills and stopped after it: its replayer and cron producer share
+    the test database with the rest of the suite, and must not take another module's inbox (skipped, saying
+    why, where it cannot run)."""
     from tests.conftest import database_url
 
     reason = why_not()

@@ -17,7 +17,7 @@ from rq.job import Job
 
 from pidispatch_site.api_base import StrictSerializer
 
-from . import cancel, pauses, registry, waiting
+from . import cancel, drains, pauses, registry, waiting
 from .connection import get_redis
 from .status import snapshot
 from .union import resolve_scope
@@ -94,6 +94,44 @@ class HostsView(APIView):
         except RedisError:
             raise RedisUnavailable() from None
         return Response({"hosts": document["hosts"] or []})
+
+
+DRAIN_RESULT = inline_serializer("DrainResult", {
+    "host": serializers.CharField(), "drained": serializers.BooleanField(), "changed": serializers.BooleanField(),
+    "running": serializers.ListField(child=serializers.CharField()), "audit_error": serializers.CharField()})
+
+
+class DrainView(APIView):
+    """Drain a host (or undrain it): the admin's and `fleet drain`'s service. The answer lists what it still runs;
+    poll GET /fleet/hosts until that is empty (the CLI's --wait does)."""
+
+    scopes = {"post": "operate"}
+    required_permissions = {"post": PAUSE}
+    drain = True
+
+    @extend_schema(request=inline_serializer("Drain", {"note": serializers.CharField(required=False)}),
+                   responses={200: DRAIN_RESULT})
+    def post(self, request, name: str):
+        unknown = set(request.data or {}) - ({"note"} if self.drain else set())
+        if unknown:
+            raise ValidationError({field: ["unknown field"] for field in sorted(unknown)})
+        note = (request.data or {}).get("note", "")
+        if not isinstance(note, str):
+            raise ValidationError({"note": ["a text"]})
+        try:
+            redis = get_redis()
+            if self.drain:
+                was = drains.is_drained(redis, name)
+                error, changed = drains.drain(redis, name, by=api_actor(request), note=note), not was
+            else:
+                changed, error = drains.undrain(redis, name, by=api_actor(request))
+            running = drains.progress(redis, name).running if self.drain else []
+        except ValueError as exc:
+            raise ValidationError({"name": [str(exc)]}) from None
+        except RedisError:
+            raise RedisUnavailable() from None
+        return Response({"host": name, "drained": self.drain, "changed": changed, "running": running,
+                         "audit_error": error})
 
 
 class QueuesView(APIView):

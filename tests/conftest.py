@@ -50,7 +50,8 @@ DATABASE_SENSITIVE = {
     "tests/admin/test_cost_page.py", "tests/admin/test_admin_runs.py", "tests/site/test_metrics.py",
     "tests/api/test_api.py", "tests/api/test_api_numbers.py", "tests/fleet/test_fleet_panel.py",
     "tests/worker/test_worker_database_down.py", "tests/worker/test_dollar_caps.py",
-    "tests/worker/test_budget_caps.py", "tests/worker/test_doctor.py",
+    "tests/worker/test_budget_caps.py", "tests/worker/test_doctor.py", "tests/site/test_rolling_upgrade.py",
+    "tests/fleet/test_fleet_drain.py",
 }
 
 

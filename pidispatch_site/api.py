@@ -29,7 +29,7 @@ urlpatterns = [
     path("fleet", fleet.FleetStatusView.as_view(), name="fleet"),
     path("fleet/hosts", fleet.HostsView.as_view(), name="fleet-hosts"),
     path("fleet/hosts/<str:name>/drain", fleet.DrainView.as_view(), name="host-drain"),
-    path("fleet/hosts/<str:name>/undrain", fleet.DrainView.as_view(drain=False), name="host-undrain"),
+    path("fleet/hosts/<str:name>/undrain", fleet.UndrainView.as_view(), name="host-undrain"),
     path("fleet/queues", fleet.QueuesView.as_view(), name="fleet-queues"),
     path("fleet/queues/<str:name>/pause", fleet.PauseView.as_view(), name="queue-pause"),
     path("fleet/queues/<str:name>/resume", fleet.ResumeView.as_view(), name="queue-resume"),

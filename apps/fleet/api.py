@@ -15,7 +15,7 @@ from rest_framework.views import APIView
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
-from pidispatch_site.api_base import StrictSerializer
+from pidispatch_site.api_base import StrictSerializer, TextField
 
 from . import cancel, drains, pauses, registry, waiting
 from .connection import get_redis
@@ -37,7 +37,7 @@ def api_actor(request) -> str:
 
 
 class PauseSerializer(StrictSerializer):
-    note = serializers.CharField(required=False, allow_blank=True, max_length=pauses.NOTE_MAX, default="",
+    note = TextField(required=False, allow_blank=True, max_length=pauses.NOTE_MAX, default="",
                                  trim_whitespace=False)
     until = serializers.DateTimeField(required=False, allow_null=True, default=None,
                                       help_text="Resume by itself at this instant (ISO 8601 with a zone).")
@@ -101,37 +101,53 @@ DRAIN_RESULT = inline_serializer("DrainResult", {
     "running": serializers.ListField(child=serializers.CharField()), "audit_error": serializers.CharField()})
 
 
+class DrainSerializer(StrictSerializer):
+    note = TextField(required=False, allow_blank=True, max_length=pauses.NOTE_MAX, default="",
+                                 trim_whitespace=False)
+
+
 class DrainView(APIView):
-    """Drain a host (or undrain it): the admin's and `fleet drain`'s service. The answer lists what it still runs;
-    poll GET /fleet/hosts until that is empty (the CLI's --wait does)."""
+    """Drain a host: the admin's and `fleet drain`'s service. The answer lists what it still runs; poll
+    GET /fleet/hosts until that is empty (the CLI's --wait does)."""
 
     scopes = {"post": "operate"}
     required_permissions = {"post": PAUSE}
-    drain = True
+    drains_host = True
 
-    @extend_schema(request=inline_serializer("Drain", {"note": serializers.CharField(required=False)}),
-                   responses={200: DRAIN_RESULT})
+    def change(self, redis, name: str, request) -> tuple[bool, str, list[str]]:
+        serializer = DrainSerializer(data=request.data if request.body else {})
+        serializer.is_valid(raise_exception=True)
+        was = drains.is_drained(redis, name)
+        error = drains.drain(redis, name, by=api_actor(request), note=serializer.validated_data["note"])
+        return not was, error, drains.progress(redis, name).running
+
+    @extend_schema(request=DrainSerializer, responses={200: DRAIN_RESULT})
     def post(self, request, name: str):
-        unknown = set(request.data or {}) - ({"note"} if self.drain else set())
-        if unknown:
-            raise ValidationError({field: ["unknown field"] for field in sorted(unknown)})
-        note = (request.data or {}).get("note", "")
-        if not isinstance(note, str):
-            raise ValidationError({"note": ["a text"]})
         try:
-            redis = get_redis()
-            if self.drain:
-                was = drains.is_drained(redis, name)
-                error, changed = drains.drain(redis, name, by=api_actor(request), note=note), not was
-            else:
-                changed, error = drains.undrain(redis, name, by=api_actor(request))
-            running = drains.progress(redis, name).running if self.drain else []
+            changed, error, running = self.change(get_redis(), name, request)
         except ValueError as exc:
             raise ValidationError({"name": [str(exc)]}) from None
         except RedisError:
             raise RedisUnavailable() from None
-        return Response({"host": name, "drained": self.drain, "changed": changed, "running": running,
+        return Response({"host": name, "drained": self.drains_host, "changed": changed, "running": running,
                          "audit_error": error})
+
+
+class UndrainView(DrainView):
+    """Let a drained host take jobs again."""
+
+    drains_host = False
+
+    def change(self, redis, name: str, request) -> tuple[bool, str, list[str]]:
+        if request.body and request.data not in ({}, None):
+            raise ValidationError({"non_field_errors": ["undrain takes no fields"]})
+        changed, error = drains.undrain(redis, name, by=api_actor(request))
+        return changed, error, []
+
+    @extend_schema(request=None, responses={200: DRAIN_RESULT})
+    def post(self, request, name: str):
+        return super().post(request, name)
+
 
 
 class QueuesView(APIView):

@@ -10,6 +10,8 @@ the install's paths mapped to this checkout (/opt/pidispatch) and to the test's 
 
 from __future__ import annotations
 
+import datetime
+import http.client
 import json
 import os
 import re
@@ -18,6 +20,7 @@ import shlex
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -27,6 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from rq import Queue
 
 from apps.receiver.models import Trigger
@@ -39,6 +46,8 @@ from tests.settings_source import literal_defaults
 pytestmark = pytest.mark.django_db(transaction=True)
 
 UNITS = ROOT / "contrib" / "systemd"
+NGINX_SITE = ROOT / "contrib" / "nginx" / "pidispatch.conf"
+PUBLIC_NAME, PRIVATE_NAME = "hooks.example.com", "pi.example.internal"
 INSTALL_PREFIX = "/opt/pidispatch"
 CONFIG_DIR = "/etc/pidispatch/"
 INSTANCE = "deploy-test"
@@ -283,8 +292,8 @@ def units(tmp_path, worker_env):
 class NotifySocket:
     """systemd's end of sd_notify, for Type=notify units: READY=1 is when the unit counts as started."""
 
-    def __init__(self, folder: Path):
-        self.path = str(folder / "notify")
+    def __init__(self, path: Path):
+        self.path = str(path)
         self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.socket.bind(self.path)
 
@@ -301,8 +310,6 @@ class NotifySocket:
         raise AssertionError(f"no READY=1 within {timeout} s:\n{running.output()}")
 
 
-def notify(units) -> NotifySocket:
-    return NotifySocket(units.systemd.runtime_root)
 
 
 def get(url: str) -> tuple[int, bytes]:
@@ -313,11 +320,11 @@ def get(url: str) -> tuple[int, bytes]:
         return error.code, error.read()
 
 
-def serve(units, name: str, env_file: str) -> tuple[Running, str]:
+def serve(units, name: str, env_file: str, port: int | None = None) -> tuple[Running, str]:
     """A gunicorn unit on a free port (its own environment file says where), started once it says READY=1."""
-    port = services.free_port()
+    port = port or services.free_port()
     (units.systemd.config / env_file).write_text(f"PI_WEB_BIND=127.0.0.1:{port}\n")
-    ready = notify(units)
+    ready = NotifySocket(units.systemd.runtime_root / f"notify-{name}")
     unit = UnitFile.read(UNITS / name)
     assert unit.get("Service", "Type") == "notify"
     running = units(name, notify_socket=ready.path)
@@ -368,6 +375,116 @@ def test_the_edge_serves_only_webhooks_whatever_its_environment_files_say(units,
         assert answer.status == 202 and json.loads(answer.read())["status"] == "queued"
 
     assert_clean_stop(edge)
+
+
+# --- both behind the reverse proxy's example ----------------------------------------------------------------------
+
+def self_signed(folder: Path, name: str) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+                   .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+                   .not_valid_after(now + datetime.timedelta(days=1))
+                   .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+                   .sign(key, hashes.SHA256()))
+    chain, private = folder / f"{name}.pem", folder / f"{name}.key"
+    chain.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    return chain, private
+
+
+class Proxy:
+    """contrib/nginx/pidispatch.conf under a private nginx: its ports, certificates and upstreams the test's."""
+
+    def __init__(self, folder: Path, upstreams: dict[int, int]):
+        self.folder = folder
+        (folder / "logs").mkdir()
+        self.http_port, self.https_port = services.free_port(), services.free_port()
+        site = NGINX_SITE.read_text()
+        site = re.sub(r"\n\s*listen \[::\]:\d+[^;]*;", "", site)  # IPv4 here
+        site = site.replace("listen 80;", f"listen 127.0.0.1:{self.http_port};")
+        site = site.replace("listen 443 ", f"listen 127.0.0.1:{self.https_port} ")
+        self.trust = ssl.create_default_context()
+        for name in (PUBLIC_NAME, PRIVATE_NAME):
+            chain, private = self_signed(folder, name)
+            site = site.replace(f"/etc/letsencrypt/live/{name}/fullchain.pem", str(chain))
+            site = site.replace(f"/etc/letsencrypt/live/{name}/privkey.pem", str(private))
+            self.trust.load_verify_locations(chain)
+        for installed, test_port in upstreams.items():
+            site = site.replace(f"server 127.0.0.1:{installed};", f"server 127.0.0.1:{test_port};")
+        (folder / "site.conf").write_text(site)
+        (folder / "nginx.conf").write_text(
+            f"pid {folder}/nginx.pid;\nerror_log {folder}/logs/error.log;\nevents {{}}\n"
+            f"http {{\n    access_log off;\n    client_body_temp_path {folder}/body;\n"
+            f"    proxy_temp_path {folder}/proxy;\n    include {folder}/site.conf;\n}}\n")
+        command = ["nginx", "-p", str(folder), "-c", str(folder / "nginx.conf"), "-g", "daemon off;"]
+        checked = subprocess.run([*command[:-2], "-t"], capture_output=True, text=True, timeout=30)
+        assert checked.returncode == 0, checked.stderr
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        wait_for(lambda: self._listening(), timeout=15, what="nginx")
+
+    def _listening(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.https_port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    def request(self, name: str, method: str, path: str, body: bytes | None = None, headers=None, tls=True):
+        if tls:
+            connection = http.client.HTTPSConnection("127.0.0.1", self.https_port, timeout=10, context=self.trust)
+            raw = socket.create_connection(("127.0.0.1", self.https_port), timeout=10)
+            connection.sock = self.trust.wrap_socket(raw, server_hostname=name)  # SNI and the name checked
+        else:
+            connection = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=10)
+        connection.request(method, path, body=body, headers={"Host": name, **(headers or {})})
+        answer = connection.getresponse()
+        answer.body = answer.read()
+        connection.close()
+        return answer
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGQUIT)  # nginx's graceful stop
+            self.process.wait(timeout=30)
+
+
+def test_the_edge_and_the_web_server_behind_the_nginx_example(units, tmp_path, label_trigger):
+    if shutil.which("nginx") is None:
+        pytest.skip("nginx is not installed (Debian's nginx package has it)")
+    with (units.systemd.config / "pidispatch.env").open("a") as env_file:
+        env_file.write(f"DJANGO_SECURE=true\nDJANGO_ALLOWED_HOSTS={PUBLIC_NAME},{PRIVATE_NAME}\n"
+                       f"DJANGO_CSRF_TRUSTED_ORIGINS=https://{PRIVATE_NAME}\n")
+    edge_port, web_port = services.free_port(), services.free_port()
+    edge, _ = serve(units, "pidispatch-edge.service", "edge.env", port=edge_port)
+    web, _ = serve(units, "pidispatch-web.service", "web.env", port=web_port)
+    (tmp_path / "nginx").mkdir()
+    proxy = Proxy(tmp_path / "nginx", {8001: edge_port, 8000: web_port})
+    try:
+        health = proxy.request(PUBLIC_NAME, "GET", "/healthz")
+        assert (health.status, json.loads(health.body)) == (200, {"db": "ok", "redis": "ok"})
+        assert proxy.request(PUBLIC_NAME, "GET", "/admin/login/").status == 404
+        body = github_payload()
+        hook = proxy.request(PUBLIC_NAME, "POST", "/hooks/github", body,
+                             {"Content-Type": "application/json", **github_headers(body, "issues", "proxied-1")})
+        assert hook.status == 202, hook.body
+        too_large = proxy.request(PUBLIC_NAME, "POST", "/hooks/github", b"x" * (2 * 1024 * 1024 + 1),
+                                  {"Content-Type": "application/json"})
+        assert too_large.status == 413
+
+        # The private name: the admin, over HTTPS as Django sees it (the proxy's X-Forwarded-Proto).
+        login = proxy.request(PRIVATE_NAME, "GET", "/admin/login/", headers={"X-Forwarded-Proto": "http"})
+        assert login.status == 200
+        assert login.getheader("Strict-Transport-Security", "").startswith("max-age=")
+        assert "; Secure" in login.getheader("Set-Cookie", "")
+        redirect = proxy.request(PRIVATE_NAME, "GET", "/admin/", tls=False)
+        assert (redirect.status, redirect.getheader("Location")) == (308, f"https://{PRIVATE_NAME}/admin/")
+    finally:
+        proxy.stop()
+    assert_clean_stop(edge)
+    assert_clean_stop(web)
 
 
 # --- the worker ------------------------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """The systemd units of contrib/systemd/, proved: each one's ExecStart runs as systemd would run it (its Environment=,
 then its EnvironmentFile= read, its specifiers filled in, its state and runtime directories made) against the test
 stack's Redis, database and Docker engine; it serves, or works a job, and on its KillSignal, sent as its KillMode
-says, it exits cleanly within its TimeoutStopSec. `systemd-analyze verify` passes on each where it is installed.
+says, it exits cleanly within its TimeoutStopSec (the worker also with the pool drop-in docs/deploying.md gives).
+contrib/nginx/pidispatch.conf runs in front of the two web units, and `systemd-analyze verify` passes on each unit,
+where nginx and systemd-analyze are installed (skipped, saying so, where not).
 
 systemd is not PID 1 here, so the units run as plain subprocesses of the test (as root, not as User=pidispatch), with
 the install's paths mapped to this checkout (/opt/pidispatch) and to the test's own environment files
@@ -65,10 +67,11 @@ class UnitFile:
     sections: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
 
     @classmethod
-    def read(cls, path: Path) -> UnitFile:
+    def read(cls, path: Path, *drop_ins: str) -> UnitFile:
+        """The unit file, then its drop-ins' text (`systemctl edit`), whose settings come after its own."""
         unit = cls(path.name)
         section = None
-        text = re.sub(r"\\\n", " ", path.read_text())  # a backslash at a line's end continues it
+        text = re.sub(r"\\\n", " ", "\n".join([path.read_text(), *drop_ins]))  # a trailing backslash continues
         for number, line in enumerate(text.splitlines(), 1):
             line = line.strip()
             if not line or line[0] in "#;":
@@ -83,7 +86,12 @@ class UnitFile:
         return unit
 
     def values(self, section: str, key: str) -> list[str]:
-        return [value for name, value in self.sections.get(section, []) if name == key]
+        """Every value given, in order; an empty assignment (`ExecStart=`) drops the ones before it."""
+        found: list[str] = []
+        for name, value in self.sections.get(section, []):
+            if name == key:
+                found = found + [value] if value else []
+        return found
 
     def get(self, section: str, key: str, default: str | None = None) -> str | None:
         found = self.values(section, key)
@@ -276,8 +284,8 @@ def units(tmp_path, worker_env):
     (systemd.config / "pidispatch.env").write_text("\n".join(lines) + "\n")
     started: list[Running] = []
 
-    def start(name: str, **launch_options) -> Running:
-        running = Running(systemd.launch(UnitFile.read(UNITS / name), **launch_options),
+    def start(name: str, *drop_ins: str, **launch_options) -> Running:
+        running = Running(systemd.launch(UnitFile.read(UNITS / name, *drop_ins), **launch_options),
                           tmp_path / f"{name}.log")
         started.append(running)
         return running
@@ -503,10 +511,19 @@ def issue(post_github, number: int, text: str) -> str:
     return job_id
 
 
+def documented_pool_drop_in() -> str:
+    """The drop-in docs/deploying.md gives for several worker processes on one host."""
+    guide = (ROOT / "docs" / "deploying.md").read_text()
+    section = guide[guide.index("**Several workers on one host.**"):]
+    return re.search(r"```ini\n(.*?)```", section, re.DOTALL).group(1)
+
+
 @pytest.mark.docker
+@pytest.mark.parametrize("pool", [False, True], ids=["one-process", "the-guide-s-pool-drop-in"])
 def test_a_worker_works_a_job_and_its_stop_lets_the_running_job_end(units, post_github, label_trigger, redis_conn,
-                                                                    github_stand_in):
-    unit = UnitFile.read(UNITS / "pidispatch-worker@.service")
+                                                                    github_stand_in, pool):
+    drop_ins = [documented_pool_drop_in()] if pool else []
+    unit = UnitFile.read(UNITS / "pidispatch-worker@.service", *drop_ins)
     # systemd never kills a running job as lost: the stop waits longer than a job may take.
     budget = sum(settings_default(name) for name in ("PI_JOB_TIMEOUT_SECONDS", "PI_CLONE_TIMEOUT_SECONDS",
                                                      "PI_REDIS_OUTAGE_SECONDS"))
@@ -514,20 +531,25 @@ def test_a_worker_works_a_job_and_its_stop_lets_the_running_job_end(units, post_
     # SIGTERM to the main process only: the work horse (the job, its gateway) dies of a SIGTERM of its own.
     assert unit.get("Service", "KillMode") == "mixed"
 
-    worker = units("pidispatch-worker@.service")
+    worker = units("pidispatch-worker@.service", *drop_ins)
+    assert ("rqworker-pool" in worker.launch.command) == pool
     (egress,) = worker.launch.runtime_dirs
     assert worker.launch.env["PI_EGRESS_SOCKET_DIR"] == str(egress) and egress.stat().st_mode & 0o777 == 0o700
-    running_job = issue(post_github, 7, "fake-agent:sleep=4")
-    waiting_job = issue(post_github, 8, "Another one.")
-    wait_for(lambda: any(egress.iterdir()), timeout=90, what="the job's gateway sockets in the runtime directory")
+    running_jobs = [issue(post_github, 7, "fake-agent:sleep=4")]
+    if pool:  # two processes of the pool busy at once
+        running_jobs.append(issue(post_github, 8, "fake-agent:sleep=4"))
+    waiting_job = None if pool else issue(post_github, 8, "Another one.")
+    wait_for(lambda: len(list(egress.iterdir())) == len(running_jobs), timeout=90,
+             what="each running job's gateway sockets in the runtime directory")
 
-    code, took = worker.stop_as_systemd()
+    code, _ = worker.stop_as_systemd()
     assert code == 0, worker.output()
-    run = Run.objects.get(job_id=running_job)
-    assert run.outcome == Outcome.COMPLETED, (run.reason, worker.output())
-    assert run.host == INSTANCE
-    assert Queue("pi-jobs", connection=redis_conn).get_job_ids() == [waiting_job]  # it took no other job
-    assert not Run.objects.filter(job_id=waiting_job).exists()
+    for job_id in running_jobs:
+        run = Run.objects.get(job_id=job_id)
+        assert (run.outcome, run.host) == (Outcome.COMPLETED, INSTANCE), (run.reason, worker.output())
+    if waiting_job:
+        assert Queue("pi-jobs", connection=redis_conn).get_job_ids() == [waiting_job]  # it took no other job
+        assert not Run.objects.filter(job_id=waiting_job).exists()
     assert "cold shut down" not in worker.output()
 
 

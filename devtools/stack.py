@@ -97,8 +97,8 @@ class Stack:
             _quietly(function)
         # Every stop is bounded, and one that fails does not keep the others from stopping.
         for service in reversed(self.services):
-            if service.name == "dockerd" and self.docker_host:
-                _quietly(services.remove_job_containers, self.docker_host)
+            if service.name == "dockerd" and (service.env.get("DOCKER_HOST") or self.docker_host):
+                _quietly(services.remove_job_containers, service.env.get("DOCKER_HOST") or self.docker_host)
             # A closed terminal (SIGHUP) makes printing fail: that must not stop the cleanup either.
             _quietly(say, f"stopping {service.name}")
             try:
@@ -408,38 +408,66 @@ def _detach_if_gone() -> None:
             os.close(devnull)
 
 
+def test_processes(pytest_args: list[str]) -> int:
+    """How many pytest processes share the run (pytest-xdist), each with services of its own. The suite
+    mostly waits (on containers, workers, servers), so two processes on two cores take little more than
+    half the time. A run of named files or tests stays one process: starting more engines costs more than
+    it saves. PI_TEST_PROCESSES overrides (1 = no xdist)."""
+    if os.environ.get("PI_TEST_PROCESSES"):
+        return max(1, int(os.environ["PI_TEST_PROCESSES"]))
+    if "-n" in pytest_args or any(arg.startswith(("-n", "--numprocesses")) for arg in pytest_args):
+        return 1  # the caller drives xdist
+    paths = [arg for arg in pytest_args if not arg.startswith("-") and (ROOT / arg.split("::")[0]).exists()]
+    if paths and all("::" in arg or (ROOT / arg).is_file() for arg in paths):
+        return 1
+    return min(4, max(2, os.cpu_count() or 1))
+
+
+def start_test_services(stack: Stack, index: int, folders: Path) -> dict[str, str]:
+    """One private redis-server, Docker engine (holding both job images) and local-folder root: what one
+    pytest process's tests may flush, reap and fill without touching another's."""
+    suffix = f"-{index}" if index else ""
+    redis_dir, local_root = folders / f"redis{suffix}", folders / f"local-folders{suffix}"
+    redis_dir.mkdir()
+    local_root.mkdir()
+    local_root.chmod(0o755)  # the test repositories' owner (a uid of its own) passes through it
+    port = services.free_port()
+    say(f"starting a private redis-server for the tests on 127.0.0.1:{port}")
+    redis_service = services.start_redis(redis_dir, port, persistent=False, started=stack.add)
+    say(f"starting a private Docker engine for the tests (data in var/test-docker{suffix})")
+    docker_host, _ = services.start_dockerd(VAR / f"test-docker{suffix}", started=stack.add)
+    services.ensure_demo_image(docker_host, services.DEMO_IMAGE)
+    # The production image, for the tests where the real pi matters (built once, cached by its inputs).
+    real_image = jobimage.ensure_image(docker_host, jobimage.DEFAULT_TAG)
+    return {"REDIS_URL": redis_service.env["REDIS_URL"], "DOCKER_HOST": docker_host,
+            "PI_REAL_JOB_IMAGE": real_image, "PI_LOCAL_ROOTS": str(local_root)}
+
+
 def run_tests(args) -> int:
     stack = Stack()
+    processes = test_processes(args.pytest_args)
     try:
-        with tempfile.TemporaryDirectory(prefix="pidispatch-test-redis-") as redis_dir, \
-                tempfile.TemporaryDirectory(prefix="pidispatch-test-folders-") as local_root:
-            Path(local_root).chmod(0o755)  # the test repositories' owner (a uid of its own) passes through it
-            port = services.free_port()
-            say(f"starting a private redis-server for the tests on 127.0.0.1:{port}")
-            redis_service = services.start_redis(Path(redis_dir), port, persistent=False, started=stack.add)
-
-            say("starting a private Docker engine for the tests (data in var/test-docker)")
-            docker_host, dockerd = services.start_dockerd(VAR / "test-docker", started=stack.add)
-            stack.docker_host = docker_host
-            services.ensure_demo_image(docker_host, services.DEMO_IMAGE)
-            # The production image, for the tests where the real pi matters (built once, cached by its inputs).
-            real_image = jobimage.ensure_image(docker_host, jobimage.DEFAULT_TAG)
+        with tempfile.TemporaryDirectory(prefix="pidispatch-test-") as folders:
+            Path(folders).chmod(0o755)
+            each = [start_test_services(stack, index, Path(folders)) for index in range(processes)]
+            stack.docker_host = each[0]["DOCKER_HOST"]
             services.ensure_package("git", "git")
             services.ensure_package("node", "nodejs")  # the image runner's tests run it on the host
             services.ensure_package("chromium", "chromium")  # the fleet panel's browser test
 
             env = {
                 **os.environ,
-                "REDIS_URL": redis_service.env["REDIS_URL"],
-                "DOCKER_HOST": docker_host,
+                **each[0],
                 "PI_JOB_IMAGE": services.DEMO_IMAGE,
-                "PI_REAL_JOB_IMAGE": real_image,
-                "PI_LOCAL_ROOTS": local_root,  # the tests' folder runs (tests/local_repos.py), as a host declares it
+                # devtools/test_processes.py gives each pytest-xdist process its own set of these.
+                "PIDISPATCH_TEST_SERVICES": json.dumps(each),
                 # No connection may outlive a test's thread (live servers), or the test database cannot be dropped.
                 "DATABASE_CONN_MAX_AGE": "0",
                 "PIDISPATCH_TEST_STACK": "1",
             }
-            command = [sys.executable, "-m", "pytest", *args.pytest_args]
+            parallel = ["-n", str(processes), "--dist", "loadfile"] if processes > 1 else []
+            command = [sys.executable, "-m", "pytest", "-p", "devtools.test_processes", *parallel,
+                       *args.pytest_args]
             say(" ".join(command[1:]))
             code = subprocess.run(command, env=env, cwd=ROOT).returncode
             if code == 5:

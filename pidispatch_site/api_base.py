@@ -41,6 +41,17 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+class TextField(serializers.CharField):
+    """A text, never a number or a boolean turned into one (DRF's CharField coerces them)."""
+
+    default_error_messages = {"not_text": "Must be a text."}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("not_text")
+        return super().to_internal_value(data)
+
+
 class StrictCursorPagination(CursorPagination):
     page_size_query_param = "page_size"
     max_page_size = 200

@@ -41,7 +41,8 @@ SHELL_OWN_ENV = {"PWD", "SHLVL", "OLDPWD", "_"}
 # page's GROUPING SETS, /metrics' JSON functions and its UNION with the pruned runs, the run list's estimated count,
 # hand-written row statements), its locking and isolation (the inbox, deduplication, one-shot rules, trigger
 # reordering under SELECT FOR UPDATE, the cron producer, housekeeping's batches under SELECT FOR UPDATE SKIP LOCKED),
-# its types and ranges (the API's filters, cursors and ids), its outage (a worker losing it mid-job), and the fleet
+# its types and ranges (the API's filters, cursors and ids), its outage (a worker losing it mid-job), the systemd
+# units' processes (run as a multi-host deployment runs them, on its database), and the fleet
 # drills, which run on it alone. .ci/run runs the whole suite on SQLite, then these on
 # PostgreSQL (`-m database`): running everything twice bought nothing the second time but half the CI's time.
 DATABASE_SENSITIVE = {
@@ -51,7 +52,8 @@ DATABASE_SENSITIVE = {
     "tests/admin/test_cost_page.py", "tests/admin/test_admin_runs.py", "tests/site/test_metrics.py",
     "tests/api/test_api.py", "tests/api/test_api_numbers.py", "tests/fleet/test_fleet_panel.py",
     "tests/worker/test_worker_database_down.py", "tests/worker/test_dollar_caps.py",
-    "tests/worker/test_budget_caps.py", "tests/worker/test_doctor.py", "tests/site/test_housekeeping.py",
+    "tests/worker/test_budget_caps.py", "tests/worker/test_doctor.py", "tests/site/test_rolling_upgrade.py",
+    "tests/fleet/test_fleet_drain.py", "tests/site/test_deploy_units.py", "tests/site/test_housekeeping.py",
     "tests/worker/test_housekeeping_daily.py",
 }
 

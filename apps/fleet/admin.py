@@ -16,7 +16,7 @@ from redis.exceptions import RedisError
 
 from pidispatch_site.admin_mixins import ReadOnlyAdminMixin
 
-from . import cancel, failed, panel, pauses
+from . import cancel, drains, failed, panel, pauses
 from .connection import get_redis
 from .models import FleetAction, FleetPanel
 from .union import resolve_scope
@@ -52,6 +52,8 @@ class FleetPanelAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             path("cancel/", view(self.cancel_view), name="fleet_cancel"),
             path("retry/", view(self.retry_view), name="fleet_retry"),
             path("discard/", view(self.discard_view), name="fleet_discard"),
+            path("drain/", view(self.drain_view), name="fleet_drain"),
+            path("undrain/", view(self.undrain_view), name="fleet_undrain"),
         ]
 
     def has_module_permission(self, request):
@@ -141,6 +143,32 @@ class FleetPanelAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     def discard_view(self, request: HttpRequest) -> HttpResponse:
         return self._failed(request, failed.discard_failed) if request.method == "POST" else HttpResponseNotAllowed(["POST"])
+
+    def drain_view(self, request: HttpRequest) -> HttpResponse:
+        return self._drain(request, drain=True) if request.method == "POST" else HttpResponseNotAllowed(["POST"])
+
+    def undrain_view(self, request: HttpRequest) -> HttpResponse:
+        return self._drain(request, drain=False) if request.method == "POST" else HttpResponseNotAllowed(["POST"])
+
+    def _drain(self, request: HttpRequest, *, drain: bool) -> HttpResponse:
+        # A drain stops a host taking work, as a pause stops a queue: the same permission.
+        if not request.user.has_perm(PAUSE):
+            raise PermissionDenied
+        host = request.POST.get("host", "").strip()
+        try:
+            if drain:
+                error = drains.drain(get_redis(), host, by=self._actor(request), note=request.POST.get("note", ""))
+                message = (f"host {host} drained: it takes no new job from any queue; its running jobs finish "
+                           "(the panel shows them until it is idle)")
+            else:
+                was, error = drains.undrain(get_redis(), host, by=self._actor(request))
+                message = f"host {host} takes jobs again" if was else f"host {host} was not drained; nothing changed"
+        except (ValueError, RedisError) as exc:
+            return self._refused(request, exc)
+        self.message_user(request, message, messages.SUCCESS)
+        if error:
+            self.message_user(request, f"the audit row could not be written ({error})", messages.WARNING)
+        return self._back()
 
     def _failed(self, request: HttpRequest, service) -> HttpResponse:
         # Retrying starts a run (spend): it takes the start-run permission as well as the fleet's cancel one.

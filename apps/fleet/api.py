@@ -15,9 +15,9 @@ from rest_framework.views import APIView
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
-from pidispatch_site.api_base import StrictSerializer
+from pidispatch_site.api_base import StrictSerializer, TextField
 
-from . import cancel, pauses, registry, waiting
+from . import cancel, drains, pauses, registry, waiting
 from .connection import get_redis
 from .status import snapshot
 from .union import resolve_scope
@@ -37,7 +37,7 @@ def api_actor(request) -> str:
 
 
 class PauseSerializer(StrictSerializer):
-    note = serializers.CharField(required=False, allow_blank=True, max_length=pauses.NOTE_MAX, default="",
+    note = TextField(required=False, allow_blank=True, max_length=pauses.NOTE_MAX, default="",
                                  trim_whitespace=False)
     until = serializers.DateTimeField(required=False, allow_null=True, default=None,
                                       help_text="Resume by itself at this instant (ISO 8601 with a zone).")
@@ -94,6 +94,60 @@ class HostsView(APIView):
         except RedisError:
             raise RedisUnavailable() from None
         return Response({"hosts": document["hosts"] or []})
+
+
+DRAIN_RESULT = inline_serializer("DrainResult", {
+    "host": serializers.CharField(), "drained": serializers.BooleanField(), "changed": serializers.BooleanField(),
+    "running": serializers.ListField(child=serializers.CharField()), "audit_error": serializers.CharField()})
+
+
+class DrainSerializer(StrictSerializer):
+    note = TextField(required=False, allow_blank=True, max_length=pauses.NOTE_MAX, default="",
+                                 trim_whitespace=False)
+
+
+class DrainView(APIView):
+    """Drain a host: the admin's and `fleet drain`'s service. The answer lists what it still runs; poll
+    GET /fleet/hosts until that is empty (the CLI's --wait does)."""
+
+    scopes = {"post": "operate"}
+    required_permissions = {"post": PAUSE}
+    drains_host = True
+
+    def change(self, redis, name: str, request) -> tuple[bool, str, list[str]]:
+        serializer = DrainSerializer(data=request.data if request.body else {})
+        serializer.is_valid(raise_exception=True)
+        was = drains.is_drained(redis, name)
+        error = drains.drain(redis, name, by=api_actor(request), note=serializer.validated_data["note"])
+        return not was, error, drains.progress(redis, name).running
+
+    @extend_schema(request=DrainSerializer, responses={200: DRAIN_RESULT})
+    def post(self, request, name: str):
+        try:
+            changed, error, running = self.change(get_redis(), name, request)
+        except ValueError as exc:
+            raise ValidationError({"name": [str(exc)]}) from None
+        except RedisError:
+            raise RedisUnavailable() from None
+        return Response({"host": name, "drained": self.drains_host, "changed": changed, "running": running,
+                         "audit_error": error})
+
+
+class UndrainView(DrainView):
+    """Let a drained host take jobs again."""
+
+    drains_host = False
+
+    def change(self, redis, name: str, request) -> tuple[bool, str, list[str]]:
+        if request.body and request.data not in ({}, None):
+            raise ValidationError({"non_field_errors": ["undrain takes no fields"]})
+        changed, error = drains.undrain(redis, name, by=api_actor(request))
+        return changed, error, []
+
+    @extend_schema(request=None, responses={200: DRAIN_RESULT})
+    def post(self, request, name: str):
+        return super().post(request, name)
+
 
 
 class QueuesView(APIView):

@@ -22,6 +22,8 @@ class FleetAction(models.Model):
         CANCEL = "cancel"
         RETRY = "retry"
         DISCARD = "discard"
+        DRAIN = "drain"
+        UNDRAIN = "undrain"
 
     at = models.DateTimeField(default=timezone.now, db_index=True)
     action = models.CharField(max_length=16, choices=Action.choices)

@@ -14,7 +14,7 @@ from rq.job import Job
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 from rq.utils import utcparse
 
-from . import pauses, registry, waiting
+from . import drains, pauses, registry, waiting
 from .connection import text
 from .display import iso_instant
 from .queues import host_of_queue
@@ -54,6 +54,7 @@ class FleetSnapshot:
     waiting: list[waiting.WaitingJob] = field(default_factory=list)
     failed: list[FailedJob] = field(default_factory=list)
     degraded: str = ""
+    drained: dict[str, drains.DrainFlag] = field(default_factory=dict)  # by host (a drain is not a pause)
 
     @property
     def state(self) -> str:
@@ -84,6 +85,9 @@ class FleetSnapshot:
                 "started_at": iso_instant(h.started_at), "version": h.version, "declared": h.declared, "routes": h.routes,
                 "processes": len(h.processes), "busy": h.busy, "concurrency": h.concurrency, "queues": list(h.queues),
                 "capabilities": list(h.capabilities), "image": h.image,
+                "drained": None if h.name not in self.drained else {
+                    "by": self.drained[h.name].by, "note": self.drained[h.name].note,
+                    "at": self.drained[h.name].at.isoformat() if self.drained[h.name].at else None},
                 "running": [{"job_id": j.job_id, "started_at": iso_instant(j.started_at), "target": j.target,
                              "queue": j.queue} for j in h.running],
             } for h in self.hosts],
@@ -115,6 +119,7 @@ def snapshot(redis, now: float | None = None) -> FleetSnapshot:
     return FleetSnapshot(
         taken_at=now, queues=queues, hosts=None if union.hosts is None else list(union.hosts),
         waiting=waiting.list_waiting(redis, names), failed=_latest_failures(redis, failed), degraded=union.degraded,
+        drained=drains.read_flags(redis),
     )
 
 

@@ -120,7 +120,7 @@ class Run(models.Model):
     # The length of the agent's last message; the text itself is kept only with the run's log (RunLog).
     summary_chars = models.PositiveIntegerField(null=True, blank=True)
     # An attempt whose worker died: whether it was run again as the next attempt (LostRetry), else blank.
-    lost_retry = models.CharField(max_length=16, blank=True, choices=LostRetry.choices)
+    lost_retry = models.CharField(max_length=16, blank=True, default="", db_default="", choices=LostRetry.choices)
 
     objects = RunQuerySet.as_manager()
 

@@ -81,6 +81,8 @@ ENDPOINTS = [
     ("post", "/api/v1/deliveries/999/replay", {}, "operate"),
     ("post", "/api/v1/deliveries/999/discard", {}, "operate"),
     ("post", "/api/v1/fleet/pause-all", {"note": "matrix"}, "operate"),
+    ("post", "/api/v1/fleet/hosts/hostA/drain", {"note": "matrix"}, "operate"),
+    ("post", "/api/v1/fleet/hosts/hostA/undrain", {}, "operate"),
     ("post", "/api/v1/fleet/resume-all", {}, "operate"),
     ("put", "/api/v1/triggers/999", LABEL_RULE, "admin"),
     ("patch", "/api/v1/triggers/999", {"enabled": False}, "admin"),

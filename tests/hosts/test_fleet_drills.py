@@ -347,3 +347,66 @@ def test_the_real_pi_runs_on_a_host_of_its_own_through_its_gateway(drill):
     assert (run.outcome, run.host, run.publish_outcome) == (Outcome.COMPLETED, "hostA", "published")
     assert run.usage["source"] == "gateway" and run.tokens_total == sum(model.reported()) > 0
     assert all(seen.key_accepted for seen in model.seen)
+
+
+def test_a_rolling_upgrade_of_one_host_loses_no_job(drill):
+    """Two hosts under load; contrib/upgrade.sh drains hostA, applies the release's new migration (the database
+    is put one migration back first), restarts hostA's workers and undrains it, while hostB keeps working and
+    deliveries keep arriving: every delivery has exactly one completed run, none is lost, no container is left."""
+    import subprocess
+    import sys
+
+    from django.db.migrations.recorder import MigrationRecorder
+
+    from tests.hosts_support import ROOT
+
+    vaults = declare_vaults(drill)
+    label_triggers(drill.hosts)
+    hostA, hostB = drill.hosts["hostA"], drill.hosts["hostB"]
+    env = drill.base_env() | {"REDIS_URL": drill._loopback_redis(), "DJANGO_SETTINGS_MODULE": "pidispatch_site.settings"}
+    subprocess.run([sys.executable, "manage.py", "migrate", "worker", "0011", "-v", "0"], cwd=ROOT, env=env, check=True)
+    for host in (hostA, hostB):
+        for _ in range(2):
+            host.start_worker(drill.host_env(host, **vaults[host.name]))
+    wait_live("hostA", "hostB")
+
+    jobs, stop = [], threading.Event()
+
+    def keep_delivering():
+        number = 100
+        while not stop.is_set():
+            number += 1
+            jobs.append(deliver_to(drill, "pi", number, "fake-agent:sleep=3"))
+            time.sleep(1.5)
+
+    load = threading.Thread(target=keep_delivering)
+    load.start()
+    try:
+        time.sleep(5)
+        upgrade = subprocess.run(
+            ["contrib/upgrade.sh", "hostA"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+            env=drill.host_env(hostA, **vaults["hostA"]) | {
+                "PI_UPGRADE_PYTHON": sys.executable, "PI_UPGRADE_INSTALL": "true", "PI_UPGRADE_SKIP_IMAGE": "1",
+                "PI_UPGRADE_DRAIN_WAIT": "120", "PI_UPGRADE_DOCTOR_WAIT": "120",
+                "PI_UPGRADE_RESTART": "pkill -TERM -f 'manage.py rqworker pi-jobs pi-jobs@hostA'"})
+        time.sleep(8)
+    finally:
+        stop.set()
+        load.join()
+    assert upgrade.returncode == 0, upgrade.stdout + upgrade.stderr
+    assert "==> hostA: upgraded" in upgrade.stdout
+    assert MigrationRecorder(connection()).migration_qs.filter(app="worker", name__startswith="0012").exists()
+
+    wait_for(lambda: len(final_runs(jobs)) == len(jobs), timeout=180, what="every delivery's run")
+    assert {job_id: runs for job_id, runs in final_runs(jobs).items() if runs != [("completed", "")]} == {}
+    assert not Run.objects.filter(job_id__in=jobs, reason="worker-lost").exists()
+    ran_on = set(Run.objects.filter(job_id__in=jobs).values_list("host", flat=True))
+    assert ran_on == {"hostA", "hostB"}  # hostA worked before and after its upgrade
+    assert all(worker.starts >= 2 for worker in hostA.workers)  # restarted by the upgrade
+    wait_for(lambda: not hostA.containers() and not hostB.containers(), timeout=30, what="no container left")
+
+
+def connection():
+    from django.db import connection as default
+
+    return default

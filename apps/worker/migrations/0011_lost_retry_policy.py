@@ -1,4 +1,5 @@
 # The lost-retry policy: the settings row's runs again after a lost worker, and what became of each lost attempt.
+# `lost_retry` has a database default: the previous release, still writing runs during a rolling upgrade, omits it.
 
 from django.db import migrations, models
 
@@ -18,6 +19,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='run',
             name='lost_retry',
-            field=models.CharField(blank=True, choices=[('retried', 'Retried'), ('used-up', 'Used Up'), ('off', 'Off'), ('cancelled', 'Cancelled')], max_length=16),
+            field=models.CharField(blank=True, choices=[('retried', 'Retried'), ('used-up', 'Used Up'), ('off', 'Off'), ('cancelled', 'Cancelled')], db_default='', default='', max_length=16),
         ),
     ]

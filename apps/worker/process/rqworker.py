@@ -50,7 +50,7 @@ from rq.job_lifecycle import call_exception_handlers, format_exc_info
 from rq.scheduler import RQScheduler
 from rq.worker.base import WorkerStatus
 
-from apps.fleet import hosts, pauses, waiting
+from apps.fleet import drains, hosts, pauses, waiting
 from apps.fleet.cancel import is_cancel_requested
 from apps.fleet.connection import text
 from apps.fleet.queues import SHARED_QUEUE, host_of_queue, is_dispatch_queue
@@ -112,6 +112,7 @@ class DispatchWorker(Worker):
         self.redis_outage = redis_outage.Outage()
         self._next_beat = 0.0
         self._paused: set[str] = set()
+        self._drained = False
         self._deferred_since: float | None = None
 
     @staticmethod
@@ -228,16 +229,21 @@ class DispatchWorker(Worker):
         worker_lost.give_up(self, job)
         raise error
 
-    # --- taking work: skip paused queues --------------------------------------------------------------
+    # --- taking work: skip paused queues, take nothing on a drained host --------------------------------------------------------------
 
     def _active_queues(self):
         try:
             paused = pauses.paused_among(self.connection, self.queue_names())
+            drained = drains.is_drained(self.connection, hosts.this_host().name)
         except RedisError:
-            paused = self._paused  # keep the last known answer through a blip
+            paused, drained = self._paused, self._drained  # keep the last known answer through a blip
         for name in sorted(paused ^ self._paused):
             logger.info("queue_%s queue=%s", "paused" if name in paused else "resumed", name)
-        self._paused = paused
+        if drained != self._drained:
+            logger.info("host_%s host=%s", "drained" if drained else "undrained", hosts.this_host().name)
+        self._paused, self._drained = paused, drained
+        if drained:
+            return []  # this host takes nothing from any queue; the rest of the fleet goes on
         return [queue for queue in self._ordered_queues if queue.name not in paused]
 
     def _pop(self, queues, timeout):

@@ -1,4 +1,5 @@
-"""`python manage.py fleet status|pause|resume|cancel|retry|discard`: the operator's stop switch, from any shell.
+"""`python manage.py fleet status|pause|resume|drain|undrain|cancel|retry|discard`: the operator's stop switch,
+from any shell.
 
 It needs only REDIS_URL: no system checks run (a broken forge config must not stand in the way), nothing
 reads the database, and the audit row is written best-effort (the answer says when it could not be).
@@ -14,7 +15,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from redis.exceptions import RedisError
 
-from apps.fleet import cancel, failed, pauses, status
+from apps.fleet import cancel, drains, failed, pauses, status
 from apps.fleet.connection import get_redis
 from apps.fleet.display import age, detail_text, instant
 from apps.fleet.union import resolve_scope
@@ -53,6 +54,17 @@ class Command(BaseCommand):
             if name == "pause":
                 switch.add_argument("--note", default="", help="why, for the other operators")
                 switch.add_argument("--until", help="auto-resume at this ISO 8601 time (with a zone)")
+        drain = sub.add_parser("drain", help="a host takes no new job from any queue (the others go on); its "
+                                             "running jobs finish")
+        drain.add_argument("--host", required=True, help="the host's name (PI_WORKER_NAME)")
+        drain.add_argument("--note", default="", help="why, for the other operators")
+        drain.add_argument("--wait", type=float, default=0, metavar="SECONDS",
+                           help="wait until the host runs nothing (exit 0), at most this long (exit 1, naming "
+                                "what still runs)")
+        drain.add_argument("--by", help="who does it (default: cli:<OS user>)")
+        undrain = sub.add_parser("undrain", help="the host takes jobs again")
+        undrain.add_argument("--host", required=True, help="the host's name (PI_WORKER_NAME)")
+        undrain.add_argument("--by", help="who does it (default: cli:<OS user>)")
         stop = sub.add_parser("cancel", help="cancel a job by id: removed if waiting, container stopped if running")
         stop.add_argument("job_id")
         stop.add_argument("--by", help="who does it (default: cli:<OS user>)")
@@ -70,6 +82,13 @@ class Command(BaseCommand):
                 return self.show(redis, options["json"])
             if options["action"] == "cancel":
                 return self.cancel(redis, options["job_id"], by)
+            if options["action"] == "drain":
+                return self.drain(redis, options["host"], options["note"], options["wait"], by)
+            if options["action"] == "undrain":
+                was, error = drains.undrain(redis, options["host"], by=by)
+                self.say_audit(error)
+                return self.stdout.write(f"host {options['host']} " + ("takes jobs again" if was else
+                                                                       "was not drained; nothing was changed"))
             if options["action"] in ("retry", "discard"):
                 service = failed.retry_failed if options["action"] == "retry" else failed.discard_failed
                 result = service(redis, options["job_id"], by=by)
@@ -106,6 +125,22 @@ class Command(BaseCommand):
         self.say_audit(result.audit_error)
         self.stdout.write(result.message)
 
+    def drain(self, redis, host: str, note: str, wait: float, by: str):
+        self.say_audit(drains.drain(redis, host, by=by, note=note))
+        self.stdout.write(f"host {host} drained: its workers take no new job from any queue within a second; "
+                          "the rest of the fleet goes on")
+        say = lambda now: self.stdout.write(f"  still running on {host}: {', '.join(now.running)}")  # noqa: E731
+        now = drains.wait_until_idle(redis, host, wait, on_wait=say) if wait else drains.progress(redis, host)
+        if now.idle:
+            return self.stdout.write(f"host {host} is idle: safe to stop, upgrade or restart its workers")
+        if not now.known:
+            raise CommandError(f"no worker host named {host} is in the registry (a typo? PI_WORKER_NAME on that "
+                               "host says its name); it is marked drained all the same")
+        message = f"host {host} still runs {', '.join(now.running)}"
+        if wait:
+            raise CommandError(f"{message} after {wait:g} s: wait longer, or cancel them (fleet cancel <job id>)")
+        self.stdout.write(f"{message}: they finish first (fleet drain --host {host} --wait SECONDS waits for them)")
+
     def say_audit(self, error: str):
         if error:
             self.stderr.write(f"note: the audit row could not be written ({error}); the change itself is in Redis")
@@ -135,12 +170,14 @@ class Command(BaseCommand):
         elif not snap.hosts:
             out("hosts: no worker host has published a registry row")
         else:
-            rows = [["HOST", "LIVENESS", "BEAT", "PROCS", "BUSY", "CAP", "ROUTES", "QUEUES", "CAPABILITIES",
-                     "RUNNING", "IMAGE", "VERSION"]]
+            rows = [["HOST", "LIVENESS", "DRAINED", "BEAT", "PROCS", "BUSY", "CAP", "ROUTES", "QUEUES",
+                     "CAPABILITIES", "RUNNING", "IMAGE", "VERSION"]]
             for h in snap.hosts:
                 running = ", ".join(f"{j.job_id} ({age(snap.taken_at - j.started_at)}{' ' + j.target if j.target else ''})"
                                     for j in h.running)
-                rows.append([h.name, h.liveness, f"{age(h.beat_age(snap.taken_at))} ago", len(h.processes), h.busy,
+                drained = snap.drained.get(h.name)
+                rows.append([h.name, h.liveness, f"yes, by {drained.by}" if drained else "no",
+                             f"{age(h.beat_age(snap.taken_at))} ago", len(h.processes), h.busy,
                              h.concurrency or "-", "yes" if h.routes else "no", ",".join(h.queues) or "-",
                              ",".join(h.capabilities) or "-", running or "-", h.image or "-", h.version or "-"])
             out("\n".join(table(rows)))

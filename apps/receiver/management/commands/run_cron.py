@@ -1,5 +1,10 @@
-"""python manage.py run_cron [--once]: fire this host's cron triggers; run one per worker host."""
+"""python manage.py run_cron [--once]: fire this host's cron triggers; run one per worker host.
 
+SIGTERM or SIGINT (a service manager's stop, Ctrl-C) ends it after the pass under way, exit 0: a pass that claimed an
+occurrence also enqueues it (a pass cut in between would skip that occurrence until the next).
+"""
+
+import signal
 import time
 
 from django.core.management.base import BaseCommand
@@ -20,11 +25,15 @@ class Command(BaseCommand):
         parser.add_argument("--interval", type=float, default=1.0, help="seconds between passes (default 1)")
 
     def handle(self, *args, once, interval, **options):
+        self._stopping = False
+        if not once:
+            signal.signal(signal.SIGTERM, self._stop)
+            signal.signal(signal.SIGINT, self._stop)
         host = this_host()
         if not host.declared:
             self.stderr.write("note: PI_WORKER_NAME is not set, so cron jobs go to the shared queue pi-jobs and any "
                               "worker may take them; declare the name on hosts that hold cron folders.")
-        while True:
+        while not self._stopping:
             try:
                 result = tick(get_redis(), host, timezone.now())
                 for job_id in result.fired:
@@ -35,4 +44,12 @@ class Command(BaseCommand):
                 close_old_connections()
             if once:
                 return
-            time.sleep(interval)
+            self._sleep(interval)
+
+    def _stop(self, signum, frame):
+        self._stopping = True
+
+    def _sleep(self, seconds: float):
+        deadline = time.monotonic() + seconds
+        while not self._stopping and time.monotonic() < deadline:
+            time.sleep(min(0.1, seconds))

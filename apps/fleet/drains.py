@@ -1,0 +1,131 @@
+"""Drain and undrain, per host: a host's workers stop taking jobs from every queue they serve (its own queue and
+the shared one) while the rest of the fleet goes on; their running jobs finish. How a host is upgraded or taken
+down without losing a job (docs/deploying.md).
+
+Drained is not paused: a pause is a queue's and stops every host that serves it; a drain is a host's and stops
+only that host. A drained host's own queue keeps its jobs until the host is undrained (or another host of the
+same name takes over).
+
+Redis keys (no expiry: a drain outlives every process of the host, its restarts and upgrades included):
+    pidispatch:drain:<host>   HASH by, at (ISO), note
+    pidispatch:drained        SET  the drained host names
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.utils import timezone
+
+from . import audit, registry
+from .connection import text
+from .queues import host_queue, is_valid_host_name
+
+logger = logging.getLogger("pidispatch.fleet")
+
+INDEX = "pidispatch:drained"
+NOTE_MAX = 500
+
+
+def flag_key(host: str) -> str:
+    return f"pidispatch:drain:{host}"
+
+
+@dataclass(frozen=True)
+class DrainFlag:
+    host: str
+    by: str
+    at: datetime | None
+    note: str = ""
+
+
+def _checked(host: str) -> str:
+    if not is_valid_host_name(host):
+        raise ValueError(f"{host!r} is not a host name")
+    return host
+
+
+def drain(redis, host: str, *, by: str, note: str = "") -> str:
+    """Mark the host drained (again: the first drain's note and time stand). Returns the audit error, if any."""
+    host = _checked(host)
+    with redis.pipeline() as pipe:
+        pipe.hsetnx(flag_key(host), "by", by)
+        pipe.hsetnx(flag_key(host), "at", timezone.now().isoformat())
+        pipe.hsetnx(flag_key(host), "note", (note or "")[:NOTE_MAX])
+        pipe.sadd(INDEX, host)
+        new = pipe.execute()[3]
+    logger.info("fleet_drain host=%s new=%d", host, new)
+    return audit.record("drain", actor=by, queues=[host_queue(host)], note=note,
+                        outcome=f"host {host} drained" if new else f"host {host} was drained already")
+
+
+def undrain(redis, host: str, *, by: str) -> tuple[bool, str]:
+    """(whether it was drained, the audit error)."""
+    host = _checked(host)
+    with redis.pipeline() as pipe:
+        pipe.delete(flag_key(host))
+        pipe.srem(INDEX, host)
+        deleted, removed = pipe.execute()
+    was = bool(deleted or removed)
+    logger.info("fleet_undrain host=%s was_drained=%d", host, was)
+    error = audit.record("undrain", actor=by, queues=[host_queue(host)],
+                         outcome=f"host {host} undrained" if was else f"host {host} was not drained") if was else ""
+    return was, error
+
+
+def is_drained(redis, host: str) -> bool:
+    """The worker's check, once a second."""
+    return bool(redis.exists(flag_key(host)))
+
+
+def read_flags(redis) -> dict[str, DrainFlag]:
+    names = sorted(name for name in (text(n) for n in redis.smembers(INDEX)) if is_valid_host_name(name))
+    pipe = redis.pipeline(transaction=False)
+    for name in names:
+        pipe.hgetall(flag_key(name))
+    flags = {}
+    for name, raw in zip(names, pipe.execute()):
+        data = {text(k): text(v) for k, v in raw.items()}
+        at = data.get("at", "")
+        flags[name] = DrainFlag(host=name, by=data.get("by", ""), at=datetime.fromisoformat(at) if at else None,
+                                note=data.get("note", ""))
+    return flags
+
+
+@dataclass
+class DrainProgress:
+    """What a drained host still runs, as its workers last reported it."""
+
+    host: str
+    running: list[str] = field(default_factory=list)
+    known: bool = True  # the registry has the host (a host never seen cannot be said to be idle)
+
+    @property
+    def idle(self) -> bool:
+        return self.known and not self.running
+
+
+def progress(redis, host: str) -> DrainProgress:
+    row = next((h for h in registry.read_hosts(redis) if h.name == host), None)
+    if row is None:
+        return DrainProgress(host, known=False)
+    if row.liveness == registry.GONE:
+        return DrainProgress(host)  # no process left: nothing runs there
+    return DrainProgress(host, running=sorted(job.job_id for job in row.running))
+
+
+def wait_until_idle(redis, host: str, seconds: float, on_wait=None) -> DrainProgress:
+    """Until the host runs nothing, or `seconds` pass; `on_wait(progress)` every few seconds for the operator."""
+    deadline = time.monotonic() + seconds
+    last_said = 0.0
+    while True:
+        now = progress(redis, host)
+        if now.idle or time.monotonic() >= deadline:
+            return now
+        if on_wait and time.monotonic() - last_said >= 5:
+            on_wait(now)
+            last_said = time.monotonic()
+        time.sleep(0.5)

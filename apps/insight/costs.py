@@ -229,7 +229,7 @@ def _reason_partials(start: datetime, end: datetime) -> dict[date, dict]:
             into[measure] += values[measure] or 0
     partials: dict[date, dict] = {}
     for (day, *key), measures in summed.items():
-        row = _row({**dict(zip(columns, key)), **measures}, columns)
+        row = _row({**dict(zip(columns, key, strict=True)), **measures}, columns)
         partials.setdefault(day, {}).setdefault("reason", []).append(row)
     return partials
 

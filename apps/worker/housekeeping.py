@@ -16,9 +16,9 @@ What goes (`rules()`, each a queryset asking its model's own question):
 How: per rule, batches of `batch` rows (1000) walked along an index from the oldest, each in a transaction of its
 own that locks its own rows only (`SELECT ... FOR UPDATE SKIP LOCKED` on PostgreSQL, so a second pruner skips
 them instead of waiting; SQLite's write lock for the batch's milliseconds), then deletes them by primary key and
-commits, with a pause between batches (on SQLite by default, SQLITE_PAUSE, so waiting writers get their turn). Never one DELETE over a whole table's past: a run's record write
-waits for one batch at most (bench/housekeeping.py measures it). A crash loses the batch in flight only; the next
-run deletes it.
+commits, with a pause between batches (on SQLite by default, SQLITE_PAUSE, so waiting writers get their turn).
+Never one DELETE over a whole table's past: a run's record write waits for one batch at most (bench/housekeeping.py
+measures it). A crash loses the batch in flight only; the next run deletes it.
 
 Once a day across the fleet, with Redis:
     pidispatch:housekeeping:lock              STRING JSON {holder `<host>#<pid>`, how, since} while a run goes on
@@ -32,6 +32,7 @@ Once a day across the fleet, with Redis:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -45,6 +46,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.dispatch import Signal
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 logger = logging.getLogger("pidispatch.housekeeping")
 
@@ -165,8 +167,8 @@ def rules(now: datetime) -> list[Rule]:
              f"{settings.PI_RUN_RETENTION_DAYS}), with their logs", Run.objects.started_before(runs_before),
              "started_at", _delete_runs),
         Rule("deliveries", f"settled deliveries received before {day(deliveries_before)} (PI_DELIVERY_RETENTION_DAYS="
-             f"{settings.PI_DELIVERY_RETENTION_DAYS}; pending ones stay)", Delivery.objects.settled_before(deliveries_before),
-             "id", _deleting(Delivery)),
+             f"{settings.PI_DELIVERY_RETENTION_DAYS}; pending ones stay)",
+             Delivery.objects.settled_before(deliveries_before), "id", _deleting(Delivery)),
         Rule("fleet actions", f"fleet audit rows from before {day(actions_before)} (a year)",
              FleetAction.objects.before(actions_before), "at", _deleting(FleetAction)),
     ]
@@ -237,8 +239,8 @@ class _Lock:
 
     def renew(self) -> None:
         if not self.redis.eval(_RENEW, 1, LOCK_KEY, self.value, LOCK_SECONDS):
-            raise HousekeepingError(f"lost the lock ({LOCK_KEY}): a batch took longer than {LOCK_SECONDS} s and another "
-                                    "run may have started")
+            raise HousekeepingError(f"lost the lock ({LOCK_KEY}): a batch took longer than {LOCK_SECONDS} s and "
+                                    "another run may have started")
 
     def release(self) -> None:
         self.redis.eval(_RELEASE, 1, LOCK_KEY, self.value)
@@ -289,20 +291,17 @@ def housekeep(redis, *, how: str = "command", daily: bool = False, batch: int = 
         logger.error("housekeeping_failed how=%s error=%s deleted=%s", how, type(error).__name__,
                      ",".join(f"{name.replace(' ', '_')}:{n}" for name, n in report.deleted.items()) or "none")
         if daily:
-            try:
+            # When Redis itself is what failed, the lock lapses and a worker looks again.
+            with contextlib.suppress(RedisError):
                 redis.set(day_key(now), json.dumps({"state": "failed", "at": report.ended_at.isoformat(),
                                                     "error": type(error).__name__}), ex=RETRY_SECONDS)
-            except Exception:  # Redis itself is what failed: the lock lapses, a worker looks again
-                pass
         if isinstance(error, HousekeepingError):
             error.report = report
             raise
         raise HousekeepingError(f"{type(error).__name__}: {error}".strip().rstrip(":"), report) from error
     finally:
-        try:
+        with contextlib.suppress(RedisError):  # it lapses after LOCK_SECONDS
             lock.release()
-        except Exception:
-            pass  # it lapses after LOCK_SECONDS
 
 
 def _prune(rule: Rule, report: Report, lock: _Lock, batch: int, pause: float, progress: Progress | None) -> None:

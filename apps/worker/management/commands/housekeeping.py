@@ -55,7 +55,8 @@ class Command(BaseCommand):
         if options["pause"] is not None and options["pause"] < 0:
             raise CommandError("--pause must not be negative")
         if options["dry_run"]:
-            return self.dry_run(options["batch_size"])
+            self.dry_run(options["batch_size"])
+            return
         redis = get_redis()
         try:
             redis.ping()
@@ -78,7 +79,8 @@ class Command(BaseCommand):
             raise CommandError(f"housekeeping stopped: {error}. Deleted before it stopped (and gone): {done}. "
                                "Run it again once that is fixed: it goes on from there.") from None
         if report is not None and not daily:
-            self.stdout.write(f"done in {report.took_seconds:.1f} s: {counts(report.deleted)}; recorded as the last run")
+            self.stdout.write(f"done in {report.took_seconds:.1f} s: {counts(report.deleted)}; "
+                              "recorded as the last run")
 
     def progress(self):
         state = {"rule": None, "at": 0.0, "started": 0.0}

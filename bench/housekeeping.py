@@ -160,6 +160,7 @@ def run(args) -> int:
     print(f"{'prune: runs deleted':<44} {deleted:,} in {took:.1f} s ({deleted / took:,.0f}/s), "
           f"{len(batches):,} batches of runs")
     print(line("  each batch's transaction (its locks held)", batches))
+    print(f"{'SUMMARY':<44} longest batch held its locks {max(batches):.1f} ms; the prune took {took:.1f} s in all")
 
     settings.PI_RUN_RETENTION_DAYS = 364  # the next day: one more day past the line
     batches.clear()

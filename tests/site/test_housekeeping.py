@@ -203,6 +203,30 @@ def comparable(summary) -> tuple:
             [(b.name, [(r.label, r.runs, r.spend, r.tokens) for r in b.rows], b.more) for b in summary.breakdowns])
 
 
+def test_at_the_default_retention_a_prune_changes_nothing_on_the_cost_page(admin_client, redis_conn):
+    """A year's retention lies far outside the page's longest window: every window reads the same before and after."""
+    make_run("gh-today", 0, cost="0.50", tokens=100)
+    make_run("gh-1", 1, cost="1.00", tokens=200, flow="review")
+    make_run("gh-6", 6, cost="2.00", tokens=300, host="hostB", outcome="failed", reason="runner-infra")
+    make_run("gh-29", 29, cost="4.00", tokens=400, host="hostC")
+    for days in (367, 400, 700):
+        make_run(f"gh-{days}", days, cost="100.00", tokens=10_000, host="hostOld")
+    now = timezone.now()
+    windows = list(costs.WINDOWS)
+    pages = {key: admin_client.get(f"{PAGE}?window={key}").content.decode() for key in windows}
+    before = {key: comparable(costs.summary(key, now)) for key in windows}
+
+    assert "runs 3," in housekeep()
+    assert Run.objects.count() == 4
+
+    for key in windows:
+        page = admin_client.get(f"{PAGE}?window={key}").content.decode()
+        for name in ("spend", "runs", "tokens"):
+            assert tile(page, name) == tile(pages[key], name), (key, name)
+        assert comparable(costs.summary(key, now)) == before[key], key
+    assert tile(pages["30d"], "spend") == "$7.50"
+
+
 def test_the_cost_page_after_a_prune_reads_as_a_fresh_computation(admin_client, redis_conn, settings):
     settings.PI_RUN_RETENTION_DAYS = 10
     make_run("gh-today", 0, cost="0.50", tokens=100)

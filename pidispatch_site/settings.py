@@ -242,6 +242,11 @@ PI_MONTHLY_COST_USD = env("PI_MONTHLY_COST_USD", default="")
 PI_CAPTURE_JOB_LOGS = env.bool("PI_CAPTURE_JOB_LOGS", default=False)
 PI_JOB_LOG_MAX_BYTES = env.int("PI_JOB_LOG_MAX_BYTES", default=1024 * 1024)
 PI_JOB_LOG_RETENTION_DAYS = env.int("PI_JOB_LOG_RETENTION_DAYS", default=14)
+# Housekeeping (apps/worker/housekeeping.py): run records and settled deliveries are kept this many days, and the
+# workers run `manage.py housekeeping` once a UTC day across the fleet unless PI_HOUSEKEEPING_DAILY is false.
+PI_RUN_RETENTION_DAYS = env.int("PI_RUN_RETENTION_DAYS", default=365)
+PI_DELIVERY_RETENTION_DAYS = env.int("PI_DELIVERY_RETENTION_DAYS", default=30)
+PI_HOUSEKEEPING_DAILY = env.bool("PI_HOUSEKEEPING_DAILY", default=True)
 # Host-local capabilities, `name:/abs/path,...`; only the names leave the host.
 PI_WAIT_PROFILES = env("PI_WAIT_PROFILES", default="")
 PI_SECRET_PROFILES = env("PI_SECRET_PROFILES", default="")

@@ -198,6 +198,14 @@ SECTIONS: tuple[Section, ...] = (
         S("PI_JOB_LOG_MAX_BYTES", "1048576", "The most kept per run."),
         S("PI_JOB_LOG_RETENTION_DAYS", "14", "Kept logs older than this are deleted by the workers' sweep."),
     )),
+    Section("Housekeeping", "the workers and manage.py housekeeping", (
+        S("PI_RUN_RETENTION_DAYS", "365", "Run records are kept this many whole UTC days (at least 1); housekeeping "
+          "deletes older ones, and /metrics goes on counting them."),
+        S("PI_DELIVERY_RETENTION_DAYS", "30", "Settled deliveries are kept this many days (at least 7); a pending "
+          "one is kept whatever its age."),
+        S("PI_HOUSEKEEPING_DAILY", "true", "The workers run housekeeping once a UTC day across the fleet; false: "
+          "run `manage.py housekeeping` daily from a scheduler of your own."),
+    )),
     Section("Wait-for checks and secret resolvers", "the workers", (
         S("PI_WAIT_PROFILES", "", "name:/abs/path,... check scripts for run.waitFor."),
         S("PI_WAIT_INTERVAL_SECONDS", "60", "How often a held job is checked (backing off to 15 minutes)."),

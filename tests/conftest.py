@@ -38,10 +38,11 @@ SHELL_OWN_ENV = {"PWD", "SHLVL", "OLDPWD", "_"}
 
 
 # The modules whose code asks the database what only it can answer alike or not: PostgreSQL's own SQL (the cost
-# page's GROUPING SETS, /metrics' JSON functions, the run list's estimated count, hand-written row statements), its
-# locking and isolation (the inbox, deduplication, one-shot rules, trigger reordering under SELECT FOR UPDATE, the
-# cron producer), its types and ranges (the API's filters, cursors and ids), its outage (a worker losing it
-# mid-job), the systemd units' processes (run as a multi-host deployment runs them, on its database), and the fleet
+# page's GROUPING SETS, /metrics' JSON functions and its UNION with the pruned runs, the run list's estimated count,
+# hand-written row statements), its locking and isolation (the inbox, deduplication, one-shot rules, trigger
+# reordering under SELECT FOR UPDATE, the cron producer, housekeeping's batches under SELECT FOR UPDATE SKIP LOCKED),
+# its types and ranges (the API's filters, cursors and ids), its outage (a worker losing it mid-job), the systemd
+# units' processes (run as a multi-host deployment runs them, on its database), and the fleet
 # drills, which run on it alone. .ci/run runs the whole suite on SQLite, then these on
 # PostgreSQL (`-m database`): running everything twice bought nothing the second time but half the CI's time.
 DATABASE_SENSITIVE = {
@@ -52,7 +53,8 @@ DATABASE_SENSITIVE = {
     "tests/api/test_api.py", "tests/api/test_api_numbers.py", "tests/fleet/test_fleet_panel.py",
     "tests/worker/test_worker_database_down.py", "tests/worker/test_dollar_caps.py",
     "tests/worker/test_budget_caps.py", "tests/worker/test_doctor.py", "tests/site/test_rolling_upgrade.py",
-    "tests/fleet/test_fleet_drain.py", "tests/site/test_deploy_units.py",
+    "tests/fleet/test_fleet_drain.py", "tests/site/test_deploy_units.py", "tests/site/test_housekeeping.py",
+    "tests/worker/test_housekeeping_daily.py",
 }
 
 
@@ -168,6 +170,9 @@ def worker_env(settings, tmp_path, github_stand_in):
         "PI_JOB_MEMORY": "256m",
         "PI_PROVIDER": "anthropic",
         "ANTHROPIC_API_KEY": PROVIDER_KEY,
+        # The workers' daily housekeeping prunes the shared test database beside whatever a test does: only the tests
+        # of it turn it on (tests/worker/test_housekeeping_daily.py).
+        "PI_HOUSEKEEPING_DAILY": "false",
     }
     return env
 

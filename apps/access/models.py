@@ -25,6 +25,10 @@ class ApiTokenQuerySet(models.QuerySet):
         return self.filter(revoked_at__isnull=True, user__is_active=True).filter(
             models.Q(expires_at__isnull=True) | models.Q(expires_at__gt=now))
 
+    def revoked_or_expired(self, now=None):
+        """Tokens that can never be used again (a token of an inactive user may be, once the user is active)."""
+        return self.filter(models.Q(revoked_at__isnull=False) | models.Q(expires_at__lte=now or timezone.now()))
+
 
 class ApiToken(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")

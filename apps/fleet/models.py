@@ -4,6 +4,11 @@ from django.db import models
 from django.utils import timezone
 
 
+class FleetActionQuerySet(models.QuerySet):
+    def before(self, instant):
+        return self.filter(at__lt=instant)
+
+
 class FleetAction(models.Model):
     """One operator action on the fleet (pause, resume, cancel, retry or discard a failed job): who, when, what, and how it went.
 
@@ -28,6 +33,8 @@ class FleetAction(models.Model):
     note = models.CharField(max_length=500, blank=True)
     until = models.DateTimeField(null=True, blank=True, help_text="Auto-resume time of a pause.")
     outcome = models.CharField(max_length=500)
+
+    objects = FleetActionQuerySet.as_manager()
 
     class Meta:
         ordering = ["-at", "-id"]

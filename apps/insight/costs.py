@@ -17,7 +17,7 @@ from functools import lru_cache
 from urllib.parse import urlencode
 
 from django.db import connection, transaction
-from django.db.models import Case, Count, IntegerField, Q, Sum, Value, When
+from django.db.models import Case, Count, F, IntegerField, Q, Sum, Value, When
 from django.db.models.functions import TruncDate
 from django.urls import reverse
 from django.utils import timezone
@@ -149,10 +149,12 @@ def _top(name: str, rows: list[Row]) -> Breakdown:
 # The page sums per-day partials: for each UTC day, its runs grouped by each breakdown's columns (and by model).
 # Closed days (before yesterday: a run's record is written when it ends, at most PI_JOB_TIMEOUT_SECONDS after its
 # start) are kept in Redis, so a 30-day window over a long history reads one day and a bit from the database.
-# Any run record written or deleted for a day moves that day's generation on (signals in apps.py), from whichever
-# process writes it, and a partial computed under an older generation is never read; a partial also expires
-# after PARTIAL_TTL_SECONDS, so one that missed its drop (Redis down at that moment) is not kept for long.
-# Without Redis every day is read from the database.
+# Any run record written or deleted for a day moves that day's generation on (signals in apps.py, and for
+# housekeeping's batches, which send no per-row signal, keep_pruned), from whichever process writes it, and a
+# partial computed under an older generation is never read; a partial also expires after PARTIAL_TTL_SECONDS, so
+# one that missed its drop (Redis down at that moment) is not kept for long. Without Redis every day is read from
+# the database. /metrics' partials also count each day's pruned runs (PrunedRuns): they are the same before and
+# after a prune, where the cost page's count only the runs still kept.
 
 GROUPINGS = {"day": (), "flow": ("flow", "command"), "trigger": ("trigger_id", "trigger_type"),
              "scope": ("scope",), "host": ("host",), "outcome": ("outcome",)}
@@ -207,11 +209,36 @@ def _partials_in_one_pass(start: datetime, end: datetime, groupings: dict) -> di
     return partials
 
 
+def _reason_partials(start: datetime, end: datetime) -> dict[date, dict]:
+    """/metrics' partials: the span's runs by reason and outcome, and the runs of its days that housekeeping pruned
+    (PrunedRuns), read in one statement (UNION ALL), so no prune committing in between can count a run twice or
+    not at all: a day's partial is the same before, during and after its runs are pruned."""
+    from .models import PrunedRuns
+
+    columns = KINDS["reasons"]["reason"]
+    kept = (_span(start, end).annotate(day=TruncDate("started_at", tzinfo=UTC)).values("day", *columns)
+            .annotate(**_measures()))
+    last_day = (end - timedelta(microseconds=1)).astimezone(UTC).date()
+    pruned = (PrunedRuns.objects.filter(day__gte=start.astimezone(UTC).date(), day__lte=last_day)
+              .annotate(d=F("day")).values("d", *columns)
+              .annotate(r=Sum("runs"), c=Sum("completed"), s=Sum("spend"), t=Sum("tokens"), e=Sum("estimated")))
+    summed: dict[tuple, dict] = {}
+    for values in kept.union(pruned, all=True):
+        into = summed.setdefault((values["day"], *(values[column] for column in columns)), dict.fromkeys(MEASURES, 0))
+        for measure in MEASURES:
+            into[measure] += values[measure] or 0
+    partials: dict[date, dict] = {}
+    for (day, *key), measures in summed.items():
+        row = _row({**dict(zip(columns, key, strict=True)), **measures}, columns)
+        partials.setdefault(day, {}).setdefault("reason", []).append(row)
+    return partials
+
+
 def _partials(start: datetime, end: datetime, kind: str = "page") -> dict[date, dict]:
     groupings = KINDS[kind]
     with_models = kind == "page"
     if connection.vendor != "postgresql":
-        partials = _partials_separately(start, end, groupings)
+        partials = _reason_partials(start, end) if kind == "reasons" else _partials_separately(start, end, groupings)
         model = _model_partials(start, end) if with_models else {}
     else:
         with transaction.atomic():
@@ -219,7 +246,8 @@ def _partials(start: datetime, end: datetime, kind: str = "page") -> dict[date, 
                 # The planner guesses 100 ledger rows per run, so a short span looks costly enough to JIT-compile:
                 # 150 ms of compiling for a 10 ms query.
                 cursor.execute("SET LOCAL jit = off")
-            partials = _partials_in_one_pass(start, end, groupings)
+            partials = (_reason_partials(start, end) if kind == "reasons"
+                        else _partials_in_one_pass(start, end, groupings))
             model = _model_partials(start, end) if with_models else {}
     for day, names in model.items():
         partials.setdefault(day, {})["model"] = names
@@ -298,6 +326,35 @@ def forget_day(moment: datetime) -> None:
             pipe.execute()
     except (RedisError, OSError):
         pass  # bounded by PARTIAL_TTL_SECONDS
+
+
+def keep_pruned(sender, runs, **kwargs) -> None:
+    """`apps.worker.housekeeping.runs_pruning` receiver, inside the transaction that deletes the batch `runs` (a
+    queryset): their counts go to PrunedRuns, so /metrics' counters keep them, and once the delete is committed
+    their days' kept partials are dropped, so the cost page no longer counts them (a bulk delete sends no per-row
+    signal)."""
+    from .models import PrunedRuns
+
+    groups = list(runs.order_by().annotate(day=TruncDate("started_at", tzinfo=UTC))
+                  .values("day", "outcome", "reason").annotate(**_measures()))
+    PrunedRuns.objects.bulk_create(
+        PrunedRuns(day=group["day"], outcome=group["outcome"], reason=group["reason"], runs=group["runs"],
+                   completed=group["completed"], spend=group["spend"] or 0, tokens=group["tokens"] or 0,
+                   estimated=group["estimated"] or 0) for group in groups)
+    days = sorted({group["day"] for group in groups})
+    transaction.on_commit(lambda: [forget_day(_midnight(day)) for day in days])
+
+
+def first_day() -> date | None:
+    """The first UTC day /metrics counts runs of: its oldest kept run's (run_started_idx), or a pruned one's."""
+    from apps.worker.models import Run
+
+    from .models import PrunedRuns
+
+    first = Run.objects.order_by("started_at").values_list("started_at", flat=True).first()
+    pruned = PrunedRuns.objects.order_by("day").values_list("day", flat=True).first()
+    days = [day for day in (first and first.astimezone(UTC).date(), pruned) if day]
+    return min(days) if days else None
 
 
 def _midnight(day: date) -> datetime:

@@ -2,8 +2,9 @@
 
 A custom collector, not counters kept in process memory: gunicorn's and the workers' processes share nothing
 but the database and Redis, and every process answers the same numbers from them (multi-process safe, no
-`PROMETHEUS_MULTIPROC_DIR`). Run records are append-only, so their counts are true counters; the inbox's
-rows change status, so deliveries are a gauge. A source that cannot be read reports
+`PROMETHEUS_MULTIPROC_DIR`). Run records are append-only and the ones housekeeping prunes go on counting
+(apps/insight/models.py, PrunedRuns), so their counts are true counters; the inbox's rows change status and
+settled ones are pruned, so deliveries are a gauge. A source that cannot be read reports
 `pidispatch_source_up{source=...} 0` and its families are left out rather than reported as zero.
 """
 
@@ -38,17 +39,17 @@ CALLS_SQL = {
 }
 
 
-def _runs_by_reason(Run) -> list[dict]:
+def _runs_by_reason() -> list[dict]:
     """Every run record by outcome and reason, with its dollars and tokens, from per-day partials over the whole
     history (closed days kept in Redis as the cost page keeps its own), so a scrape reads yesterday and today
-    from the database, not every row."""
+    from the database, not every row. The records housekeeping pruned still count (PrunedRuns)."""
     from . import costs
 
-    first = Run.objects.order_by("started_at").values_list("started_at", flat=True).first()  # run_started_idx
-    if first is None:
+    first_day = costs.first_day()
+    if first_day is None:
         return []
     now = timezone.now()
-    first_day, today = first.astimezone(UTC).date(), now.astimezone(UTC).date()
+    today = now.astimezone(UTC).date()
     days = [first_day + timedelta(days=n) for n in range((today - first_day).days + 1)]
     return costs.merged(costs.day_partials(days, now, "reasons"), "reason")
 
@@ -93,7 +94,7 @@ class DispatchCollector:
         cost = CounterMetricFamily("pidispatch_run_cost_dollars", "Dollars the run records cost (priced runs).")
         tokens = CounterMetricFamily("pidispatch_run_tokens", "Tokens the run records used.")
         total_cost, total_tokens, refused = 0, 0, dict.fromkeys(GATEWAY_REASONS, 0)
-        for row in _runs_by_reason(Run):
+        for row in _runs_by_reason():
             runs.add_metric([row["outcome"], row["reason"]], row["runs"])
             total_cost += row["spend"]
             total_tokens += row["tokens"]

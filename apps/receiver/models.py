@@ -216,6 +216,11 @@ class DeliveryQuerySet(models.QuerySet):
     def holding_payload(self):
         return self.filter(payload__isnull=False)
 
+    def settled_before(self, instant):
+        """Deliveries settled (queued, duplicate, ignored, rejected, discarded) and received before `instant`: never
+        one still in hand or pending, whatever its age (apps/worker/housekeeping.py)."""
+        return self.filter(status__in=SETTLED_STATUSES, received_at__lt=instant)
+
 
 class Delivery(models.Model):
     """The inbox: every verified delivery, stored before anything else happens.

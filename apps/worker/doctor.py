@@ -570,6 +570,36 @@ def check_pauses(redis) -> list[Finding]:
     return [Finding(OK, "pauses", f"{', '.join(mine)} not paused")]
 
 
+def check_housekeeping(redis) -> list[Finding]:
+    """The fleet's daily housekeeping (apps/worker/housekeeping.py): when it last completed, and whether it is
+    late. Run records and deliveries pile up, and the cost page's first views slow, while it does not run."""
+    from datetime import datetime
+
+    from django.utils import timezone
+
+    from apps.fleet.display import age
+    from apps.worker import housekeeping
+
+    todo = ("python manage.py housekeeping (it says what stops it); the workers run it once a UTC day "
+            "(PI_HOUSEKEEPING_DAILY): look for housekeeping_failed in their logs")
+    last = housekeeping.last_run(redis)
+    today = housekeeping.todays(redis) or {}
+    failed = (f"; today's run failed ({today.get('error', '?')}) at {today.get('at', '?')}"
+              if today.get("state") == "failed" else "")
+    try:
+        at = datetime.fromisoformat(last["at"]) if last else None
+    except (KeyError, TypeError, ValueError):
+        at = None
+    if at is None:
+        return [Finding(WARN, "housekeeping", f"no run on record{failed}", todo)]
+    since = timezone.now() - at
+    deleted = ", ".join(f"{name} {n}" for name, n in (last.get("deleted") or {}).items() if n) or "nothing to delete"
+    found = f"last ran {at:%Y-%m-%d %H:%M} UTC, {age(since.total_seconds())} ago ({last.get('how', '?')}): {deleted}"
+    if since > housekeeping.STALE_AFTER:
+        return [Finding(WARN, "housekeeping", f"has not run for {since.days} days: {found}{failed}", todo)]
+    return [Finding(OK, "housekeeping", found + failed)]
+
+
 # --- the other hosts, as the registry has them ------------------------------------------------------------
 
 def other_hosts(hosts, now: float) -> list[HostReport]:
@@ -644,6 +674,7 @@ def diagnose(live: bool = False) -> list[HostReport]:
             return reports
         here.findings += _guarded(check_workers, redis, hosts)
         here.findings += _guarded(check_pauses, redis)
+        here.findings += _guarded(check_housekeeping, redis)
         reports += other_hosts(hosts, now)
     return reports
 

@@ -30,6 +30,10 @@ class RunQuerySet(models.QuerySet):
     def since(self, instant):
         return self.filter(started_at__gte=instant)
 
+    def started_before(self, instant):
+        """The runs past their retention (apps/worker/housekeeping.py), oldest first by run_started_idx."""
+        return self.filter(started_at__lt=instant)
+
     def cost_since(self, instant):
         """What the runs started since `instant` cost (the sum of their recorded cost; 0 with none)."""
         return self.since(instant).aggregate(cost=models.Sum("cost"))["cost"] or 0

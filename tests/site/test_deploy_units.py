@@ -280,7 +280,9 @@ def units(tmp_path, worker_env):
     lines = [f"{key}={worker_env[key]}" for key in keep if worker_env.get(key)]
     lines += ["# the test stack's own, as `make test` sets it for every process",
               f"GITHUB_WEBHOOK_SECRET={WEBHOOK_SECRET}", f"GITHUB_SELF_ID={SELF_ID}", "DATABASE_CONN_MAX_AGE=0",
-              "PI_WEB_WORKERS=2"]
+              "PI_WEB_WORKERS=2",
+              "# no worker's daily housekeeping pruning the shared test database beside the test (as worker_env)",
+              "PI_HOUSEKEEPING_DAILY=false"]
     (systemd.config / "pidispatch.env").write_text("\n".join(lines) + "\n")
     started: list[Running] = []
 

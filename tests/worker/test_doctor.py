@@ -224,3 +224,35 @@ def test_other_live_hosts_as_they_last_reported(doctor, redis_conn):
     assert "runs pi-job:other" in line(section, "warn", "job-image")
     report = json.loads(doctor("--json").stdout)
     assert [host["name"] for host in report["hosts"]][1:] == ["hostB"]
+
+
+def test_housekeeping_not_run_for_two_days_warns(doctor, redis_conn):
+    from datetime import datetime, timedelta
+
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    from apps.worker import housekeeping
+
+    found = line(doctor().stdout, "warn", "housekeeping")
+    assert "no run on record" in found and "-> python manage.py housekeeping" in found
+
+    call_command("housekeeping", stdout=io.StringIO())
+    result = doctor()
+    assert result.returncode == 0
+    assert "last ran " in line(result.stdout, "ok", "housekeeping") and "(command)" in result.stdout
+
+    # Two days and a bit later, nothing has run since.
+    record = json.loads(redis_conn.get(housekeeping.LAST_KEY))
+    record["at"] = (datetime.fromisoformat(record["at"]) - timedelta(days=2, hours=1)).isoformat()
+    redis_conn.set(housekeeping.LAST_KEY, json.dumps(record))
+    result = doctor()
+    assert result.returncode == 0  # a warning: jobs still run
+    found = line(result.stdout, "warn", "housekeeping")
+    assert "has not run for 2 days" in found and "-> python manage.py housekeeping" in found
+    assert "look for housekeeping_failed in their logs" in found
+
+    # And when today's daily run failed, it says so.
+    redis_conn.set(housekeeping.day_key(timezone.now()),
+                   json.dumps({"state": "failed", "at": timezone.now().isoformat(), "error": "OperationalError"}))
+    assert "today's run failed (OperationalError)" in line(doctor().stdout, "warn", "housekeeping")

@@ -89,7 +89,10 @@ BOUNDS = {"PI_JOB_DISK_MB": 0, "PI_JOB_MAX_FILES": 0, "PI_JOB_TMP_MB": 1, "PI_JO
           "PI_JOB_DISK_POLL_SECONDS": 0.1, "PI_REDIS_OUTAGE_SECONDS": 0, "PI_LOST_RETRIES": 0,
           "PI_DATABASE_RECHECK_SECONDS": 1, "PI_WAIT_CHECK_SLOTS": 1, "PI_WAIT_THROTTLE_SECONDS": 0.1,
           "PI_JOB_LOG_MAX_BYTES": 1024, "PI_JOB_LOG_RETENTION_DAYS": 1, "PI_GATEWAY_CALLS_IN_FLIGHT": 1,
-          "PI_GATEWAY_MAX_REQUEST_MB": 1}
+          "PI_GATEWAY_MAX_REQUEST_MB": 1, "PI_RUN_RETENTION_DAYS": 1,
+          # A forge's redelivery of a delivery whose row is gone is caught by its body's replay claim for
+          # PI_REPLAY_WINDOW_SECONDS (7 days), so the inbox keeps rows at least that long.
+          "PI_DELIVERY_RETENTION_DAYS": 7}
 
 
 @register()

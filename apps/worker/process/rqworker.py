@@ -9,6 +9,8 @@ What it adds to RQ's forking worker:
   flag or process is needed;
 - it publishes its process in the host registry, and at boot, before taking work, removes this host's
   stray job containers that no live sibling process runs (apps/worker/process/worker_lost.py);
+- once a UTC day across the fleet, one worker runs the housekeeping beside itself
+  (apps/worker/process/worker_housekeeping.py);
 - it honours per-queue pause flags: a paused queue is skipped within about a second while the others
   keep draining, and a running job finishes;
 - a job that returns `Deferred(until, reason, detail)` goes back to the scheduled registry under the same
@@ -58,6 +60,7 @@ from apps.worker.gates.verdicts import Deferred
 from apps.worker.jobs import forget_container_texts
 from apps.worker.process import redis_outage, worker_lost
 from apps.worker.process.worker_cancel import CancelWatch
+from apps.worker.process.worker_housekeeping import DailyHousekeeping
 from apps.worker.process.worker_presence import Presence, job_target
 from apps.worker.sandbox.gitrun import require_safe_git
 
@@ -104,6 +107,7 @@ class DispatchWorker(Worker):
         self._declare_host(self.queue_names())
         self.presence = Presence(self)
         self.cancel_watch = CancelWatch(self)
+        self.housekeeping = DailyHousekeeping(self)
         self.push_exc_handler(worker_lost.abandoned_job_handler)
         self.redis_outage = redis_outage.Outage()
         self._next_beat = 0.0
@@ -132,6 +136,7 @@ class DispatchWorker(Worker):
     def work(self, *args, **kwargs):
         require_safe_git()
         kwargs["with_scheduler"] = True
+        self.housekeeping.burst = bool(kwargs.get("burst", args[0] if args else False))
         register_queues(self.connection, self.queue_names())
         self.presence.beat()
         worker_lost.reap_strays(self)
@@ -169,7 +174,8 @@ class DispatchWorker(Worker):
             logger.warning("worker_death_unregistered error=%s", type(error).__name__)
 
     def pulse(self) -> None:
-        """Every beat: the registry row, RQ's own heartbeat, and the sweep for jobs of dead workers."""
+        """Every beat: the registry row, RQ's own heartbeat, the sweep for jobs of dead workers, and the daily
+        housekeeping when it is due (run beside the worker)."""
         now = time.monotonic()
         if now < self._next_beat:
             return
@@ -177,6 +183,7 @@ class DispatchWorker(Worker):
         self.presence.beat()
         self.heartbeat()
         worker_lost.sweep(self)
+        self.housekeeping.tick()
         connections.close_all()
 
     # --- Redis outages: noted, ridden out while a job runs (apps/worker/process/redis_outage.py) ---------------

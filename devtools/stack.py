@@ -412,9 +412,10 @@ def test_processes(pytest_args: list[str]) -> int:
     """How many pytest processes share the run (pytest-xdist), each with services of its own. The suite
     mostly waits (on containers, workers, servers), so two processes on two cores take little more than
     half the time. A run of named files or tests stays one process: starting more engines costs more than
-    it saves. PI_TEST_PROCESSES overrides (1 = no xdist)."""
-    if os.environ.get("PI_TEST_PROCESSES"):
-        return max(1, int(os.environ["PI_TEST_PROCESSES"]))
+    it saves. Opt-in until a whole suite has run this way clean: PI_TEST_PROCESSES=auto or a number."""
+    wanted = os.environ.get("PI_TEST_PROCESSES", "1")
+    if wanted != "auto":
+        return max(1, int(wanted))
     if "-n" in pytest_args or any(arg.startswith(("-n", "--numprocesses")) for arg in pytest_args):
         return 1  # the caller drives xdist
     paths = [arg for arg in pytest_args if not arg.startswith("-") and (ROOT / arg.split("::")[0]).exists()]

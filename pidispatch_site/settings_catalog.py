@@ -198,6 +198,10 @@ SECTIONS: tuple[Section, ...] = (
         S("PI_JOB_LOG_MAX_BYTES", "1048576", "The most kept per run."),
         S("PI_JOB_LOG_RETENTION_DAYS", "14", "Kept logs older than this are deleted by the workers' sweep."),
     )),
+    Section("Agent sessions (run.resume)", "the workers", (
+        S("PI_SESSION_MAX_BYTES", "8388608", "The largest session transcript kept per target (larger: not kept)."),
+        S("PI_SESSION_TTL_DAYS", "14", "A kept session not resumed within this many days is not resumed."),
+    )),
     Section("Wait-for checks and secret resolvers", "the workers", (
         S("PI_WAIT_PROFILES", "", "name:/abs/path,... check scripts for run.waitFor."),
         S("PI_WAIT_INTERVAL_SECONDS", "60", "How often a held job is checked (backing off to 15 minutes)."),

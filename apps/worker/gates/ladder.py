@@ -39,6 +39,7 @@ from apps.worker.sandbox import agent_config, container, disk, forge_workspace, 
 from apps.worker.sandbox.egress_policy import parse_allowlist
 from apps.worker.sandbox.exitline import Telemetry, parse_exit_line, parse_summary
 from apps.worker.sandbox.workspace import WorkspaceRefused, check_local_folder
+from apps.worker.sessions import store as sessions
 
 logger = logging.getLogger("pidispatch.ladder")
 
@@ -336,6 +337,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
 
     # 10. The workspace: a local job's folder as it is; a forge job's fresh clone, made with its own token.
     workspace_folder: Path | None = None
+    cron = None
     user = container.job_user()
     if spec.kind == "local":
         workspace_started = time.perf_counter()
@@ -346,7 +348,10 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             return Verdict.refused(refused.reason)
         attempt.workspace_seconds = time.perf_counter() - workspace_started
         workspace_folder, user = local.folder, local.owner
-    dirs = attempt.dirs = jobfiles.prepare(spec, settings.PI_JOB_ROOT, owner=user, workspace=workspace_folder)
+        if spec.trigger_type == "cron":
+            cron = jobfiles.cron_document(spec, local.head, Run.objects.previous_cron_run_at(spec.job_id))
+    dirs = attempt.dirs = jobfiles.prepare(spec, settings.PI_JOB_ROOT, owner=user, workspace=workspace_folder,
+                                           cron=cron)
     agent_config.write(dirs.job, upstream, job_model(spec))
     if spec.kind in FORGE_KINDS:
         workspace_started = time.perf_counter()
@@ -403,6 +408,11 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     if cancel.is_cancel_requested(spec.job_id, redis):
         reservation.give_back(redis)
         return Verdict.refused("operator-cancel")
+    # 13a. `run.resume`: the target's kept session, copied into the job's folder (a store fault only runs it cold).
+    resume = None
+    if spec.resume:
+        resume = sessions.checkout(spec, dirs.root, owner=user, now=timezone.now(),
+                                   pull=attempt.forge.pull if attempt.forge is not None else None)
     container_started = time.perf_counter()
     attempt.spending = True
     egress = gateway.EgressGateway(
@@ -434,6 +444,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             cpus=runtime.job_cpus,
             egress_mounts=egress.mounts(),
             log_bytes=settings.PI_JOB_LOG_MAX_BYTES if settings.PI_CAPTURE_JOB_LOGS else 0,
+            session_folder=resume.folder if resume is not None else None,
         )
     except container.ImageMissing:
         attempt.container_ran = False
@@ -483,6 +494,11 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     forge_tokens = publishing.forge_tokens(attempt.forge) if attempt.forge is not None else []
     scrub = [credential[1], *forge_tokens, *secret_values.values()]
     verdict = replace(verdict, summary=summary, log=run_logs.captured(result.log, summary, scrub))
+    if resume is not None:
+        # Kept only when the run completed; any other end leaves the target's earlier session as it was.
+        if verdict.outcome == Outcome.COMPLETED:
+            resume = sessions.promote(resume, spec, attempt.host, scrub, now=timezone.now())
+        verdict = replace(verdict, session=resume.record_fields())
 
     # 14. Publish: the worker, not the agent, takes the work to the forge (never a credential in what it posts).
     if verdict.outcome == Outcome.COMPLETED and attempt.forge is not None:

@@ -1,0 +1,178 @@
+"""`run.resume`: a follow-up on the same issue continues the agent's conversation (apps/worker/sessions/).
+
+The real pi in the production image, run by real workers (two hosts: their own PI_WORKER_NAME and job folders),
+against the scripted provider, which records what each provider request carried. The store's own rules (size,
+expiry, scrubbing, links) are tested on its functions with real files and the real database."""
+
+import json
+import os
+import zlib
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from apps.receiver.models import Trigger
+from apps.worker.jobs import JobSpec
+from apps.worker.models import AgentSession, Outcome, Run
+from apps.worker.sessions import store
+from devtools.scripted_provider import ScriptedProvider, Text, ToolCall
+from tests.conftest import github_payload, load_payload
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+MODEL_KEY = "sk-ant-real-provider-key-0123456789"
+MODEL = "claude-sonnet-4-5"
+FIRST_TOOL_OUTPUT = "first-job-saw-7f3a9c"
+FOLLOW_UP = "/pi fix-bug now also handle the empty case"
+
+
+@pytest.fixture
+def model():
+    server = ScriptedProvider(key=MODEL_KEY)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def real_pi(model):
+    return {"PI_JOB_IMAGE": os.environ["PI_REAL_JOB_IMAGE"], "PI_PROVIDER": "anthropic",
+            "PI_PROVIDER_BASE_URL": model.url, "ANTHROPIC_API_KEY": MODEL_KEY, "PI_MODEL": MODEL,
+            "PI_JOB_MEMORY": "1g"}
+
+
+@pytest.fixture
+def resume_rules(settings, fake_forge):
+    """A labelled issue and a writer's `/pi` comment both run fix-bug, and both keep the conversation."""
+    settings.GITHUB_API_URL = fake_forge.url  # the receiver asks it whether the commenter may write
+    settings.GITHUB_TOKEN = "ghp-test"
+    fake_forge.github_permission("acme/web", "maintainer-mia", "write")
+    Trigger.objects.create(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug", resume=True)
+    Trigger.objects.create(position=1, kind="github", on_type="comment", phrase="/pi", flow="fix-bug", resume=True)
+
+
+def comment_payload(text: str, issue_body: str) -> bytes:
+    payload = json.loads(load_payload("github/issue_comment_created.json"))
+    payload["comment"]["body"] = text
+    payload["issue"]["body"] = issue_body
+    return json.dumps(payload).encode()
+
+
+def host(name: str, root: Path, real_pi: dict) -> dict:
+    root.mkdir(parents=True, exist_ok=True)
+    return {**real_pi, "PI_WORKER_NAME": name, "PI_JOB_ROOT": str(root)}
+
+
+@pytest.mark.docker
+def test_a_writers_follow_up_comment_continues_the_labelled_jobs_conversation_on_another_host(
+        post_github, resume_rules, run_worker, real_pi, model, tmp_path, redis_conn):
+    issue_body = "The footer is wrong. scripted:resume"
+    model.scenarios["resume"] = [
+        ToolCall("bash", {"command": f"echo {FIRST_TOOL_OUTPUT}"}),
+        Text("I looked at the footer."),
+        Text("Handled the empty case too."),
+    ]
+
+    # The labelled issue: its job runs on host-a, which keeps the session it wrote.
+    first = post_github(github_payload(body_text=issue_body), delivery="s-label")
+    assert first.json()["status"] == "queued"
+    run_worker("pi-jobs", env_overrides=host("host-a", tmp_path / "host-a", real_pi), timeout=240)
+    first_run = Run.objects.get(job_id="gh-s-label")
+    assert (first_run.outcome, first_run.reason, first_run.host) == (Outcome.COMPLETED, "", "host-a")
+    assert (first_run.resumed, first_run.resume_reason) == (False, "no-session")
+    assert first_run.session_bytes and first_run.session_bytes > 0
+    assert len(model.seen) == 2  # the tool call, then its answer
+
+    # A minute later (by the forge's clock; the 10-minute window still holds the labelled job's claim) a writer
+    # comments on the same issue: a new request, not the labelled job's duplicate.
+    assert redis_conn.pttl("pidispatch:dedup:github:acme/web#7:fix-bug") > 0
+    second = post_github(comment_payload(FOLLOW_UP, issue_body), delivery="s-follow-up", event="issue_comment")
+    assert second.json() == {"status": "queued", "jobs": ["gh-s-follow-up"]}
+
+    # Another host, with its own job folders, runs it and finds the session the first host kept.
+    run_worker("pi-jobs", env_overrides=host("host-b", tmp_path / "host-b", real_pi), timeout=240)
+    follow_up = Run.objects.get(job_id="gh-s-follow-up")
+    assert (follow_up.outcome, follow_up.host) == (Outcome.COMPLETED, "host-b")
+    assert (follow_up.resumed, follow_up.resume_reason) == (True, "")
+    # Its first provider request carries the first job's turns (its tool call and what the tool printed),
+    # then the new comment.
+    request = model.seen[2].body
+    assert FIRST_TOOL_OUTPUT in request and "I looked at the footer." in request
+    assert "now also handle the empty case" in request
+    assert request.index(FIRST_TOOL_OUTPUT) < request.index("now also handle the empty case")
+    assert follow_up.session_bytes > first_run.session_bytes  # the session grew by the second conversation
+
+    # The kept session is the follow-up's now, holds no key, and nothing of it reached a log or a record.
+    (row,) = AgentSession.objects.all()
+    transcript = zlib.decompress(bytes(row.transcript)).decode()
+    assert row.job_id == "gh-s-follow-up" and row.host == "host-b" and "Handled the empty case too." in transcript
+    assert MODEL_KEY not in transcript
+    assert not (tmp_path / "host-a" / "gh-s-follow-up").exists()  # host-b's own folders ran it
+    assert (tmp_path / "host-b" / "gh-s-follow-up" / "session" / "session.jsonl").exists()
+
+
+def spec(**fields) -> JobSpec:
+    base = dict(job_id="gh-x", kind="github", repo="acme/web", target_type="issue", number=7, flow="fix", resume=True)
+    return JobSpec(**{**base, **fields})
+
+
+def written(folder: Path, text: str) -> None:
+    (folder / store.FILE).write_text(text)
+
+
+def test_the_store_keeps_a_scrubbed_transcript_and_gives_it_to_the_targets_next_job(tmp_path):
+    now = timezone.now()
+    (tmp_path / "a").mkdir()
+    resume = store.checkout(spec(), tmp_path / "a", owner=(os.getuid(), os.getgid()), now=now)
+    assert (resume.resumed, resume.reason) == (False, "no-session") and resume.folder.is_dir()
+    written(resume.folder, '{"type":"message","text":"env said ANTHROPIC_API_KEY=sk-secret-value-42"}\n')
+    store.promote(resume, spec(), "host-a", ["sk-secret-value-42", "ghs_forge_token_abc"], now=now)
+    assert resume.kept_bytes > 0
+
+    (tmp_path / "b").mkdir()
+    again = store.checkout(spec(job_id="gh-y"), tmp_path / "b", owner=(os.getuid(), os.getgid()), now=now)
+    copied = (again.folder / store.FILE).read_text()
+    assert again.resumed and "sk-secret-value-42" not in copied and "[scrubbed]" in copied
+
+    # Another issue, another forge's same name, and a cron trigger are other targets.
+    others = [spec(number=8), spec(kind="forgejo", job_id="fj-x"),
+              spec(kind="local", job_id="cron-3-1", folder="/srv/x", repo="", number=None, target_type="local",
+                   trigger_type="cron", trigger_id=3)]
+    assert len({store.target_key(s) for s in [spec(), *others]}) == 4
+
+
+def test_too_large_expired_and_linked_sessions_are_not_resumed(tmp_path, settings):
+    settings.PI_SESSION_MAX_BYTES = 100
+    now = timezone.now()
+    owner = (os.getuid(), os.getgid())
+    for name in ("a", "b", "c", "d"):
+        (tmp_path / name).mkdir()
+
+    resume = store.checkout(spec(), tmp_path / "a", owner=owner, now=now)
+    written(resume.folder, "x" * 101)
+    store.promote(resume, spec(), "host-a", [], now=now)
+    assert resume.kept_bytes is None
+    later = store.checkout(spec(), tmp_path / "b", owner=owner, now=now)
+    assert (later.resumed, later.reason) == (False, "session-too-large")
+
+    written(later.folder, "small\n")
+    store.promote(later, spec(), "host-a", [], now=now)
+    expired = store.checkout(spec(), tmp_path / "c", owner=owner, now=now + timedelta(days=15))
+    assert (expired.resumed, expired.reason) == (False, "session-expired")
+    assert not AgentSession.objects.exists()  # an expired session is deleted, not kept
+
+    # What the container left at the transcript's path is read only as a regular file, never through a link.
+    secret = tmp_path / "worker-only"
+    secret.write_text("the worker's own file\n")
+    (expired.folder / store.FILE).symlink_to(secret)
+    store.promote(expired, spec(), "host-a", [], now=now)
+    assert expired.kept_bytes is None and not AgentSession.objects.exists()
+
+
+def test_a_forks_pull_request_gets_no_session(tmp_path):
+    class Fork:
+        same_repository = False
+
+    resume = store.checkout(spec(target_type="pull_request"), tmp_path, owner=(0, 0), now=timezone.now(), pull=Fork())
+    assert (resume.resumed, resume.reason, resume.folder) == (False, "fork", None)

@@ -19,7 +19,7 @@ from apps.worker import reasons, run_logs
 from apps.worker.forges.publishing import kept
 from apps.worker.gates import runtime_settings
 from apps.worker.jobs import KINDS
-from apps.worker.models import DispatchSettings, PauseWindow, Run, ScopedLimit
+from apps.worker.models import AgentSession, DispatchSettings, PauseWindow, Run, ScopedLimit
 from pidispatch_site import admin_display
 from pidispatch_site.admin_mixins import ManagedChangesAdmin, ReadOnlyAdminMixin
 
@@ -321,6 +321,28 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     def has_publish_again_permission(self, request):
         return request.user.has_perm("worker.publish_run")
+
+
+@admin.register(AgentSession)
+class AgentSessionAdmin(admin.ModelAdmin):
+    """The kept agent sessions (apps/worker/sessions/): sizes and times only, never the transcript (it holds the
+    conversation). Deleting one makes its target's next job start afresh."""
+
+    list_display = ("key_display", "size", "kept", "job_id", "host", "updated_at", "expires_at")
+    list_filter = ("kept",)
+    search_fields = ("job_id",)
+    fields = ("key", "size", "kept", "job_id", "host", "updated_at", "expires_at")
+    readonly_fields = fields
+
+    @admin.display(description="target key")
+    def key_display(self, session: AgentSession) -> str:
+        return session.key[:16]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
 
 
 @admin.register(PauseWindow)

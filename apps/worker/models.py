@@ -32,10 +32,12 @@ class ResumeReason(models.TextChoices):
 
 
 class RunQuerySet(models.QuerySet):
-    def previous_cron_run_at(self, job_id: str):
-        """When the previous run of a cron job's trigger ended (`cron-<trigger id>-<seconds>`), or None."""
+    def previous_cron_run_at(self, job_id: str, trigger_id: int | None):
+        """When the previous run of a cron job's trigger ended (`cron-<trigger id>-<seconds>`; its start when it has
+        no end), or None. Through the trigger's index: a trigger's history, not the whole table's."""
         prefix = job_id.rsplit("-", 1)[0] + "-"
-        run = (self.filter(job_id__startswith=prefix).exclude(job_id=job_id).order_by("-started_at", "-id")
+        run = (self.filter(trigger_id=trigger_id, job_id__startswith=prefix).exclude(job_id=job_id)
+               .order_by("-started_at", "-id")
                .only("started_at", "ended_at").first())
         return None if run is None else (run.ended_at or run.started_at)
 

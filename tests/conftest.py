@@ -40,7 +40,8 @@ SHELL_OWN_ENV = {"PWD", "SHLVL", "OLDPWD", "_"}
 # The modules whose code asks the database what only it can answer alike or not: PostgreSQL's own SQL (the cost
 # page's GROUPING SETS, /metrics' JSON functions, the run list's estimated count, hand-written row statements), its
 # locking and isolation (the inbox, deduplication, one-shot rules, trigger reordering under SELECT FOR UPDATE, the
-# cron producer), its types and ranges (the API's filters, cursors and ids), its outage (a worker losing it
+# cron producer), its types and ranges (the API's filters, cursors and ids; the sessions' bytea transcripts, read
+# back by another host's worker), its outage (a worker losing it
 # mid-job), the systemd units' processes (run as a multi-host deployment runs them, on its database), and the fleet
 # drills, which run on it alone. .ci/run runs the whole suite on SQLite, then these on
 # PostgreSQL (`-m database`): running everything twice bought nothing the second time but half the CI's time.
@@ -52,7 +53,7 @@ DATABASE_SENSITIVE = {
     "tests/api/test_api.py", "tests/api/test_api_numbers.py", "tests/fleet/test_fleet_panel.py",
     "tests/worker/test_worker_database_down.py", "tests/worker/test_dollar_caps.py",
     "tests/worker/test_budget_caps.py", "tests/worker/test_doctor.py", "tests/site/test_rolling_upgrade.py",
-    "tests/fleet/test_fleet_drain.py", "tests/site/test_deploy_units.py",
+    "tests/fleet/test_fleet_drain.py", "tests/site/test_deploy_units.py", "tests/worker/test_sessions.py",
 }
 
 

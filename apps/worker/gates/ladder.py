@@ -374,6 +374,13 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     if watch.over_limit():
         return Verdict.refused("workspace-too-large")
 
+    # 10b. `run.resume`: the target's kept session, copied into the job's folder beside its workspace (the forge
+    # said whether a pull request comes from a fork; a store fault only runs the job cold).
+    resume = None
+    if spec.resume:
+        resume = sessions.checkout(spec, dirs.root, owner=user, now=timezone.now(),
+                                   pull=attempt.forge.pull if attempt.forge is not None else None)
+
     # 11. The daily token cap (checked before, recorded after: it may overshoot by the runs in flight).
     if runtime.daily_token_cap and budget.tokens_spent_today(redis, now) >= runtime.daily_token_cap:
         return Verdict.refused("daily-token-cap")
@@ -408,11 +415,6 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     if cancel.is_cancel_requested(spec.job_id, redis):
         reservation.give_back(redis)
         return Verdict.refused("operator-cancel")
-    # 13a. `run.resume`: the target's kept session, copied into the job's folder (a store fault only runs it cold).
-    resume = None
-    if spec.resume:
-        resume = sessions.checkout(spec, dirs.root, owner=user, now=timezone.now(),
-                                   pull=attempt.forge.pull if attempt.forge is not None else None)
     container_started = time.perf_counter()
     attempt.spending = True
     egress = gateway.EgressGateway(

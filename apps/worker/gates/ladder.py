@@ -380,6 +380,11 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     if spec.resume:
         resume = sessions.checkout(spec, dirs.root, owner=user, now=timezone.now(),
                                    pull=attempt.forge.pull if attempt.forge is not None else None)
+    # The container may write its session folder too: it is held to the workspace's bounds, measured the same way.
+    watches = [watch]
+    if resume is not None and resume.folder is not None:
+        watches.append(disk.WorkspaceWatch(spec.job_id, resume.folder, counts_whole=True,
+                                           on_exceeded=lambda: container.stop_job_container(spec.job_id)))
 
     # 11. The daily token cap (checked before, recorded after: it may overshoot by the runs in flight).
     if runtime.daily_token_cap and budget.tokens_spent_today(redis, now) >= runtime.daily_token_cap:
@@ -428,7 +433,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         logger.error("egress_gateway_unavailable job=%s why=%s", spec.job_id, exc)
         reservation.give_back(redis)
         return Verdict.infrastructure_fault("egress-gateway-unavailable")
-    watch.start()
+    for each in watches:
+        each.start()
     attempt.container_ran = True
     try:
         result = container.run_container(
@@ -459,7 +465,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     except container.EngineUnavailable:
         return Verdict.infrastructure_fault("docker-unavailable", budget_reserved=True)
     finally:
-        watch.close()
+        for each in watches:
+            each.close()
         egress.close()
     container_seconds = time.perf_counter() - container_started
     logger.info("job_phases job=%s gates_ms=%.1f workspace_ms=%.1f container_ms=%.1f", spec.job_id,
@@ -467,7 +474,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
                 attempt.workspace_seconds * 1000, container_seconds * 1000)
     verdict = classify(result, egress.report, runtime)
     # The watch's last look, once the container has ended: what it wrote since the last sample counts too.
-    if watch.exceeded or watch.over_limit():
+    exceeded = any(each.exceeded for each in watches)
+    if exceeded or any(each.over_limit() for each in watches):
         verdict = Verdict.refused("workspace-too-large", exit_code=verdict.exit_code, telemetry=verdict.telemetry,
                                   budget_reserved=True)
     # The container has ended: from here a Redis fault must not turn its outcome into a retry (which would
@@ -481,7 +489,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             reservation.give_back(redis)  # nothing ran, so nothing was spent
         # The dollar hold: charged what the gateway metered, unless that cannot be the whole cost (a run stopped
         # from outside may have had a call cut mid-answer): then the whole hold stays (floor).
-        killed = result.timed_out or watch.exceeded or verdict.reason in ("operator-cancel", "oom-killed")
+        killed = result.timed_out or exceeded or verdict.reason in ("operator-cancel", "oom-killed")
         attempt.container_ran = verdict.budget_reserved
         budget.settle_dollars(redis, attempt.dollars, ran=verdict.budget_reserved,
                               cost=None if killed else egress.report.meter.known_cost())

@@ -7,12 +7,14 @@ expiry, scrubbing, links) are tested on its functions with real files and the re
 import json
 import os
 import zlib
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from django.utils import timezone
 
+from apps.fleet.hosts import HostIdentity
+from apps.receiver.cron import tick
 from apps.receiver.models import Trigger
 from apps.worker.jobs import JobSpec
 from apps.worker.models import AgentSession, Outcome, Run
@@ -194,3 +196,71 @@ def test_the_run_page_says_whether_the_run_resumed_and_why_not(admin_client):
     assert "no: the kept session was older than PI_SESSION_TTL_DAYS (session-expired)" in page(cold)
     assert "yes: the agent continued the session" in page(warm) and "2048" in page(warm)
     assert "not asked (the trigger has no run.resume)" in page(plain)
+
+
+class Schedule:
+    """A cron trigger run by the demo image on its folder, its occurrences fired by ticks at chosen instants."""
+
+    T0 = datetime(2026, 3, 4, 12, 0, 30, tzinfo=UTC)
+
+    def __init__(self, folder: Path, redis_conn, run_worker, prompt: str, resume: bool = True):
+        self.folder, self.redis, self.run_worker = folder, redis_conn, run_worker
+        self.trigger = Trigger.objects.create(position=0, on_type="cron", cron_id="nightly", cron_pattern="* * * * * *",
+                                              kind="local", folder=str(folder), flow="tidy", task=prompt,
+                                              resume=resume)
+        self.ticks = 0
+        tick(redis_conn, HostIdentity("hostA", True), self.T0)  # first sight: remembered, not fired
+
+    def run(self, env: dict | None = None) -> tuple[Run, int | None]:
+        """One occurrence, run to its end: its record, and the transcript's size the agent found (None: no /session)."""
+        self.ticks += 1
+        (job_id,) = tick(self.redis, HostIdentity("hostA", True), self.T0 + timedelta(seconds=self.ticks)).fired
+        self.run_worker("pi-jobs@hostA", env_overrides={"PI_WORKER_NAME": "hostA", **(env or {})})
+        before = self.folder / "session-before.txt"
+        found = int(before.read_text()) if before.exists() else None
+        for name in ("pi-output.md", "session-before.txt"):  # what the demo agent wrote: the next run finds it clean
+            (self.folder / name).unlink(missing_ok=True)
+        return Run.objects.get(job_id=job_id), found
+
+
+@pytest.mark.docker
+def test_a_cron_triggers_next_run_continues_its_own_session(repo, redis_conn, run_worker):
+    schedule = Schedule(repo, redis_conn, run_worker, "Tidy up. fake-agent:session-kb=2")
+
+    first, found = schedule.run()
+    assert (first.outcome, first.resumed, first.resume_reason, found) == (Outcome.COMPLETED, False, "no-session", 0)
+    second, found = schedule.run()
+    assert (second.outcome, second.resumed, second.resume_reason) == (Outcome.COMPLETED, True, "")
+    assert found == first.session_bytes > 2048 and second.session_bytes > first.session_bytes
+
+    # A trigger without run.resume mounts nothing and keeps nothing.
+    schedule.trigger.resume = False
+    schedule.trigger.save()
+    third, found = schedule.run()
+    assert (third.resumed, third.resume_reason, third.session_bytes, found) == (None, "", None, None)
+    assert AgentSession.objects.get().job_id == second.job_id
+
+
+@pytest.mark.docker
+def test_a_session_over_the_limit_is_not_kept_and_the_next_run_says_so(repo, redis_conn, run_worker):
+    schedule = Schedule(repo, redis_conn, run_worker, "Tidy up. fake-agent:session-kb=8")
+    small = {"PI_SESSION_MAX_BYTES": "4096"}
+
+    first, _ = schedule.run(small)
+    assert (first.outcome, first.session_bytes) == (Outcome.COMPLETED, None)
+    second, found = schedule.run(small)
+    assert (second.resumed, second.resume_reason, found) == (False, "session-too-large", 0)
+
+
+@pytest.mark.docker
+def test_a_run_that_does_not_complete_leaves_the_earlier_session_as_it_was(repo, redis_conn, run_worker):
+    schedule = Schedule(repo, redis_conn, run_worker, "Tidy up. fake-agent:session-kb=1")
+    first, _ = schedule.run()
+    kept = AgentSession.objects.get()
+
+    schedule.trigger.task = "Tidy up. fake-agent:session-kb=1 fake-agent:exit=2"
+    schedule.trigger.save()
+    refused, found = schedule.run()
+    assert (refused.outcome, refused.resumed, refused.session_bytes, found) == (Outcome.POLICY, True, None,
+                                                                               first.session_bytes)
+    assert AgentSession.objects.get().job_id == kept.job_id == first.job_id

@@ -264,3 +264,31 @@ def test_a_run_that_does_not_complete_leaves_the_earlier_session_as_it_was(repo,
     assert (refused.outcome, refused.resumed, refused.session_bytes, found) == (Outcome.POLICY, True, None,
                                                                                first.session_bytes)
     assert AgentSession.objects.get().job_id == kept.job_id == first.job_id
+
+
+def test_a_store_that_does_not_answer_runs_the_job_cold_and_keeps_nothing(tmp_path):
+    """The sessions' table gone (a real database error, as a store that does not answer gives): the job is told
+    `store-unavailable`, gets no session folder (pi runs `--no-session`), and nothing is promoted."""
+    from django.db import connection
+
+    with connection.schema_editor() as editor:
+        editor.delete_model(AgentSession)
+    try:
+        resume = store.checkout(spec(), tmp_path, owner=(os.getuid(), os.getgid()), now=timezone.now())
+        assert (resume.resumed, resume.reason, resume.folder, resume.key) == (False, "store-unavailable", None, None)
+        assert store.promote(resume, spec(), "host-a", [], now=timezone.now()).kept_bytes is None
+    finally:
+        with connection.schema_editor() as editor:
+            editor.create_model(AgentSession)
+
+
+def test_the_session_admin_lists_sizes_and_times_never_the_transcript(admin_client):
+    now = timezone.now()
+    # Stored, not compressed (level 0): the words would show if the page rendered the transcript's bytes.
+    AgentSession.objects.create(key="a" * 64, transcript=zlib.compress(b'{"text":"issue-words-zq9"}', 0), size=30,
+                                job_id="gh-s1", host="host-a", updated_at=now, expires_at=now + timedelta(days=14))
+    listing = admin_client.get("/admin/worker/agentsession/").content.decode()
+    assert "gh-s1" in listing and "host-a" in listing and "issue-words-zq9" not in listing
+    session = AgentSession.objects.get()
+    page = admin_client.get(f"/admin/worker/agentsession/{session.pk}/change/").content.decode()
+    assert "gh-s1" in page and "issue-words-zq9" not in page

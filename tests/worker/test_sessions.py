@@ -85,9 +85,11 @@ def test_a_writers_follow_up_comment_continues_the_labelled_jobs_conversation_on
     assert first_run.session_bytes and first_run.session_bytes > 0
     assert len(model.seen) == 2  # the tool call, then its answer
 
-    # A minute later (by the forge's clock; the 10-minute window still holds the labelled job's claim) a writer
-    # comments on the same issue: a new request, not the labelled job's duplicate.
-    assert redis_conn.pttl("pidispatch:dedup:github:acme/web#7:fix-bug") > 0
+    # A minute later a writer comments on the same issue: a new request, not the labelled job's duplicate. The
+    # minute is simulated, not waited for: the labelled job's claim has 60 s less of its 10-minute window left.
+    claim = "pidispatch:dedup:github:acme/web#7:fix-bug"
+    redis_conn.pexpire(claim, redis_conn.pttl(claim) - 60_000)
+    assert 0 < redis_conn.pttl(claim) <= 540_000  # still inside the window that used to swallow the follow-up
     second = post_github(comment_payload(FOLLOW_UP, issue_body), delivery="s-follow-up", event="issue_comment")
     assert second.json() == {"status": "queued", "jobs": ["gh-s-follow-up"]}
 

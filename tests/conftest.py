@@ -53,7 +53,8 @@ DATABASE_SENSITIVE = {
     "tests/api/test_api.py", "tests/api/test_api_numbers.py", "tests/fleet/test_fleet_panel.py",
     "tests/worker/test_worker_database_down.py", "tests/worker/test_dollar_caps.py",
     "tests/worker/test_budget_caps.py", "tests/worker/test_doctor.py", "tests/site/test_rolling_upgrade.py",
-    "tests/fleet/test_fleet_drain.py", "tests/site/test_deploy_units.py", "tests/worker/test_sessions.py",
+    "tests/fleet/test_fleet_drain.py", "tests/site/test_deploy_units.py",
+    "tests/worker/test_sessions.py",
 }
 
 

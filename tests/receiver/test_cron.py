@@ -4,7 +4,7 @@ pending occurrence, exactly one job per occurrence across hosts, edits applied w
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from rq import Queue
@@ -162,7 +162,7 @@ def test_a_cron_jobs_event_json_names_its_trigger_pattern_previous_run_and_head(
         return job_id, json.loads((settings.PI_JOB_ROOT / job_id / "job" / "event.json").read_text())
 
     def occurrence(job_id: str) -> str:
-        return datetime.fromtimestamp(int(job_id.rsplit("-", 1)[1]), timezone.utc).isoformat()
+        return datetime.fromtimestamp(int(job_id.rsplit("-", 1)[1]), UTC).isoformat()
 
     tick(redis_conn, HOST_A, T0)  # first sight: remembered, not fired
     first_id, first = fire_and_run(T0 + timedelta(seconds=1))

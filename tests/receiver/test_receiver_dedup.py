@@ -246,7 +246,8 @@ def test_a_signed_body_sent_again_under_a_fresh_id_is_a_duplicate(client, forges
         replayed = post(client, "github", body, github_headers(body, "issues", "d-fresh"))
 
     assert first == {"status": "queued", "jobs": ["gh-d-orig"]}
-    assert (replayed.status_code, replayed.json()) == (202, {"status": "duplicate", "rule": "replayed-body", "jobs": ["gh-d-orig"]})
+    assert (replayed.status_code, replayed.json()) == (
+        202, {"status": "duplicate", "rule": "replayed-body", "jobs": ["gh-d-orig"]})
     assert queued(redis_conn) == ["gh-d-orig"]
     row = Delivery.objects.get(delivery_id="d-fresh")
     assert (row.status, row.reason, row.job_ids, row.payload) == (

@@ -349,7 +349,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         attempt.workspace_seconds = time.perf_counter() - workspace_started
         workspace_folder, user = local.folder, local.owner
         if spec.trigger_type == "cron":
-            cron = jobfiles.cron_document(spec, local.head, Run.objects.previous_cron_run_at(spec.job_id, spec.trigger_id))
+            previous = Run.objects.previous_cron_run_at(spec.job_id, spec.trigger_id)
+            cron = jobfiles.cron_document(spec, local.head, previous)
     dirs = attempt.dirs = jobfiles.prepare(spec, settings.PI_JOB_ROOT, owner=user, workspace=workspace_folder,
                                            cron=cron)
     agent_config.write(dirs.job, upstream, job_model(spec))

@@ -247,6 +247,9 @@ PI_JOB_LOG_RETENTION_DAYS = env.int("PI_JOB_LOG_RETENTION_DAYS", default=14)
 PI_RUN_RETENTION_DAYS = env.int("PI_RUN_RETENTION_DAYS", default=365)
 PI_DELIVERY_RETENTION_DAYS = env.int("PI_DELIVERY_RETENTION_DAYS", default=30)
 PI_HOUSEKEEPING_DAILY = env.bool("PI_HOUSEKEEPING_DAILY", default=True)
+# Agent sessions (apps/worker/sessions/): a `run.resume` trigger's transcript per target, in the database.
+PI_SESSION_MAX_BYTES = env.int("PI_SESSION_MAX_BYTES", default=8 * 1024 * 1024)
+PI_SESSION_TTL_DAYS = env.int("PI_SESSION_TTL_DAYS", default=14)
 # Host-local capabilities, `name:/abs/path,...`; only the names leave the host.
 PI_WAIT_PROFILES = env("PI_WAIT_PROFILES", default="")
 PI_SECRET_PROFILES = env("PI_SECRET_PROFILES", default="")

@@ -206,6 +206,10 @@ SECTIONS: tuple[Section, ...] = (
         S("PI_HOUSEKEEPING_DAILY", "true", "The workers run housekeeping once a UTC day across the fleet; false: "
           "run `manage.py housekeeping` daily from a scheduler of your own."),
     )),
+    Section("Agent sessions (run.resume)", "the workers", (
+        S("PI_SESSION_MAX_BYTES", "8388608", "The largest session transcript kept per target (larger: not kept)."),
+        S("PI_SESSION_TTL_DAYS", "14", "A kept session not resumed within this many days is not resumed."),
+    )),
     Section("Wait-for checks and secret resolvers", "the workers", (
         S("PI_WAIT_PROFILES", "", "name:/abs/path,... check scripts for run.waitFor."),
         S("PI_WAIT_INTERVAL_SECONDS", "60", "How often a held job is checked (backing off to 15 minutes)."),

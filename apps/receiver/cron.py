@@ -73,8 +73,10 @@ def _spec(trigger: Trigger, occurrence: datetime) -> JobSpec:
         flow=trigger.flow,
         command=trigger.command,
         task=trigger.task,
+        resume=trigger.resume,  # a cron trigger's session is its own (apps/worker/sessions/)
         **execution_fields(trigger),
-        context={"event": "cron", "cronId": trigger.cron_id, "scheduledFor": occurrence.isoformat(),
+        context={"event": "cron", "cronId": trigger.cron_id, "pattern": trigger.cron_pattern,
+                 "scheduledFor": occurrence.isoformat(),
                  "matched": {"index": trigger.position, "type": TriggerType.CRON}},
     )
 

@@ -8,7 +8,12 @@ Three dedup layers, the ancestor's two and a replay guard:
   could be resent under fresh ids). The claim `pidispatch:replay:<forge>:<sha256 of the body>` holds the
   delivery's first job id, which all its replicas share;
 - semantic: a second delivery for the same forge, target and flow inside PI_DEDUP_WINDOW_SECONDS is swallowed
-  (`pidispatch:dedup:<key>`, holding the claiming job's own id).
+  (`pidispatch:dedup:<key>`, holding the claiming job's own id). It coalesces re-label spam and a forge's rapid
+  repeats. A job started by a comment (or a review) is keyed by its text as well (`:c<keyed digest>`): the same
+  comment delivered twice coalesces, a new comment on the same target is a new request and never swallowed,
+  not even by the labelled job of three minutes ago. Keyed by the text rather than by "only while the earlier
+  job has not started": that needs no job-state read in the enqueue's atomic step, works the same on all four
+  forges (none of which names a comment id the same way), and what a writer asks again in other words is new.
 Each job takes its claims in the same atomic round trip as its enqueue, and a claim's value names the
 surviving job. A retry of the same delivery (after Redis went away halfway) passes its own claims and
 converges on exactly the jobs it should have made.
@@ -17,6 +22,7 @@ converges on exactly the jobs it should have made.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
 from dataclasses import dataclass, field
 
@@ -105,13 +111,23 @@ def job_specs(event: ForgeEvent, match: Match) -> list[JobSpec]:
 
 def semantic_key(spec: JobSpec) -> str:
     """`<forge>:<repo>#<n>:<flow>` (`!` for merge/pull requests on GitLab and Azure), `cmd:<command>` for
-    commands, `closed:` before the slot for close jobs, `:r<i>` for replicas. The forge is part of the target:
+    commands, `closed:` before the slot for close jobs, `:c<digest>` for a comment's (or review's) text,
+    `:r<i>` for replicas. The forge is part of the target:
     `acme/web` on GitHub and on a Forgejo are two repositories."""
     slot = spec.flow or f"cmd:{spec.command}"
     if spec.context.get("matched", {}).get("action") in ("closed", "close") or spec.trigger_type == "issue":
         slot = f"closed:{slot}"
     key = f"{spec.kind}:{spec.target}:{slot}"
+    if spec.comment:
+        key += f":c{comment_digest(spec.comment)}"
     return f"{key}:r{spec.replica}" if spec.replica is not None else key
+
+
+def comment_digest(text: str) -> str:
+    """A comment's text as 16 hex digits, keyed by the deployment's secret: a Redis key never shows the text,
+    nor lets anyone with the keyspace guess a short comment by hashing candidates."""
+    key = settings.SECRET_KEY.encode()
+    return hmac.new(key, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:16]
 
 
 def capability_needs(spec: JobSpec) -> frozenset[str]:

@@ -47,6 +47,9 @@ logger = logging.getLogger("pidispatch.receiver")
 NORMALISERS = {name: forge_registry.hook(name).normalise for name in forge_registry.NAMES}
 SPOOL_KEY = "pidispatch:inbox:spool"
 REDIS_UNAVAILABLE = "redis-unavailable"
+# A `duplicate` answer names the rule that applied: this one (the forge sent a delivery id it sent before), or
+# dispatch's `dedup-window` (same target, flow and comment text inside the window) or `replayed-body`.
+REDELIVERY_RULE = "delivery-id"
 STALE_RECEIVED = timedelta(minutes=2)  # a "received" row this old lost its process (crash, killed worker)
 FIRST_BACKOFF_SECONDS = 15
 
@@ -171,7 +174,7 @@ def _answer_redelivery(forge: str, event: str, delivery_id: str, raw_body: bytes
         return Answer(400, {"error": existing.reason})
     if existing.status == DeliveryStatus.DISCARDED:
         return Answer(200, {"status": "ignored", "reason": "discarded"})
-    return Answer(202, {"status": "duplicate", "jobs": existing.job_ids})
+    return Answer(202, {"status": "duplicate", "rule": REDELIVERY_RULE, "jobs": existing.job_ids})
 
 
 def _spool(forge: str, event: str, delivery_id: str, raw_body: bytes, now: datetime,
@@ -277,7 +280,7 @@ def process(delivery: Delivery, payload: dict | None = None) -> Answer:
         _settle(delivery, DeliveryStatus.DUPLICATE, result.swallowed_reason, job_ids=job_ids)
         logger.info("delivery_duplicate forge=%s delivery=%s surviving=%s reason=%s", forge, logged_id,
                     ",".join(job_ids), result.swallowed_reason)
-        return Answer(202, {"status": "duplicate", "jobs": job_ids})
+        return Answer(202, {"status": "duplicate", "rule": result.swallowed_reason, "jobs": job_ids})
     _settle(delivery, DeliveryStatus.QUEUED, job_ids=job_ids, replay_safe=not result.swallowed)
     logger.info("delivery_queued forge=%s delivery=%s target=%s jobs=%s created=%s", forge, logged_id,
                 f"{event.repo or event.project}:{event.number}", ",".join(job_ids), len(result.created))

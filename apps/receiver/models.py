@@ -116,8 +116,10 @@ class Trigger(models.Model):
         help_text="Let the agent's work change CI definitions (.github/workflows/, .gitlab-ci.yml, ...). Off: such a "
                   "change is not pushed (ci-change-refused) and the work is kept for the operator.")
     resume = models.BooleanField("run.resume", default=False,
-                                 help_text="Kept for the ancestor's triggers.json: this version stores no agent "
-                                           "sessions, so every run starts fresh.")
+                                 help_text="Continue the agent's conversation: the next job on the same issue or "
+                                           "pull request (a cron trigger: its next run) starts from the session this "
+                                           "one kept. Never for a fork's pull request; not with replicas, secrets "
+                                           "or a command.")
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

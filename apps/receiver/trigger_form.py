@@ -34,12 +34,12 @@ FIRES = {
 }
 RUNS = {"cron": ("kind", "folder", "flow", "command", "task"),
         "forge": ("kind", "flow", "command", "instructions", "repository")}
-LIMITS = {"cron": ("provider", "model", "max_turns", "max_cost_usd", "image", "exclude_tools", "secrets",
+LIMITS = {"cron": ("provider", "model", "max_turns", "max_cost_usd", "resume", "image", "exclude_tools", "secrets",
                    "secrets_profile"),
-          "forge": ("provider", "model", "max_turns", "max_cost_usd", "replicas", "wait_for", "allow_ci_changes", "image",
-                    "exclude_tools", "secrets", "secrets_profile")}
-# Kept as they are when not on the form (resume is the ancestor's, and does nothing here).
-NEVER_RESET = {"position", "enabled", "note", "on_type", "resume"}
+          "forge": ("provider", "model", "max_turns", "max_cost_usd", "replicas", "wait_for", "resume",
+                    "allow_ci_changes", "image", "exclude_tools", "secrets", "secrets_profile")}
+# Kept as they are when not on the form.
+NEVER_RESET = {"position", "enabled", "note", "on_type"}
 
 _ACTIONS = "; ".join(f"{forge}: {', '.join(words)}" for forge, words in PR_ACTIONS.items())
 
@@ -77,6 +77,9 @@ WORDS = {
     "replicas": ("Parallel agents", "2 or 3 agents on the same event, each with its own pull request. Empty: one."),
     "wait_for": ("Wait before running", "Comma-separated: after <time with zone>, profile <check name>. "
                                         "e.g. after 2026-12-01T09:00:00Z, profile ci-green"),
+    "resume": ("Continue the conversation", "The next job on the same issue or pull request (a schedule: its next "
+                                            "run) continues this one's agent session. Never for a fork's pull "
+                                            "request; not with parallel agents, secrets or a command."),
     "allow_ci_changes": ("May change CI files", "Off: a change to .github/workflows/, .gitlab-ci.yml, ... is not "
                                                 "pushed, and the work is kept for you to review."),
     "image": ("Job image", "Empty: PI_JOB_IMAGE. e.g. pi-job:latest"),

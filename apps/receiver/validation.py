@@ -378,8 +378,6 @@ def _check_run(on_type, kind, on, run, problems: _Problems) -> None:
             problems.add("run.task", "run.task is required beside run.flow: the cron job's prompt.")
         if "command" in run and "task" in run:
             problems.add("run.task", "run.task cannot be combined with run.command (a command takes no prompt).")
-        if run.get("resume") is True:
-            problems.add("run.resume", "run.resume: true is not available on cron triggers.")
 
     if "image" in run:
         image = run["image"]

@@ -19,7 +19,7 @@ from apps.worker import reasons, run_logs
 from apps.worker.forges.publishing import kept
 from apps.worker.gates import runtime_settings
 from apps.worker.jobs import KINDS
-from apps.worker.models import DispatchSettings, PauseWindow, Run, ScopedLimit
+from apps.worker.models import AgentSession, DispatchSettings, PauseWindow, Run, ScopedLimit
 from pidispatch_site import admin_display
 from pidispatch_site.admin_mixins import ManagedChangesAdmin, ReadOnlyAdminMixin
 
@@ -120,8 +120,18 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                               "budget_reserved")}),
         # Dollar caps and run logs (apps/worker/gates/budget.py, apps/worker/run_logs.py).
         ("Dollars", {"fields": ("dollar_basis", "dollars_reserved", "dollars_charged")}),
+        # `run.resume` (apps/worker/sessions/): whether it continued its target's session, and why not.
+        ("Session", {"fields": ("resume_display", "session_bytes")}),
         ("Log", {"fields": ("view_log",)}),
     )
+
+    @admin.display(description="resumed")
+    def resume_display(self, run: Run) -> str:
+        if run.resumed is None:
+            return "not asked (the trigger has no run.resume), or it ended before its container"
+        if run.resumed:
+            return "yes: the agent continued the session its target's last completed run kept"
+        return f"no: {run.get_resume_reason_display()} ({run.resume_reason})"
 
     @admin.display(description="log")
     def view_log(self, run: Run) -> str:
@@ -293,7 +303,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         return [field.name for field in self.model._meta.fields] + [
             "duration_display", "explanation", "forge_sentence", "attempts_display", "target_display",
             "publish_display", "delivery_display", "cost_display", "usage_display", "started_display",
-            "ended_display", "view_log", "agent_summary", "lost_retry_display"]
+            "ended_display", "view_log", "agent_summary", "lost_retry_display", "resume_display"]
 
     @admin.action(description="Publish again (work kept on this host after a failed publish)",
                   permissions=["publish_again"])
@@ -311,6 +321,28 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     def has_publish_again_permission(self, request):
         return request.user.has_perm("worker.publish_run")
+
+
+@admin.register(AgentSession)
+class AgentSessionAdmin(admin.ModelAdmin):
+    """The kept agent sessions (apps/worker/sessions/): sizes and times only, never the transcript (it holds the
+    conversation). Deleting one makes its target's next job start afresh."""
+
+    list_display = ("key_display", "size", "kept", "job_id", "host", "updated_at", "expires_at")
+    list_filter = ("kept",)
+    search_fields = ("job_id",)
+    fields = ("key", "size", "kept", "job_id", "host", "updated_at", "expires_at")
+    readonly_fields = fields
+
+    @admin.display(description="target key")
+    def key_display(self, session: AgentSession) -> str:
+        return session.key[:16]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
 
 
 @admin.register(PauseWindow)

@@ -21,7 +21,26 @@ class LostRetry(models.TextChoices):
     CANCELLED = "cancelled"  # an operator cancelled it: never run again
 
 
+class ResumeReason(models.TextChoices):
+    """Why a `run.resume` job started without its target's earlier session (apps/worker/sessions/)."""
+
+    NO_SESSION = "no-session", "no session kept for this target yet"
+    EXPIRED = "session-expired", "the kept session was older than PI_SESSION_TTL_DAYS"
+    TOO_LARGE = "session-too-large", "the last session was larger than PI_SESSION_MAX_BYTES, so it was not kept"
+    FORK = "fork", "a pull request from a fork never gets a session"
+    STORE_UNAVAILABLE = "store-unavailable", "the session store (the database) did not answer"
+
+
 class RunQuerySet(models.QuerySet):
+    def previous_cron_run_at(self, job_id: str, trigger_id: int | None):
+        """When the previous run of a cron job's trigger ended (`cron-<trigger id>-<seconds>`; its start when it has
+        no end), or None. Through the trigger's index: a trigger's history, not the whole table's."""
+        prefix = job_id.rsplit("-", 1)[0] + "-"
+        run = (self.filter(trigger_id=trigger_id, job_id__startswith=prefix).exclude(job_id=job_id)
+               .order_by("-started_at", "-id")
+               .only("started_at", "ended_at").first())
+        return None if run is None else (run.ended_at or run.started_at)
+
     """The questions asked of the run history, each answered from an index (see Run.Meta.indexes)."""
 
     def for_job(self, job_id: str):
@@ -121,6 +140,14 @@ class Run(models.Model):
     summary_chars = models.PositiveIntegerField(null=True, blank=True)
     # An attempt whose worker died: whether it was run again as the next attempt (LostRetry), else blank.
     lost_retry = models.CharField(max_length=16, blank=True, default="", db_default="", choices=LostRetry.choices)
+    # `run.resume` (apps/worker/sessions/): whether the agent continued its target's earlier session (None: the
+    # trigger did not ask, or the job ended before its container), why not when it did not, and the size of the
+    # session this run kept for the next one (None: nothing kept).
+    resumed = models.BooleanField(null=True, blank=True)
+    resume_reason = models.CharField(max_length=32, blank=True, default="", db_default="",
+                                     choices=ResumeReason.choices)
+    session_bytes = models.PositiveIntegerField(null=True, blank=True,
+                                                help_text="The session transcript this run kept for the next one.")
 
     objects = RunQuerySet.as_manager()
 
@@ -310,3 +337,39 @@ class DispatchSettings(models.Model):
 
     def clean(self):
         validators.validate_dispatch_settings(self)
+
+
+class AgentSessionQuerySet(models.QuerySet):
+    def live(self, now):
+        return self.filter(expires_at__gt=now)
+
+    def expired(self, now):
+        return self.filter(expires_at__lte=now)
+
+
+class AgentSession(models.Model):
+    """The last session transcript of pi on one target, for the next `run.resume` job there (apps/worker/sessions/).
+
+    One row per target (`key`: a digest of forge, repository and issue or pull request; or of a cron trigger's
+    id), written again by each completed run that resumes it. `transcript` is the scrubbed JSONL, zlib-compressed;
+    empty when the run's session was larger than PI_SESSION_MAX_BYTES (`size` then says how large it was, so the
+    next run can say `session-too-large`). The transcript holds the conversation (issue and comment text among
+    it), as the queued job does: it is never shown in the admin, and it expires after PI_SESSION_TTL_DAYS.
+    """
+
+    key = models.CharField(max_length=64, unique=True)
+    transcript = models.BinaryField(null=True, blank=True, editable=False)
+    size = models.PositiveIntegerField(help_text="The transcript's size in bytes, uncompressed.")
+    kept = models.BooleanField(default=True, help_text="False: it was larger than PI_SESSION_MAX_BYTES.")
+    job_id = models.CharField(max_length=200, help_text="The job whose run wrote it.")
+    host = models.CharField(max_length=64, blank=True)
+    updated_at = models.DateTimeField()
+    expires_at = models.DateTimeField(db_index=True)
+
+    objects = AgentSessionQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = "agent session"
+
+    def __str__(self) -> str:
+        return f"session {self.key[:12]} ({self.job_id})"

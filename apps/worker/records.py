@@ -96,6 +96,7 @@ def record_run(spec: JobSpec, verdict: Verdict, *, attempt: int, host: str, queu
         summary_chars=len(verdict.summary) if verdict.exit_code is not None else None,
         lost_retry=verdict.lost_retry,
         **verdict.dollars,
+        **verdict.session,
         **publication_fields(verdict.publication),
     ))
     if created:

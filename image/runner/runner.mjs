@@ -16,6 +16,10 @@
 // gateway's unix sockets under /run/pi-egress; this process listens on 127.0.0.1 and pipes every connection
 // to them: :8080 -> provider.sock (pi's models.json points its provider here; the gateway adds the key) and
 // :3128 -> proxy.sock (HTTP(S)_PROXY: CONNECT and absolute-form requests, refused unless allowed).
+//
+// Sessions: with /session mounted (a `run.resume` job), pi runs `--session /session/session.jsonl` (it opens the
+// transcript the worker copied there, or starts one at that path; it writes it once a model answered);
+// otherwise `--no-session`.
 
 import { spawn } from "node:child_process";
 import { existsSync, readFileSync } from "node:fs";
@@ -35,6 +39,9 @@ const SUMMARY_CHARS = 8000;
 const env = process.env;
 const jobDir = env.PI_RUNNER_JOB_DIR || "/job";
 const egressDir = env.PI_RUNNER_EGRESS_DIR || "/run/pi-egress";
+// A `run.resume` job's session folder, mounted read-write by the worker only for such a job: pi continues the
+// transcript there (or starts it), and the worker keeps it for the target's next job when the run completes.
+const sessionDir = env.PI_RUNNER_SESSION_DIR || "/session";
 const piBin = env.PI_BIN || "pi";
 // The ports are the protocol's; PI_RUNNER_EGRESS_PORTS=<provider>,<proxy> moves them for the runner's tests.
 const [providerPort, proxyPort] = (env.PI_RUNNER_EGRESS_PORTS || "8080,3128").split(",").map(Number);
@@ -140,7 +147,9 @@ function stop(child, code, reason) {
 }
 
 function piArguments() {
-  const args = ["-p", "--mode", "json", "--no-session"];
+  const args = ["-p", "--mode", "json"];
+  if (existsSync(sessionDir)) args.push("--session", join(sessionDir, "session.jsonl"));
+  else args.push("--no-session");
   if (env.PI_PROVIDER) args.push("--provider", env.PI_PROVIDER);
   if (env.PI_MODEL) args.push("--model", env.PI_MODEL);
   const excluded = new Set((env.PI_EXCLUDE_TOOLS || "").split(",").map((name) => name.trim()).filter(Boolean));

@@ -4,7 +4,7 @@ pending occurrence, exactly one job per occurrence across hosts, edits applied w
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from rq import Queue
@@ -140,3 +140,39 @@ def test_an_occurrence_whose_enqueue_failed_fires_on_the_next_tick(redis_conn, s
         tick(redis_conn, HOST_A, T0 + timedelta(minutes=5))
 
     assert len(tick(redis_conn, HOST_A, T0 + timedelta(minutes=5, seconds=1)).fired) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cron_jobs_event_json_names_its_trigger_pattern_previous_run_and_head(
+        repo, schedule, redis_conn, run_worker, settings):
+    """Occurrences fired by ticks at chosen instants (no waiting for the clock), run by a real worker."""
+    import json
+
+    trigger = schedule(pattern="* * * * * *", folder=repo, cron_id="tidy-nightly")
+    head = subprocess.run(["git", "-c", f"safe.directory={repo}", "-C", str(repo), "rev-parse", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    worker = {"PI_WORKER_NAME": "hostA"}
+
+    def fire_and_run(instant) -> tuple[str, dict]:
+        (job_id,) = tick(redis_conn, HOST_A, instant).fired
+        run_worker("pi-jobs@hostA", env_overrides=worker)
+        run = Run.objects.get(job_id=job_id)
+        assert run.outcome == Outcome.COMPLETED, run.reason
+        (repo / "pi-output.md").unlink(missing_ok=True)  # what the demo agent wrote: the next run finds it clean
+        return job_id, json.loads((settings.PI_JOB_ROOT / job_id / "job" / "event.json").read_text())
+
+    def occurrence(job_id: str) -> str:
+        return datetime.fromtimestamp(int(job_id.rsplit("-", 1)[1]), UTC).isoformat()
+
+    tick(redis_conn, HOST_A, T0)  # first sight: remembered, not fired
+    first_id, first = fire_and_run(T0 + timedelta(seconds=1))
+    assert first["cron"] == {"id": "tidy-nightly", "pattern": "* * * * * *", "scheduledFor": occurrence(first_id),
+                             "previousRunAt": None, "head": head}
+    assert first["previousRunAt"] is None and first["trigger"]["event"] == "cron"
+    assert first_id.startswith(f"cron-{trigger.pk}-")
+
+    second_id, second = fire_and_run(T0 + timedelta(seconds=2))
+    assert second_id != first_id and second["cron"]["scheduledFor"] == occurrence(second_id)
+    previous = Run.objects.get(job_id=first_id)
+    assert second["cron"]["previousRunAt"] == second["previousRunAt"] == previous.ended_at.isoformat()
+    assert second["cron"]["head"] == head and second["cron"]["pattern"] == "* * * * * *"

@@ -47,7 +47,7 @@ def test_redelivery_answers_duplicate_and_creates_nothing(post_github, label_tri
 
     assert first.status_code == 202 and first.json()["status"] == "queued"
     assert second.status_code == 202
-    assert second.json() == {"status": "duplicate", "jobs": ["gh-same-guid"]}
+    assert second.json() == {"status": "duplicate", "rule": "delivery-id", "jobs": ["gh-same-guid"]}
     assert queued_job_ids(redis_conn) == ["gh-same-guid"]
     assert Delivery.objects.count() == 1
 

@@ -48,12 +48,62 @@ def test_a_second_label_event_for_the_same_issue_and_flow_is_swallowed(send, red
 
     assert first == {"status": "queued", "jobs": ["gh-d-first"]}
     assert second.status_code == 202
-    assert second.json() == {"status": "duplicate", "jobs": ["gh-d-first"]}
+    assert second.json() == {"status": "duplicate", "rule": "dedup-window", "jobs": ["gh-d-first"]}
     assert queued(redis_conn) == ["gh-d-first"]
     assert "job=gh-d-second surviving=gh-d-first" in caplog.text
     delivery = Delivery.objects.get(delivery_id="d-second")
     assert (delivery.status, delivery.job_ids, delivery.payload) == (DeliveryStatus.DUPLICATE, ["gh-d-first"], None)
     assert redis_conn.pttl("pidispatch:dedup:github:acme/web#7:fix-bug") > 590_000  # 10-minute window
+
+
+def commented(text, number=7, comments=1):
+    payload = load("github/issue_comment_created.json")
+    payload["issue"]["number"] = number
+    payload["issue"]["comments"] = comments  # what differs between a forge's two sends of one comment
+    payload["comment"]["body"] = text
+    return payload
+
+
+@pytest.fixture
+def label_and_comment_rules(forges):
+    forges.github_permission("acme/web", "maintainer-mia", "write")
+    rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
+    rule(position=1, kind="github", on_type="comment", phrase="/pi", flow="fix-bug")
+
+
+def test_a_writers_follow_up_comment_is_a_new_request_not_the_labelled_jobs_duplicate(
+        send, label_and_comment_rules, redis_conn, caplog):
+    """The labelled job of a moment ago, then a comment on the same issue choosing the same flow: two jobs."""
+    labelled_job = send(labelled(), "d-label").json()
+    with caplog.at_level("INFO"):
+        follow_up = send(commented("/pi fix-bug now also handle the empty case"), "d-follow-up", "issue_comment")
+        # Another new comment is new too.
+        third = send(commented("/pi fix-bug and the README"), "d-third", "issue_comment").json()
+
+    assert labelled_job == {"status": "queued", "jobs": ["gh-d-label"]}
+    assert follow_up.json() == {"status": "queued", "jobs": ["gh-d-follow-up"]}
+    assert third == {"status": "queued", "jobs": ["gh-d-third"]}
+    assert sorted(queued(redis_conn)) == ["gh-d-follow-up", "gh-d-label", "gh-d-third"]
+    assert "empty case" not in caplog.text and "README" not in caplog.text
+
+
+def test_the_same_comment_delivered_again_under_a_new_id_is_coalesced_and_the_answer_names_the_rule(
+        send, label_and_comment_rules, redis_conn, caplog):
+    text = "/pi fix-bug now also handle the empty case"
+    send(commented(text), "d-c-first", "issue_comment")
+    repeat = send(commented(text, comments=2), "d-c-repeat", "issue_comment")  # a rapid repeat: same text
+
+    assert repeat.json() == {"status": "duplicate", "rule": "dedup-window", "jobs": ["gh-d-c-first"]}
+    assert queued(redis_conn) == ["gh-d-c-first"]
+    (key,) = [key.decode() for key in redis_conn.keys("pidispatch:dedup:*")]
+    assert key.startswith("pidispatch:dedup:github:acme/web#7:fix-bug:c") and "empty" not in key
+    # Re-label spam still coalesces with the labelled job, whatever comments came between.
+    send(labelled(), "d-l1")
+    relabel = send(labelled(labels=("pi", "bug")), "d-l2").json()
+    assert relabel == {"status": "duplicate", "rule": "dedup-window", "jobs": ["gh-d-l1"]}
+    # The forge's own redelivery of a delivery it sent before is answered by the delivery id.
+    again = send(commented(text), "d-c-first", "issue_comment").json()
+    assert again == {"status": "duplicate", "rule": "delivery-id", "jobs": ["gh-d-c-first"]}
 
 
 def test_other_targets_and_other_flows_are_not_swallowed(send, redis_conn):
@@ -112,6 +162,9 @@ def test_semantic_keys(forges):
     assert key(trigger_type="issue", context={"matched": {"action": "closed"}}) == \
         "github:octo/repo#42:closed:frontend-fix"
     assert key(replica=1, replicas=2) == "github:octo/repo#42:frontend-fix:r1"
+    commented = key(comment="@pi now the empty case")
+    assert commented.startswith("github:octo/repo#42:frontend-fix:c") and len(commented.rsplit(":c", 1)[1]) == 16
+    assert commented == key(comment="@pi now the empty case") != key(comment="@pi now the README")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -193,7 +246,8 @@ def test_a_signed_body_sent_again_under_a_fresh_id_is_a_duplicate(client, forges
         replayed = post(client, "github", body, github_headers(body, "issues", "d-fresh"))
 
     assert first == {"status": "queued", "jobs": ["gh-d-orig"]}
-    assert (replayed.status_code, replayed.json()) == (202, {"status": "duplicate", "jobs": ["gh-d-orig"]})
+    assert (replayed.status_code, replayed.json()) == (
+        202, {"status": "duplicate", "rule": "replayed-body", "jobs": ["gh-d-orig"]})
     assert queued(redis_conn) == ["gh-d-orig"]
     row = Delivery.objects.get(delivery_id="d-fresh")
     assert (row.status, row.reason, row.job_ids, row.payload) == (
@@ -203,7 +257,7 @@ def test_a_signed_body_sent_again_under_a_fresh_id_is_a_duplicate(client, forges
 
     # The forge's own redelivery keeps its id and is answered from the inbox, as before.
     again = post(client, "github", body, github_headers(body, "issues", "d-orig"))
-    assert again.json() == {"status": "duplicate", "jobs": ["gh-d-orig"]}
+    assert again.json() == {"status": "duplicate", "rule": "delivery-id", "jobs": ["gh-d-orig"]}
     # Any other body is another delivery.
     other = dumps(labelled(8))
     assert post(client, "github", other, github_headers(other, "issues", "d-other")).json()["status"] == "queued"
@@ -222,7 +276,7 @@ def test_a_replayed_body_finds_the_first_deliverys_jobs_whatever_the_rule_says_n
     trigger.save()
     unreplicated = post(client, "github", body, github_headers(body, "issues", "d-rp3")).json()
 
-    assert replayed == unreplicated == {"status": "duplicate", "jobs": ["gh-d-rp-r1"]}
+    assert replayed == unreplicated == {"status": "duplicate", "rule": "replayed-body", "jobs": ["gh-d-rp-r1"]}
     assert sorted(queued(redis_conn)) == ["gh-d-rp-r1", "gh-d-rp-r2"]
 
 

@@ -126,10 +126,22 @@ def test_the_ancestors_whole_language_is_valid():
     ({"type": "cron", "id": "n", "pattern": "0 3 * * *"}, {"kind": "local", "folder": "/x", "command": "c",
                                                             "task": "t"}, "run.task", "cannot be combined"),
     ({"type": "cron", "id": "n", "pattern": "0 3 * * *"}, {"kind": "local", "folder": "/x", "command": "c",
-                                                            "resume": True}, "run.resume", "not available on cron"),
+                                                            "resume": True}, "run.resume",
+     "cannot be combined with run.command"),
 ])
 def test_each_rule_is_named_in_its_error(on, run, path, fragment):
     assert_refused(on, run, path, fragment)
+
+
+def test_resume_is_a_flows_continuation_on_any_target_a_cron_triggers_too():
+    cron = {"type": "cron", "id": "nightly", "pattern": "0 3 * * *"}
+    assert problems(cron, {"kind": "local", "folder": "/x", "flow": "f", "task": "t", "resume": True}) == []
+    assert problems(LABEL, {**GITHUB, "resume": True}) == []
+    for other, value in (("replicas", 2), ("secrets", {"TOKEN": "ref"}), ("command", "c")):
+        run = {**GITHUB, "resume": True, other: value}
+        if other == "command":
+            del run["flow"]
+        assert_refused(LABEL, run, "run.resume", f"cannot be combined with run.{other}")
 
 
 @pytest.mark.parametrize("key, path, fragment", [

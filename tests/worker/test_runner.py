@@ -58,13 +58,25 @@ def test_a_finished_pi_run_exits_0_with_turns_and_a_per_model_ledger(job_dir, tm
 
 
 def test_pi_is_invoked_in_json_print_mode_with_the_prompt_as_a_file(job_dir, tmp_path):
-    run_runner(job_dir, tmp_path, PI_EXCLUDE_TOOLS="bash")
+    run_runner(job_dir, tmp_path, PI_EXCLUDE_TOOLS="bash", PI_RUNNER_SESSION_DIR=str(tmp_path / "none"))
 
     args = (tmp_path / "pi-args").read_text().splitlines()
     assert args[:4] == ["-p", "--mode", "json", "--no-session"]
     assert args[args.index("--provider") + 1] == "fakeai" and args[args.index("--model") + 1] == "fake-coder"
     assert args[args.index("--tools") + 1] == "read,edit,write"
     assert args[-1] == f"@{job_dir / 'prompt.md'}"
+
+
+def test_a_resume_job_continues_the_session_in_its_mounted_folder(job_dir, tmp_path):
+    """The worker mounts /session only for a `run.resume` job: pi then keeps its transcript there."""
+    sessions = tmp_path / "session"
+    sessions.mkdir()
+    run_runner(job_dir, tmp_path, PI_RUNNER_SESSION_DIR=str(sessions))
+    args = (tmp_path / "pi-args").read_text().splitlines()
+    assert "--no-session" not in args and args[args.index("--session") + 1] == str(sessions / "session.jsonl")
+
+    run_runner(job_dir, tmp_path, PI_RUNNER_SESSION_DIR=str(tmp_path / "not-mounted"))
+    assert "--no-session" in (tmp_path / "pi-args").read_text().splitlines()
 
 
 def test_a_command_job_sends_the_slash_command(job_dir, tmp_path):

@@ -39,6 +39,7 @@ from apps.worker.sandbox import agent_config, container, disk, forge_workspace, 
 from apps.worker.sandbox.egress_policy import parse_allowlist
 from apps.worker.sandbox.exitline import Telemetry, parse_exit_line, parse_summary
 from apps.worker.sandbox.workspace import WorkspaceRefused, check_local_folder
+from apps.worker.sessions import store as sessions
 
 logger = logging.getLogger("pidispatch.ladder")
 
@@ -336,6 +337,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
 
     # 10. The workspace: a local job's folder as it is; a forge job's fresh clone, made with its own token.
     workspace_folder: Path | None = None
+    cron = None
     user = container.job_user()
     if spec.kind == "local":
         workspace_started = time.perf_counter()
@@ -346,7 +348,11 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             return Verdict.refused(refused.reason)
         attempt.workspace_seconds = time.perf_counter() - workspace_started
         workspace_folder, user = local.folder, local.owner
-    dirs = attempt.dirs = jobfiles.prepare(spec, settings.PI_JOB_ROOT, owner=user, workspace=workspace_folder)
+        if spec.trigger_type == "cron":
+            previous = Run.objects.previous_cron_run_at(spec.job_id, spec.trigger_id)
+            cron = jobfiles.cron_document(spec, local.head, previous)
+    dirs = attempt.dirs = jobfiles.prepare(spec, settings.PI_JOB_ROOT, owner=user, workspace=workspace_folder,
+                                           cron=cron)
     agent_config.write(dirs.job, upstream, job_model(spec))
     if spec.kind in FORGE_KINDS:
         workspace_started = time.perf_counter()
@@ -368,6 +374,18 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
                                 on_exceeded=lambda: container.stop_job_container(spec.job_id))
     if watch.over_limit():
         return Verdict.refused("workspace-too-large")
+
+    # 10b. `run.resume`: the target's kept session, copied into the job's folder beside its workspace (the forge
+    # said whether a pull request comes from a fork; a store fault only runs the job cold).
+    resume = None
+    if spec.resume:
+        resume = sessions.checkout(spec, dirs.root, owner=user, now=timezone.now(),
+                                   pull=attempt.forge.pull if attempt.forge is not None else None)
+    # The container may write its session folder too: it is held to the workspace's bounds, measured the same way.
+    watches = [watch]
+    if resume is not None and resume.folder is not None:
+        watches.append(disk.WorkspaceWatch(spec.job_id, resume.folder, counts_whole=True,
+                                           on_exceeded=lambda: container.stop_job_container(spec.job_id)))
 
     # 11. The daily token cap (checked before, recorded after: it may overshoot by the runs in flight).
     if runtime.daily_token_cap and budget.tokens_spent_today(redis, now) >= runtime.daily_token_cap:
@@ -416,7 +434,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         logger.error("egress_gateway_unavailable job=%s why=%s", spec.job_id, exc)
         reservation.give_back(redis)
         return Verdict.infrastructure_fault("egress-gateway-unavailable")
-    watch.start()
+    for each in watches:
+        each.start()
     attempt.container_ran = True
     try:
         result = container.run_container(
@@ -434,6 +453,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             cpus=runtime.job_cpus,
             egress_mounts=egress.mounts(),
             log_bytes=settings.PI_JOB_LOG_MAX_BYTES if settings.PI_CAPTURE_JOB_LOGS else 0,
+            session_folder=resume.folder if resume is not None else None,
         )
     except container.ImageMissing:
         attempt.container_ran = False
@@ -446,7 +466,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     except container.EngineUnavailable:
         return Verdict.infrastructure_fault("docker-unavailable", budget_reserved=True)
     finally:
-        watch.close()
+        for each in watches:
+            each.close()
         egress.close()
     container_seconds = time.perf_counter() - container_started
     logger.info("job_phases job=%s gates_ms=%.1f workspace_ms=%.1f container_ms=%.1f", spec.job_id,
@@ -454,7 +475,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
                 attempt.workspace_seconds * 1000, container_seconds * 1000)
     verdict = classify(result, egress.report, runtime)
     # The watch's last look, once the container has ended: what it wrote since the last sample counts too.
-    if watch.exceeded or watch.over_limit():
+    exceeded = any(each.exceeded for each in watches)
+    if exceeded or any(each.over_limit() for each in watches):
         verdict = Verdict.refused("workspace-too-large", exit_code=verdict.exit_code, telemetry=verdict.telemetry,
                                   budget_reserved=True)
     # The container has ended: from here a Redis fault must not turn its outcome into a retry (which would
@@ -468,7 +490,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             reservation.give_back(redis)  # nothing ran, so nothing was spent
         # The dollar hold: charged what the gateway metered, unless that cannot be the whole cost (a run stopped
         # from outside may have had a call cut mid-answer): then the whole hold stays (floor).
-        killed = result.timed_out or watch.exceeded or verdict.reason in ("operator-cancel", "oom-killed")
+        killed = result.timed_out or exceeded or verdict.reason in ("operator-cancel", "oom-killed")
         attempt.container_ran = verdict.budget_reserved
         budget.settle_dollars(redis, attempt.dollars, ran=verdict.budget_reserved,
                               cost=None if killed else egress.report.meter.known_cost())
@@ -483,6 +505,11 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     forge_tokens = publishing.forge_tokens(attempt.forge) if attempt.forge is not None else []
     scrub = [credential[1], *forge_tokens, *secret_values.values()]
     verdict = replace(verdict, summary=summary, log=run_logs.captured(result.log, summary, scrub))
+    if resume is not None:
+        # Kept only when the run completed; any other end leaves the target's earlier session as it was.
+        if verdict.outcome == Outcome.COMPLETED:
+            resume = sessions.promote(resume, spec, attempt.host, scrub, now=timezone.now())
+        verdict = replace(verdict, session=resume.record_fields())
 
     # 14. Publish: the worker, not the agent, takes the work to the forge (never a credential in what it posts).
     if verdict.outcome == Outcome.COMPLETED and attempt.forge is not None:

@@ -48,6 +48,8 @@ class Verdict:
     log: object | None = field(default=None, repr=False)
     # An attempt whose worker died: whether it runs again (models.LostRetry), set by worker_lost.settle only.
     lost_retry: str = ""
+    # `run.resume`: the Run record's session fields (sessions.store.Resume.record_fields), once its container ran.
+    session: dict = field(default_factory=dict)
 
     @classmethod
     def refused(cls, reason: str, **fields) -> Verdict:

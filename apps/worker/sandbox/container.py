@@ -33,6 +33,7 @@ HOST_LABEL = "pidispatch.host"
 DEADLINE_LABEL = "pidispatch.deadline"
 CONTAINER_PREFIX = "pi-job-"
 JOB_HOME = "/home/pi"  # the job user's HOME in every image (DESIGN section 7)
+SESSION_MOUNT = "/session"  # a `run.resume` job's session folder (the runner looks for it)
 STOP_GRACE_SECONDS = 5
 # The summary and exit lines are read from the end of stdout; anything before this many bytes is ignored.
 OUTPUT_TAIL_BYTES = 64 * 1024
@@ -153,6 +154,7 @@ def run_container(
     cpus: float,
     egress_mounts: list[tuple[str, str]] = (),
     log_bytes: int = 0,
+    session_folder: Path | None = None,
 ) -> ContainerExit:
     uid, gid = user
     if uid == 0:
@@ -183,6 +185,8 @@ def run_container(
                 Mount("/workspace", str(workspace), type="bind", read_only=False),
                 # The gateway's sockets: the container's only way out (network_mode none).
                 *(Mount(target, source, type="bind", read_only=True) for source, target in egress_mounts),
+                # A `run.resume` job's session folder (apps/worker/sessions/): pi reads and appends its transcript.
+                *([Mount(SESSION_MOUNT, str(session_folder), type="bind", read_only=False)] if session_folder else []),
             ],
             log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
             detach=True,

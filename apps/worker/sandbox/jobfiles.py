@@ -69,7 +69,15 @@ def render_prompt(spec: JobSpec) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def event_document(spec: JobSpec) -> dict:
+def cron_document(spec: JobSpec, head: str, previous_run_at: datetime | None) -> dict:
+    """What a cron job knows of itself, as the ancestor's event.json says it: the trigger's id and pattern, the
+    occurrence it fires for, when the trigger's previous run ended (None: this is its first), the folder's HEAD."""
+    return {"id": spec.context.get("cronId"), "pattern": spec.context.get("pattern"),
+            "scheduledFor": spec.context.get("scheduledFor"),
+            "previousRunAt": previous_run_at.isoformat() if previous_run_at else None, "head": head or None}
+
+
+def event_document(spec: JobSpec, cron: dict | None = None) -> dict:
     document = {
         "jobId": spec.job_id,
         "kind": spec.kind,
@@ -85,10 +93,14 @@ def event_document(spec: JobSpec) -> dict:
         document.update(projectId=spec.project_id or None, repositoryId=spec.repository_id or None)
     if spec.replica is not None:
         document.update(replica=spec.replica, replicas=spec.replicas)
+    if cron is not None:
+        document["cron"] = cron
+        document["previousRunAt"] = cron["previousRunAt"]  # where the ancestor's cron jobs read it
     return document
 
 
-def prepare(spec: JobSpec, root: Path, owner: tuple[int, int], workspace: Path | None = None) -> JobDirs:
+def prepare(spec: JobSpec, root: Path, owner: tuple[int, int], workspace: Path | None = None,
+            cron: dict | None = None) -> JobDirs:
     """Fresh folders for this attempt. The workspace is an empty folder owned by the container's user,
     unless the job brings its own (a local job's folder, which is never created or removed here)."""
     job_root = root / spec.job_id
@@ -107,7 +119,7 @@ def prepare(spec: JobSpec, root: Path, owner: tuple[int, int], workspace: Path |
             dirs.workspace.mkdir(mode=0o755)
         # Forge text may hold lone surrogates (valid JSON, not encodable UTF-8): they become U+FFFD.
         (dirs.job / "prompt.md").write_text(render_prompt(spec), encoding="utf-8", errors="replace")
-        (dirs.job / "event.json").write_text(json.dumps(event_document(spec), indent=2), encoding="utf-8")
+        (dirs.job / "event.json").write_text(json.dumps(event_document(spec, cron), indent=2), encoding="utf-8")
         for path in (dirs.job, dirs.job / "prompt.md", dirs.job / "event.json"):
             path.chmod(0o755 if path.is_dir() else 0o644)
         if workspace is None and os.geteuid() == 0:

@@ -43,6 +43,7 @@ class WorkspaceRefused(Exception):
 class LocalWorkspace:
     folder: Path
     owner: tuple[int, int]
+    head: str = ""  # the folder's HEAD commit, as git status named it
 
 
 def _git(path: Path, owner: tuple[int, int], *args: str) -> subprocess.CompletedProcess:
@@ -132,4 +133,6 @@ def check_local_folder(folder: str, *, force: bool) -> LocalWorkspace:
         raise WorkspaceRefused("workspace-no-commit", "the repository has no commit yet")
     if any(not line.startswith("# ") for line in lines if line) and not force:
         raise WorkspaceRefused("workspace-dirty", "the folder has uncommitted changes; commit or stash them, or force")
-    return LocalWorkspace(folder=path, owner=owner)
+    head = next((line.split()[2] for line in lines if line.startswith("# branch.oid ") and len(line.split()) == 3),
+                "")
+    return LocalWorkspace(folder=path, owner=owner, head=head)

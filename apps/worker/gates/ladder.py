@@ -26,6 +26,8 @@ from redis.exceptions import RedisError
 from apps.fleet import cancel
 from apps.fleet.connection import get_redis
 from apps.worker import run_logs
+from apps.worker.chaining import service as chaining
+from apps.worker.chaining import skills as chain_skills
 from apps.worker.forges import ForgeFailure
 from apps.worker.forges.publishing import kept
 from apps.worker.forges.publishing import service as publishing
@@ -64,6 +66,7 @@ class Attempt:
     spending: bool = False  # from the egress gateway's start on: a fault no longer sends the job back
     dollars: budget.DollarHold | None = None  # the dollar hold, from gate 11 on
     container_ran: bool = False  # the container may have spent: an unsettled dollar hold is kept whole
+    chainable: frozenset[str] = frozenset()  # flows whose skill allows being chained, read before the agent ran
 
     @property
     def holder(self) -> str:
@@ -346,13 +349,18 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             return Verdict.refused(refused.reason)
         attempt.workspace_seconds = time.perf_counter() - workspace_started
         workspace_folder, user = local.folder, local.owner
-    dirs = attempt.dirs = jobfiles.prepare(spec, settings.PI_JOB_ROOT, owner=user, workspace=workspace_folder)
+        if chaining.may_have_children(spec):
+            attempt.chainable = chain_skills.chainable_in_folder(local.folder, local.owner, spec.job_id)
+    dirs = attempt.dirs = jobfiles.prepare(spec, settings.PI_JOB_ROOT, owner=user, workspace=workspace_folder,
+                                           outbox=chaining.enabled_for(spec))
     agent_config.write(dirs.job, upstream, job_model(spec))
     if spec.kind in FORGE_KINDS:
         workspace_started = time.perf_counter()
         try:
             attempt.forge = forge_workspace.prepare(spec, dirs, owner=user)
             attempt.workspace_seconds = time.perf_counter() - workspace_started
+            if chaining.may_have_children(spec):
+                attempt.chainable = chain_skills.chainable_in_job_folder(dirs.job)
         except WorkspaceRefused as refused:
             logger.info("workspace_refused job=%s reason=%s", spec.job_id, refused.reason)
             return Verdict.refused(refused.reason)
@@ -368,6 +376,10 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
                                 on_exceeded=lambda: container.stop_job_container(spec.job_id))
     if watch.over_limit():
         return Verdict.refused("workspace-too-large")
+    # The outbox is the host's disk too: held to the same bounds, counted whole.
+    outbox_watch = disk.WorkspaceWatch(spec.job_id, dirs.outbox, counts_whole=True,
+                                       on_exceeded=lambda: container.stop_job_container(spec.job_id)) \
+        if dirs.outbox is not None else None
 
     # 11. The daily token cap (checked before, recorded after: it may overshoot by the runs in flight).
     if runtime.daily_token_cap and budget.tokens_spent_today(redis, now) >= runtime.daily_token_cap:
@@ -417,6 +429,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         reservation.give_back(redis)
         return Verdict.infrastructure_fault("egress-gateway-unavailable")
     watch.start()
+    if outbox_watch is not None:
+        outbox_watch.start()
     attempt.container_ran = True
     try:
         result = container.run_container(
@@ -434,6 +448,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             cpus=runtime.job_cpus,
             egress_mounts=egress.mounts(),
             log_bytes=settings.PI_JOB_LOG_MAX_BYTES if settings.PI_CAPTURE_JOB_LOGS else 0,
+            outbox=dirs.outbox,
         )
     except container.ImageMissing:
         attempt.container_ran = False
@@ -447,6 +462,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         return Verdict.infrastructure_fault("docker-unavailable", budget_reserved=True)
     finally:
         watch.close()
+        if outbox_watch is not None:
+            outbox_watch.close()
         egress.close()
     container_seconds = time.perf_counter() - container_started
     logger.info("job_phases job=%s gates_ms=%.1f workspace_ms=%.1f container_ms=%.1f", spec.job_id,
@@ -454,7 +471,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
                 attempt.workspace_seconds * 1000, container_seconds * 1000)
     verdict = classify(result, egress.report, runtime)
     # The watch's last look, once the container has ended: what it wrote since the last sample counts too.
-    if watch.exceeded or watch.over_limit():
+    if watch.exceeded or watch.over_limit() or (
+            outbox_watch is not None and (outbox_watch.exceeded or outbox_watch.over_limit())):
         verdict = Verdict.refused("workspace-too-large", exit_code=verdict.exit_code, telemetry=verdict.telemetry,
                                   budget_reserved=True)
     # The container has ended: from here a Redis fault must not turn its outcome into a retry (which would
@@ -494,4 +512,9 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             verdict = replace(verdict, outcome=Outcome.FAILED, reason=reason, retryable=False)
         elif reason:
             verdict = replace(verdict, outcome=Outcome.POLICY, reason=reason)
+
+    # Chaining: only a completed run's requests are read, once (its record names the children).
+    if verdict.outcome == Outcome.COMPLETED:
+        chain = chaining.collect(spec, dirs.outbox, attempt.chainable)
+        verdict = replace(verdict, chain_children=chain.children, chain_refusals=chain.refusals)
     return verdict

@@ -48,6 +48,9 @@ class Verdict:
     log: object | None = field(default=None, repr=False)
     # An attempt whose worker died: whether it runs again (models.LostRetry), set by worker_lost.settle only.
     lost_retry: str = ""
+    # Chaining (apps/worker/chaining/): the children a completed run's /outbox asked for, and what was refused.
+    chain_children: tuple[str, ...] = ()
+    chain_refusals: dict = field(default_factory=dict)
 
     @classmethod
     def refused(cls, reason: str, **fields) -> Verdict:

@@ -200,6 +200,11 @@ SECTIONS: tuple[Section, ...] = (
           "spending: argv <job id> <outcome> <reason> <host>, a JSON document on stdin."),
         S("PI_ON_FAILURE_TIMEOUT_MS", "10000", "How long the failure hook may run before it is stopped."),
     )),
+    Section("Notifications", "manage.py notify_worker (endpoints are set in the admin)", (
+        S("PI_NOTIFY_ATTEMPTS", "5", "Tries of one notification delivery in all."),
+        S("PI_NOTIFY_RETRY_SECONDS", "30", "The first backoff between them (doubling)."),
+        S("PI_NOTIFY_TIMEOUT_SECONDS", "10", "How long one try may take."),
+    )),
     Section("Run logs", "the workers", (
         S("PI_CAPTURE_JOB_LOGS", "false", "Keep each run's container output and summary (they hold issue text)."),
         S("PI_JOB_LOG_MAX_BYTES", "1048576", "The most kept per run."),

@@ -169,7 +169,10 @@ class JobSpec:
     def to_payload(self) -> dict[str, Any]:
         # Shallow on purpose (`dataclasses.asdict` deep-copies, a fifth of a webhook's enqueue): the payload
         # is pickled straight away and never changed.
-        return {name: getattr(self, name) for name in _FIELD_NAMES}
+        payload = {name: getattr(self, name) for name in _FIELD_NAMES}
+        if not self.chain_depth:
+            del payload["chain_depth"]  # only a chained child carries it: other payloads stay as older workers read them
+        return payload
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> JobSpec:

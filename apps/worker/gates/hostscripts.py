@@ -4,9 +4,9 @@ resolver also answers on stdout.
 
 The script gets an argv (never a shell), stdin from /dev/null (the failure hook: a small JSON document), stderr
 discarded, a closed environment (PATH, HOME, USER, LOGNAME, LANG, LC_ALL, TMPDIR: never the worker's keys and
-tokens; a script that needs more sets it itself), its own session (so a timeout stops everything it started), and a time bound: past
-it the session gets SIGTERM, then SIGKILL 2 s later. The answer is decided when the script exits, not
-when its stdout closes, so a background grandchild holding the pipe cannot turn a prompt answer into a
+tokens; a script that needs more sets it itself), its own session (so a timeout stops everything it started),
+and a time bound: past it the session gets SIGTERM, then SIGKILL 2 s later. The answer is decided when the
+script exits, not when its stdout closes, so a background grandchild holding the pipe cannot turn a prompt answer into a
 timeout. Captured stdout is bounded: a script that prints more than it may is stopped, its answer marked
 `overflow`.
 """

@@ -409,6 +409,10 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         reservation = budget.reserve(redis, limit, runtime, now)
     except budget.CapRefusal as refusal:
         logger.info("cap_refused job=%s reason=%s window=%s", spec.job_id, refusal.reason, refusal.window)
+        if refusal.reason == "soft-hold":
+            period = budget.window_keys("all", now)[refusal.window].rsplit(":", 1)[-1]
+            budget.soft_hold_reached.send_robust(sender=budget.CapRefusal, window=refusal.window, period=period,
+                                                 job_id=spec.job_id)
         return Verdict.refused(refusal.reason, budget_reserved=refusal.budget_reserved)
 
     # 13. The container: the only step that spends. A cancel that arrived during the gates stops it here.

@@ -263,7 +263,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     @admin.display(description="children")
     def children_display(self, run: Run) -> str:
-        children = list(dict.fromkeys([*run.chain_children, *Run.objects.children_of(run.job_id)]))
+        children = list(dict.fromkeys([*(run.chain_children or []), *Run.objects.children_of(run.job_id)]))
         if not children:
             return "-"
         latest = Run.objects.latest_outcomes(children)

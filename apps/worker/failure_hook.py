@@ -31,7 +31,7 @@ from apps.worker.models import LostRetry, Outcome, Run
 
 logger = logging.getLogger("pidispatch.failure_hook")
 
-FIRED_KEY = "pi-dispatch:on-failure:{job_id}"
+FIRED_KEY = "pidispatch:on-failure:{job_id}"
 FIRED_TTL_SECONDS = 30 * 24 * 3600
 
 

@@ -105,8 +105,9 @@ class Run(models.Model):
     # Chaining (apps/worker/chaining/): how far below the job that started its chain this job is (0: it started
     # one), the children its completed run enqueued (job ids), and its refused requests ({reason token: count}).
     chain_depth = models.PositiveSmallIntegerField(default=0, db_default=0)
-    chain_children = models.JSONField(default=list, blank=True)
-    chain_refusals = models.JSONField(default=dict, blank=True)
+    # Nullable: a worker of the release before writes rows without them while the hosts roll.
+    chain_children = models.JSONField(default=list, null=True, blank=True)
+    chain_refusals = models.JSONField(default=dict, null=True, blank=True)
     # What the worker published for a completed forge run (apps/worker/forges/publishing/): `published` (a branch and a
     # pull/merge request, or the triggering PR's own branch), `commented`, `nothing-to-publish`, or a refusal.
     publish_outcome = models.CharField(max_length=40, blank=True)

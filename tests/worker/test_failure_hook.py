@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.fleet.cancel import request_key
+from apps.fleet import cancel
 from apps.worker.models import Outcome, Run
 from tests.conftest import ROOT, wait_for
 from tests.jobspecs import MARKER, enqueue_spec, marked_spec
@@ -21,23 +21,26 @@ PUBLIC_URL = "https://pi.example.invalid"
 
 @pytest.fixture
 def hook(tmp_path):
-    """A hook that appends one JSON line per call to `calls.jsonl`: its argv, stdin and environment's names."""
+    """A hook that keeps, per call, its argv, stdin and environment's names in a folder `call-<pid>` of its own."""
     folder = tmp_path / "hook"
     folder.mkdir()
     script = folder / "on-failure"
-    script.write_text(f"""#!/usr/bin/env python3
-import json, os, sys
-with open({str(folder / 'calls.jsonl')!r}, "a") as calls:
-    calls.write(json.dumps({{"argv": sys.argv[1:], "stdin": sys.stdin.read(), "env": sorted(os.environ)}}) + "\\n")
-sys.exit(3)
+    script.write_text(f"""#!/bin/sh
+call={folder}/call-$$
+mkdir "$call"
+printf '%s\\n' "$@" > "$call/argv"
+cat > "$call/stdin"
+env | sed 's/=.*//' | sort > "$call/env"
+exit 3
 """)
     script.chmod(0o755)
     return script
 
 
 def calls(hook: Path) -> list[dict]:
-    path = hook.parent / "calls.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    folders = sorted(hook.parent.glob("call-*"), key=lambda folder: folder.stat().st_mtime)
+    return [{"argv": (folder / "argv").read_text().splitlines(), "stdin": (folder / "stdin").read_text(),
+             "env": (folder / "env").read_text().split()} for folder in folders]
 
 
 def env(hook: Path, **more) -> dict:
@@ -61,7 +64,8 @@ def test_an_in_container_policy_stop_runs_the_hook_once_with_ids_only(hook, run_
     assert MARKER not in call["stdin"]  # no title, body, comment or instructions
     # A closed environment: none of the worker's keys, tokens or database.
     assert not set(call["env"]) & {"ANTHROPIC_API_KEY", "GITHUB_TOKEN", "DATABASE_URL", "PI_ON_FAILURE"}
-    assert set(call["env"]) <= {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TMPDIR", "PWD", "SHLVL", "_"}
+    assert set(call["env"]) <= {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TMPDIR", "PWD", "SHLVL", "_",
+                                "OLDPWD"}
     assert f"failure_hook_ran job={job_id} outcome=policy reason=runner-policy result=exit-3" in result.stderr
     assert MARKER not in result.stderr
 
@@ -79,19 +83,32 @@ def test_an_infrastructure_fault_runs_the_hook_after_the_last_attempt_only(hook,
     assert json.loads(call["stdin"])["attempt"] == 2
 
 
-def test_a_worker_abort_pages_and_completed_refused_or_cancelled_jobs_do_not(hook, run_worker, redis_conn):
+def test_a_worker_abort_pages_and_completed_or_refused_jobs_do_not(hook, run_worker):
     aborted = enqueue_spec(marked_spec("gh-hook-abort", body="fake-agent:sleep=30"))
     completed = enqueue_spec(marked_spec("gh-hook-done"))
     refused = enqueue_spec(marked_spec("gh-hook-refused", image="pidispatch-missing:never"))
-    cancelled = enqueue_spec(marked_spec("gh-hook-cancelled"))
-    redis_conn.set(request_key(cancelled), "test")
 
     run_worker("pi-jobs", env_overrides=env(hook, PI_JOB_TIMEOUT_SECONDS="3"))
 
     outcomes = {run.job_id: (run.outcome, run.reason) for run in Run.objects.all()}
     assert outcomes == {aborted: (Outcome.POLICY, "worker-abort"), completed: (Outcome.COMPLETED, ""),
-                        refused: (Outcome.POLICY, "job-image-missing"), cancelled: (Outcome.POLICY, "operator-cancel")}
+                        refused: (Outcome.POLICY, "job-image-missing")}
     assert [call["argv"][:3] for call in calls(hook)] == [[aborted, "policy", "worker-abort"]]
+
+
+def test_an_operators_cancel_of_a_running_job_does_not_page(hook, start_worker, redis_conn, job_containers):
+    worker = start_worker("pi-jobs", env=env(hook))
+    job_id = enqueue_spec(marked_spec("gh-hook-cancel", body="fake-agent:sleep=60"))
+    wait_for(lambda: job_containers().get(job_id), timeout=90, what="the container")
+
+    assert cancel.cancel_job(redis_conn, job_id, by="test").outcome == "stopping"
+
+    run = wait_for(lambda: Run.objects.filter(job_id=job_id).first(), timeout=60, what="the record")
+    assert (run.outcome, run.reason, run.budget_reserved) == (Outcome.POLICY, "operator-cancel", True)
+    assert run.exit_code is not None  # it ran and spent: only the cancel keeps the hook quiet
+    time.sleep(1)
+    worker.stop()
+    assert calls(hook) == []
 
 
 def test_a_hook_past_its_time_is_stopped_and_the_worker_goes_on(tmp_path, run_worker):

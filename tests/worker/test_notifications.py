@@ -17,7 +17,7 @@ from django.utils import timezone
 from apps.notifications import services
 from apps.notifications.models import Delivery, DeliveryStatus, Endpoint, Event, Style
 from apps.worker.models import Outcome, Run
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 from tests.jobspecs import MARKER, enqueue_spec, marked_spec
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -73,7 +73,7 @@ def receiver():
 def notify_worker(worker_env):
     def run(**env):
         result = subprocess.run([sys.executable, "manage.py", "notify_worker", "--burst"], cwd=ROOT,
-                                env={**worker_env, VARIABLE: SECRET, "PI_NOTIFY_RETRY_SECONDS": "0", **env},
+                                env={**worker_env, VARIABLE: SECRET, **env},
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stdout + result.stderr
         return result
@@ -95,7 +95,7 @@ def test_a_failure_is_queued_by_the_worker_then_delivered_signed_and_retried(
     Endpoint.objects.create(name="off", url=endpoint_at.url, enabled=False)
     job_id = enqueue_spec(marked_spec("gh-notify-1", body="fake-agent:exit=2"))
 
-    run_worker("pi-jobs", env_overrides={"PI_PUBLIC_URL": "https://pi.example.invalid"})
+    run_worker("pi-jobs", env_overrides={"PI_PUBLIC_URL": "https://pi.example.invalid", "PI_NOTIFY_RETRY_SECONDS": "1"})
 
     assert Run.objects.get(job_id=job_id).reason == "runner-policy"
     [delivery] = Delivery.objects.all()
@@ -104,6 +104,9 @@ def test_a_failure_is_queued_by_the_worker_then_delivered_signed_and_retried(
     assert endpoint_at.requests == []  # the job's worker only queued it
 
     result = notify_worker()
+    assert len(endpoint_at.requests) == 1  # the second try waits out its backoff (1 s here)
+    wait_for(lambda: notify_worker() and len(endpoint_at.requests) == 2, timeout=30, interval=0.5,
+             what="the second try")
 
     assert len(endpoint_at.requests) == 2 and all(signature_ok(request) for request in endpoint_at.requests)
     assert not signature_ok(endpoint_at.requests[0], secret="another secret")
@@ -120,20 +123,22 @@ def test_a_failure_is_queued_by_the_worker_then_delivered_signed_and_retried(
 
     # Every try is on the delivery's admin page; the endpoint list shows no URL path (Slack's hold a credential).
     page = admin_client.get(reverse("admin:notifications_delivery_change", args=[delivery.pk])).content.decode()
-    assert "http-500" in page and "delivered" in page
+    assert "<p>http-500</p>" in page and "<p>500</p>" in page and ">Delivered<" in page
     listing = admin_client.get(reverse("admin:notifications_endpoint_changelist")).content.decode()
     assert "secret-path" not in listing
 
 
 def test_a_delivery_that_keeps_failing_is_failed_after_its_tries_and_can_be_delivered_again(
-        receiver, notify_worker, admin_client):
+        receiver, notify_worker, admin_client, settings):
+    # The retry policy is the queueing process's: three tries, at once one after the other.
+    settings.PI_NOTIFY_ATTEMPTS, settings.PI_NOTIFY_RETRY_SECONDS = 3, 0
     endpoint_at = receiver([503, 503, 503, 200])
     Endpoint.objects.create(name="chat", url=endpoint_at.url, style=Style.SLACK)
     [delivery] = services.notify(Event.FAILURE, "gh-notify-2", {"jobId": "gh-notify-2", "outcome": "failed",
                                                                 "reason": "runner-infra", "target": "acme/web#7"})
     assert services.notify(Event.FAILURE, "gh-notify-2", {"jobId": "gh-notify-2"}) == []  # once per subject
 
-    notify_worker(PI_NOTIFY_ATTEMPTS="3")
+    notify_worker()
 
     delivery.refresh_from_db()
     assert (delivery.status, delivery.attempts, len(endpoint_at.requests)) == (DeliveryStatus.FAILED, 3, 3)
@@ -144,7 +149,7 @@ def test_a_delivery_that_keeps_failing_is_failed_after_its_tries_and_can_be_deli
     response = admin_client.post(reverse("admin:notifications_delivery_changelist"),
                                  {"action": "deliver_again", "_selected_action": [delivery.pk]}, follow=True)
     assert f"Queued again: {delivery.pk}." in response.content.decode()
-    notify_worker(PI_NOTIFY_ATTEMPTS="3")
+    notify_worker()
     delivery.refresh_from_db()
     assert (delivery.status, delivery.attempts, len(endpoint_at.requests)) == (DeliveryStatus.DELIVERED, 4, 4)
 

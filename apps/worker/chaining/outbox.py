@@ -4,9 +4,9 @@ past its bound, and each file is judged on its own (one bad request never hides 
 A request is `request-<n>.json` (n: 1 to 6 digits), read in numeric order: a regular file (`chain-not-regular-file`:
 a link, a fifo, a folder), at most MAX_REQUEST_BYTES (`chain-oversize`), a JSON object (`chain-parse-error`) without
 a `command` (`chain-command-refused`), whose `flow` is a skill name (`chain-bad-flow-name`) and whose `task` is text
-(`chain-bad-task`). Past the first `max_requests` request files the rest are refused unread (`chain-count-cap`).
-Other names are ignored. The folder's listing is bounded too: a run that left more than MAX_ENTRIES entries has
-every request refused `chain-outbox-flooded`.
+(`chain-bad-task`); one that cannot be opened or read otherwise is `chain-unreadable`. Past the first `max_requests`
+request files the rest are refused unread (`chain-count-cap`). Other names are ignored. The folder's listing is
+bounded too: a run that left more than MAX_ENTRIES entries has its requests refused at once (`chain-outbox-flooded`).
 """
 
 from __future__ import annotations
@@ -84,7 +84,8 @@ def _read_request(directory: int, name: str) -> Request | str:
         # O_NOFOLLOW: a link is refused, never followed; O_NONBLOCK: opening a fifo never waits for a writer.
         descriptor = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
     except OSError as error:
-        return "chain-not-regular-file" if error.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO) else "chain-unreadable"
+        not_regular = error.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO)
+        return "chain-not-regular-file" if not_regular else "chain-unreadable"
     try:
         status = os.fstat(descriptor)
         if not stat.S_ISREG(status.st_mode):

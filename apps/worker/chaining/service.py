@@ -5,8 +5,8 @@
     result.refusals    # {reason token: count}
 
 A child is an ordinary job on its parent's target: a local parent's folder on the parent's host (its host queue
-when the host is declared; forced when its parent was, since it starts from its parent's uncommitted work), or a forge parent's issue or pull request (the shared queue; it is cloned and published
-like any forge job). It takes the parent's image and the limits that can only lower a cap (max turns, max cost,
+when the host is declared; forced when its parent was, since it starts from its parent's uncommitted work), or a
+forge parent's issue or pull request (the shared queue; it is cloned and published like any forge job). It takes the parent's image and the limits that can only lower a cap (max turns, max cost,
 excluded tools); never its secrets, secret profile, provider, model, wait conditions, instructions or comment text.
 Its id is `chain-<16 hex>` of the parent's id, flow and task: an attempt run again that asks the same again finds
 its children already queued (enqueue is unique on the id), so a chain never grows twice from one request.

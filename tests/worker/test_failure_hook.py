@@ -8,9 +8,11 @@ import time
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from apps.fleet import cancel
-from apps.worker.models import Outcome, Run
+from apps.worker import failure_hook
+from apps.worker.models import LostRetry, Outcome, Run
 from tests.conftest import ROOT, wait_for
 from tests.jobspecs import MARKER, enqueue_spec, marked_spec
 
@@ -129,3 +131,34 @@ def test_a_relative_hook_path_stops_the_worker_from_starting(worker_env):
     result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, capture_output=True, text=True,
                             env={**worker_env, "PI_ON_FAILURE": "bin/page-me"})
     assert result.returncode != 0 and "PI_ON_FAILURE='bin/page-me' is not an absolute path" in result.stderr
+
+
+def recorded(job_id: str, outcome: str, reason: str = "", exit_code=None, budget_reserved=True, **fields) -> Run:
+    now = timezone.now()
+    return Run.objects.create(job_id=job_id, kind="github", target="acme/web#7", outcome=outcome, reason=reason,
+                              exit_code=exit_code, budget_reserved=budget_reserved, started_at=now, ended_at=now,
+                              **fields)
+
+
+@pytest.mark.parametrize("run_fields, pages", [
+    (dict(outcome=Outcome.POLICY, reason="oom-killed", exit_code=137), True),
+    (dict(outcome=Outcome.POLICY, reason="cost-cap", exit_code=2), True),  # the gateway stopped it
+    (dict(outcome=Outcome.POLICY, reason="workspace-too-large", exit_code=0), False),  # it completed
+    (dict(outcome=Outcome.POLICY, reason="ci-change-refused", exit_code=0), False),  # a publish refusal
+    (dict(outcome=Outcome.POLICY, reason="job-image-missing", budget_reserved=False), False),
+    (dict(outcome=Outcome.POLICY, reason="soft-hold"), False),  # held before the container: no exit code
+    (dict(outcome=Outcome.POLICY, reason="operator-cancel", exit_code=143), False),
+    (dict(outcome=Outcome.FAILED, reason="worker-lost", lost_retry=LostRetry.RETRIED), False),  # runs again
+    (dict(outcome=Outcome.FAILED, reason="worker-lost", lost_retry=LostRetry.USED_UP), True),
+    (dict(outcome=Outcome.FAILED, reason="worker-lost", lost_retry=LostRetry.CANCELLED), False),
+    (dict(outcome=Outcome.FAILED, reason="publish-unavailable", exit_code=0), True),  # failed for good
+    (dict(outcome=Outcome.COMPLETED, exit_code=0), False),
+])
+def test_which_records_page_and_each_job_pages_once(hook, settings, run_fields, pages):
+    settings.PI_ON_FAILURE = str(hook)
+    run = recorded("gh-hook-table", **run_fields)
+
+    assert failure_hook.pages_for(run) is pages
+    failure_hook.fire(run)
+    failure_hook.fire(run)  # a second record of the same job (another attempt's, a lost one's) pages no more
+    assert len(calls(hook)) == (1 if pages else 0)

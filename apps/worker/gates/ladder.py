@@ -5,8 +5,8 @@ it with a `Verdict` (refused, or an infrastructure fault to retry).
 The order: 1 cancelled before start, 2 pause windows, 3 wait-for, 4 host slot, scope concurrency and folder
 mutex, 5 settings overlay, 6 one-shot spent, 7 image preflight, 8 provider credential, 9 secrets,
 10 workspace, 11 daily token cap and dollar windows, 12 job-count caps, 13 the container behind its egress
-gateway, 14 publish. Every gate's module, the reasons it can end a job with, and what it defers for:
-docs/architecture.md, "The gate ladder".
+gateway, 14 publish, then a completed run's chained children (apps/worker/chaining/). Every gate's module, the
+reasons it can end a job with, and what it defers for: docs/architecture.md, "The gate ladder".
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from django.utils.html import format_html
 from pidispatch_site.admin_mixins import ReadOnlyAdminMixin
 
 from . import services
-from .models import Delivery, DeliveryAttempt, Endpoint
+from .models import Endpoint, Notification, NotificationAttempt
 
 
 @admin.register(Endpoint)
@@ -34,7 +34,7 @@ class EndpointAdmin(admin.ModelAdmin):
 
 
 class AttemptInline(admin.TabularInline):
-    model = DeliveryAttempt
+    model = NotificationAttempt
     fields = ("number", "at", "status_code", "error", "duration_ms")
     readonly_fields = fields
     extra = 0
@@ -44,7 +44,7 @@ class AttemptInline(admin.TabularInline):
         return False
 
 
-@admin.register(Delivery)
+@admin.register(Notification)
 class DeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("created_at", "endpoint", "event", "subject", "status_display", "attempts", "finished_at")
     list_filter = ("status", "event", "endpoint")
@@ -55,13 +55,13 @@ class DeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     fields = ("endpoint", "event", "subject", "status", "attempts", "created_at", "finished_at", "document")
 
     @admin.display(description="status", ordering="status")
-    def status_display(self, delivery: Delivery) -> str:
+    def status_display(self, delivery: Notification) -> str:
         colour = {"delivered": "green", "failed": "#ba2121"}.get(delivery.status, "inherit")
         return format_html('<span style="color: {}">{}</span>', colour, delivery.status)
 
     def has_change_permission(self, request, obj=None):
         # The action needs the change permission; the form stays read-only (every field is readonly).
-        return request.user.has_perm("notifications.change_delivery")
+        return request.user.has_perm("notifications.change_notification")
 
     def get_readonly_fields(self, request, obj=None):
         return self.fields

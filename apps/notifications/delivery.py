@@ -2,11 +2,11 @@
 
 The body is the delivery's document (JSON style: `{"event", "subject", "delivery", "data": {...}}`; Slack style:
 `{"text": "..."}` of the same ids), POSTed with `Content-Type: application/json`, `X-Pidispatch-Event`,
-`X-Pidispatch-Delivery`, `X-Pidispatch-Timestamp` (unix seconds) and, when the endpoint names a signing secret,
+`X-Pidispatch-Notification`, `X-Pidispatch-Timestamp` (unix seconds) and, when the endpoint names a signing secret,
 `X-Pidispatch-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>." + body>`. A 2xx answer delivers it; anything else
 (an error status, a redirect, a timeout, a refused connection, the secret's variable unset) is recorded as a try and
 raised, so RQ tries again as the job's retry policy says; the last try marks the delivery failed. Every try leaves a
-DeliveryAttempt row (status code or error token, and how long it took): never the answer's body, never the secret.
+NotificationAttempt row (status code or error token, and how long it took): never the answer's body, never the secret.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from django.db import transaction
 from django.utils import timezone
 from rq import get_current_job
 
-from .models import Delivery, DeliveryAttempt, DeliveryStatus, Style
+from .models import Notification, NotificationAttempt, NotificationStatus, Style
 
 logger = logging.getLogger("pidispatch.notifications")
 
@@ -33,7 +33,7 @@ class DeliveryFailed(Exception):
     """A try that did not deliver: RQ retries the job (ids and a token only in its message)."""
 
 
-def body_of(delivery: Delivery) -> bytes:
+def body_of(delivery: Notification) -> bytes:
     document = delivery.document
     if delivery.endpoint.style == Style.SLACK:
         parts = [f"pidispatch: {delivery.event}", document.get("jobId") or "", document.get("outcome") or "",
@@ -51,13 +51,13 @@ def sign(secret: bytes, timestamp: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret, timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
 
 
-def _post(delivery: Delivery) -> tuple[int | None, str]:
+def _post(delivery: Notification) -> tuple[int | None, str]:
     """(status code, error token) of one POST."""
     endpoint = delivery.endpoint
     body = body_of(delivery)
     timestamp = str(int(time.time()))
     headers = {"Content-Type": "application/json", "User-Agent": "pidispatch-notify",
-               "X-Pidispatch-Event": delivery.event, "X-Pidispatch-Delivery": str(delivery.pk),
+               "X-Pidispatch-Event": delivery.event, "X-Pidispatch-Notification": str(delivery.pk),
                "X-Pidispatch-Timestamp": timestamp}
     if endpoint.secret_variable:
         secret = os.environ.get(endpoint.secret_variable, "")
@@ -78,8 +78,8 @@ def _post(delivery: Delivery) -> tuple[int | None, str]:
 
 
 def deliver(delivery_pk: int) -> str:
-    delivery = Delivery.objects.select_related("endpoint").get(pk=delivery_pk)
-    if delivery.status == DeliveryStatus.DELIVERED:
+    delivery = Notification.objects.select_related("endpoint").get(pk=delivery_pk)
+    if delivery.status == NotificationStatus.DELIVERED:
         return delivery.status
     started = time.monotonic()
     status_code, error = _post(delivery)
@@ -87,14 +87,15 @@ def deliver(delivery_pk: int) -> str:
     job = get_current_job()
     last = job is None or not job.retries_left
     with transaction.atomic():
-        delivery = Delivery.objects.select_for_update().get(pk=delivery_pk)
+        delivery = Notification.objects.select_for_update().get(pk=delivery_pk)
         delivery.attempts += 1
-        DeliveryAttempt.objects.create(delivery=delivery, number=delivery.attempts, at=now, status_code=status_code,
-                                       error=error, duration_ms=int((time.monotonic() - started) * 1000))
+        NotificationAttempt.objects.create(notification=delivery, number=delivery.attempts, at=now,
+                                           status_code=status_code, error=error,
+                                           duration_ms=int((time.monotonic() - started) * 1000))
         if not error:
-            delivery.status, delivery.finished_at = DeliveryStatus.DELIVERED, now
+            delivery.status, delivery.finished_at = NotificationStatus.DELIVERED, now
         elif last:
-            delivery.status, delivery.finished_at = DeliveryStatus.FAILED, now
+            delivery.status, delivery.finished_at = NotificationStatus.FAILED, now
         delivery.save(update_fields=["attempts", "status", "finished_at"])
     logger.info("notification_try delivery=%s endpoint=%s try=%d result=%s", delivery.pk, delivery.endpoint_id,
                 delivery.attempts, error or f"http-{status_code}")

@@ -1,5 +1,5 @@
-"""Where notifications go (Endpoint), what was sent (Delivery: one per endpoint, event and subject) and every try of
-it (DeliveryAttempt). Ids, names and numbers only: a delivery's document never holds issue text, a login or a
+"""Where notifications go (Endpoint), what was sent (Notification: one per endpoint, event and subject) and every try
+of it (NotificationAttempt). Ids, names and numbers only: a delivery's document never holds issue text, a login or a
 secret, and an endpoint holds no secret either, only the name of the environment variable that does."""
 
 from django.core.validators import RegexValidator
@@ -43,34 +43,33 @@ class Endpoint(models.Model):
         return self.name
 
 
-class DeliveryStatus(models.TextChoices):
+class NotificationStatus(models.TextChoices):
     PENDING = "pending"
     DELIVERED = "delivered"
     FAILED = "failed"
 
 
-class Delivery(models.Model):
+class Notification(models.Model):
     endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="deliveries")
     event = models.CharField(max_length=32, choices=Event.choices)
     subject = models.CharField(max_length=200, help_text="The job id, or the budget window.")
     document = models.JSONField(help_text="What was sent: ids, names and numbers only.")
-    status = models.CharField(max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)
+    status = models.CharField(max_length=16, choices=NotificationStatus.choices, default=NotificationStatus.PENDING)
     attempts = models.PositiveSmallIntegerField(default=0)
     created_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        verbose_name_plural = "deliveries"
-        constraints = [models.UniqueConstraint(fields=["endpoint", "event", "subject"], name="notify_delivery_once")]
-        indexes = [models.Index(fields=["status", "-created_at"], name="notify_delivery_status_idx")]
+        constraints = [models.UniqueConstraint(fields=["endpoint", "event", "subject"], name="notification_once")]
+        indexes = [models.Index(fields=["status", "-created_at"], name="notification_status_idx")]
 
     def __str__(self):
         return f"{self.event} {self.subject} to {self.endpoint_id}"
 
 
-class DeliveryAttempt(models.Model):
-    delivery = models.ForeignKey(Delivery, on_delete=models.CASCADE, related_name="tries")
+class NotificationAttempt(models.Model):
+    notification = models.ForeignKey(Notification, on_delete=models.CASCADE, related_name="tries")
     number = models.PositiveSmallIntegerField()
     at = models.DateTimeField()
     status_code = models.PositiveSmallIntegerField(null=True, blank=True)
@@ -78,8 +77,8 @@ class DeliveryAttempt(models.Model):
     duration_ms = models.PositiveIntegerField(default=0)
 
     class Meta:
-        ordering = ["delivery", "number"]
+        ordering = ["notification", "number"]
         default_permissions = ("view",)
 
     def __str__(self):
-        return f"try {self.number} of {self.delivery_id}"
+        return f"try {self.number} of {self.notification_id}"

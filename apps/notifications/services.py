@@ -23,7 +23,7 @@ from rq import Queue, Retry
 
 from apps.fleet.connection import get_redis
 
-from .models import Delivery, DeliveryStatus, Endpoint, Event
+from .models import Endpoint, Event, Notification, NotificationStatus
 
 logger = logging.getLogger("pidispatch.notifications")
 
@@ -40,7 +40,7 @@ def retry_policy() -> Retry | None:
     return Retry(max=retries, interval=[base * 2**i for i in range(retries)])
 
 
-def enqueue(delivery: Delivery) -> bool:
+def enqueue(delivery: Notification) -> bool:
     """Queue the sending of `delivery`; False (logged) when Redis did not take it."""
     try:
         Queue(NOTIFY_QUEUE, connection=get_redis()).enqueue_call(
@@ -54,7 +54,7 @@ def enqueue(delivery: Delivery) -> bool:
     return True
 
 
-def notify(event: str, subject: str, document: dict) -> list[Delivery]:
+def notify(event: str, subject: str, document: dict) -> list[Notification]:
     """One delivery per enabled endpoint taking `event`, unless one was made for this subject already."""
     made = []
     try:
@@ -62,7 +62,7 @@ def notify(event: str, subject: str, document: dict) -> list[Delivery]:
         for endpoint in endpoints:
             try:
                 with transaction.atomic():
-                    delivery = Delivery.objects.create(endpoint=endpoint, event=event, subject=subject,
+                    delivery = Notification.objects.create(endpoint=endpoint, event=event, subject=subject,
                                                        document=document, created_at=timezone.now())
             except IntegrityError:
                 continue  # this endpoint was told about this subject already
@@ -77,19 +77,20 @@ def notify(event: str, subject: str, document: dict) -> list[Delivery]:
     return made
 
 
-def deliver_again(delivery: Delivery) -> bool:
+def deliver_again(delivery: Notification) -> bool:
     """A failed (or stuck pending) delivery, queued once more with a fresh set of tries."""
-    if delivery.status == DeliveryStatus.DELIVERED:
+    if delivery.status == NotificationStatus.DELIVERED:
         return False
-    Delivery.objects.filter(pk=delivery.pk).update(status=DeliveryStatus.PENDING, finished_at=None)
-    delivery.status, delivery.finished_at = DeliveryStatus.PENDING, None
+    Notification.objects.filter(pk=delivery.pk).update(status=NotificationStatus.PENDING, finished_at=None)
+    delivery.status, delivery.finished_at = NotificationStatus.PENDING, None
     return enqueue(delivery)
 
 
-def send_test(endpoint: Endpoint) -> Delivery:
+def send_test(endpoint: Endpoint) -> Notification:
     """A test notification to one endpoint (a subject of its own each time)."""
     now = timezone.now()
-    delivery = Delivery.objects.create(endpoint=endpoint, event=Event.FAILURE, subject=f"test-{now.timestamp():.6f}",
+    delivery = Notification.objects.create(endpoint=endpoint, event=Event.FAILURE,
+                                           subject=f"test-{now.timestamp():.6f}",
                                        document={"test": True, "jobId": "test", "outcome": "failed",
                                                  "reason": "test-notification"}, created_at=now)
     enqueue(delivery)

@@ -115,7 +115,8 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         ("What ran", {"fields": ("kind", "target_display", "scope", "flow", "command", "image",
                                  "replica", "replicas")}),
         # Chaining (apps/worker/chaining/): the job that asked for this one, and the jobs this one asked for.
-        ("Chain", {"fields": ("chain_depth", "parent_display", "children_display", "chain_refusals_display")}),
+        ("Chain", {"fields": ("chain_depth", "parent_job_display", "chain_children_display",
+                              "chain_refusals_display")}),
         ("Where and when", {"fields": ("host", "queue", "started_display", "ended_display", "duration_display")}),
         ("Why it ran", {"fields": ("trigger", "trigger_type", "delivery_display")}),
         ("Spend", {"fields": ("turns", "tokens_in", "tokens_out", "tokens_total", "cost_display", "usage_display",
@@ -256,13 +257,13 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
              for pk, attempt, outcome, reason, lost_retry in rows))
 
     @admin.display(description="parent job")
-    def parent_display(self, run: Run) -> str:
+    def parent_job_display(self, run: Run) -> str:
         if not run.parent_job_id:
             return "-"
         return self._job_link(run.parent_job_id, Run.objects.latest_outcomes([run.parent_job_id]))
 
     @admin.display(description="children")
-    def children_display(self, run: Run) -> str:
+    def chain_children_display(self, run: Run) -> str:
         children = list(dict.fromkeys([*(run.chain_children or []), *Run.objects.children_of(run.job_id)]))
         if not children:
             return "-"
@@ -281,7 +282,8 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             return format_html('<span class="chain-job">{} (not run yet)</span>', job_id)
         pk, attempt, outcome, reason = latest[job_id]
         return format_html('<a class="chain-job" href="{}">{} ({}{})</a>',
-                           reverse("admin:worker_run_change", args=[pk]), job_id, outcome, f" {reason}" if reason else "")
+                           reverse("admin:worker_run_change", args=[pk]), job_id, outcome,
+                           f" {reason}" if reason else "")
 
     @admin.display(description="published to")
     def publish_display(self, run: Run) -> str:

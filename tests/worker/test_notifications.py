@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from apps.notifications import services
-from apps.notifications.models import Delivery, DeliveryStatus, Endpoint, Event, Style
+from apps.notifications.models import Endpoint, Event, Notification, NotificationStatus, Style
 from apps.worker.models import Outcome, Run
 from tests.conftest import ROOT, wait_for
 from tests.jobspecs import MARKER, enqueue_spec, marked_spec
@@ -98,9 +98,9 @@ def test_a_failure_is_queued_by_the_worker_then_delivered_signed_and_retried(
     run_worker("pi-jobs", env_overrides={"PI_PUBLIC_URL": "https://pi.example.invalid", "PI_NOTIFY_RETRY_SECONDS": "1"})
 
     assert Run.objects.get(job_id=job_id).reason == "runner-policy"
-    [delivery] = Delivery.objects.all()
+    [delivery] = Notification.objects.all()
     assert (delivery.endpoint, delivery.event, delivery.subject, delivery.status) == (
-        endpoint, Event.FAILURE, job_id, DeliveryStatus.PENDING)
+        endpoint, Event.FAILURE, job_id, NotificationStatus.PENDING)
     assert endpoint_at.requests == []  # the job's worker only queued it
 
     result = notify_worker()
@@ -116,13 +116,13 @@ def test_a_failure_is_queued_by_the_worker_then_delivered_signed_and_retried(
     assert body["data"]["runUrl"].startswith("https://pi.example.invalid/admin/worker/run/")
     assert MARKER not in endpoint_at.requests[-1]["body"].decode()
     delivery.refresh_from_db()
-    assert (delivery.status, delivery.attempts) == (DeliveryStatus.DELIVERED, 2)
+    assert (delivery.status, delivery.attempts) == (NotificationStatus.DELIVERED, 2)
     assert [(row.number, row.status_code, row.error) for row in delivery.tries.all()] == [
         (1, 500, "http-500"), (2, 200, "")]
-    assert SECRET not in result.stdout + result.stderr + json.dumps(list(Delivery.objects.values("document")))
+    assert SECRET not in result.stdout + result.stderr + json.dumps(list(Notification.objects.values("document")))
 
     # Every try is on the delivery's admin page; the endpoint list shows no URL path (Slack's hold a credential).
-    page = admin_client.get(reverse("admin:notifications_delivery_change", args=[delivery.pk])).content.decode()
+    page = admin_client.get(reverse("admin:notifications_notification_change", args=[delivery.pk])).content.decode()
     assert "<p>http-500</p>" in page and "<p>500</p>" in page and ">Delivered<" in page
     listing = admin_client.get(reverse("admin:notifications_endpoint_changelist")).content.decode()
     assert "secret-path" not in listing
@@ -141,17 +141,17 @@ def test_a_delivery_that_keeps_failing_is_failed_after_its_tries_and_can_be_deli
     notify_worker()
 
     delivery.refresh_from_db()
-    assert (delivery.status, delivery.attempts, len(endpoint_at.requests)) == (DeliveryStatus.FAILED, 3, 3)
+    assert (delivery.status, delivery.attempts, len(endpoint_at.requests)) == (NotificationStatus.FAILED, 3, 3)
     assert "X-Pidispatch-Signature" not in endpoint_at.requests[0]["headers"]  # no secret named: unsigned
     assert json.loads(endpoint_at.requests[0]["body"]) == {
         "text": "pidispatch: failure gh-notify-2 failed (runner-infra) acme/web#7"}
 
-    response = admin_client.post(reverse("admin:notifications_delivery_changelist"),
+    response = admin_client.post(reverse("admin:notifications_notification_changelist"),
                                  {"action": "deliver_again", "_selected_action": [delivery.pk]}, follow=True)
     assert f"Queued again: {delivery.pk}." in response.content.decode()
     notify_worker()
     delivery.refresh_from_db()
-    assert (delivery.status, delivery.attempts, len(endpoint_at.requests)) == (DeliveryStatus.DELIVERED, 4, 4)
+    assert (delivery.status, delivery.attempts, len(endpoint_at.requests)) == (NotificationStatus.DELIVERED, 4, 4)
 
 
 def test_a_window_reaching_its_soft_hold_is_notified_once(receiver, run_worker, notify_worker):
@@ -164,7 +164,7 @@ def test_a_window_reaching_its_soft_hold_is_notified_once(receiver, run_worker, 
     reasons = [Run.objects.get(job_id=job).reason for job in jobs]
     assert reasons == ["", "", "soft-hold", "soft-hold"]
     assert Run.objects.filter(outcome=Outcome.COMPLETED).count() == 2
-    [delivery] = Delivery.objects.all()
+    [delivery] = Notification.objects.all()
     assert (delivery.event, delivery.subject) == (Event.SOFT_HOLD, f"day:{timezone.now().date().isoformat()}")
 
     notify_worker()

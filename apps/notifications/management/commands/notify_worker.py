@@ -30,5 +30,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, burst=False, **options):
         connection = get_redis()
+        self.stdout.write(f"delivering notifications from {NOTIFY_QUEUE}", ending="\n")
+        self.stdout.flush()
         worker = NotifyWorker([Queue(NOTIFY_QUEUE, connection=connection)], connection=connection)
         worker.work(burst=burst, with_scheduler=True, logging_level="WARNING")

@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "apps.receiver",
     "apps.access",
     "apps.insight",  # the cost page and /metrics: read-only views over the run history and Redis
+    "apps.notifications",  # outbound notifications: endpoints, deliveries and their attempts
 ]
 
 MIDDLEWARE = [
@@ -266,6 +267,19 @@ PI_WAIT_CHECK_SLOTS = env.int("PI_WAIT_CHECK_SLOTS", default=1)
 PI_WAIT_THROTTLE_SECONDS = env.float("PI_WAIT_THROTTLE_SECONDS", default=11)
 # How long one secret resolver call (one `run.secrets` reference) may take before it counts as unreachable.
 PI_SECRET_RESOLVE_TIMEOUT_MS = env.int("PI_SECRET_RESOLVE_TIMEOUT_MS", default=10000)
+# Chaining (apps/worker/chaining/): follow-up jobs a completed run asks for in /outbox, at most this many per job,
+# and at most this many links below the job that started the chain (0: chaining off, no /outbox).
+PI_CHAIN_MAX_PER_JOB = env.int("PI_CHAIN_MAX_PER_JOB", default=2)
+PI_CHAIN_DEPTH_MAX = env.int("PI_CHAIN_DEPTH_MAX", default=1)
+# The failure hook (apps/worker/failure_hook.py): an absolute executable run on the worker host once per job that
+# failed for good or was stopped after it spent, and how long it may take.
+PI_ON_FAILURE = env("PI_ON_FAILURE", default="")
+PI_ON_FAILURE_TIMEOUT_MS = env.int("PI_ON_FAILURE_TIMEOUT_MS", default=10000)
+# Outbound notifications (apps/notifications/): delivered by `manage.py notify_worker` from the pi-notify queue, each
+# tried this many times in all, backing off from PI_NOTIFY_RETRY_SECONDS (doubling), each try bounded in time.
+PI_NOTIFY_ATTEMPTS = env.int("PI_NOTIFY_ATTEMPTS", default=5)
+PI_NOTIFY_RETRY_SECONDS = env.int("PI_NOTIFY_RETRY_SECONDS", default=30)
+PI_NOTIFY_TIMEOUT_SECONDS = env.float("PI_NOTIFY_TIMEOUT_SECONDS", default=10)
 # How long a job that found its scope's slots (or its folder) busy waits before it looks again.
 PI_SCOPE_BUSY_RECHECK_SECONDS = env.int("PI_SCOPE_BUSY_RECHECK_SECONDS", default=5)
 # How soon a job deferred because the database did not answer before any spend is tried again.

@@ -193,6 +193,18 @@ SECTIONS: tuple[Section, ...] = (
         S("PI_PUBLISH_RETRY_SECONDS", "5", "The first backoff between them (doubling)."),
         S("PI_KEEP_WORK_HOURS", "24", "How long work that did not reach the forge is kept for Publish again."),
     )),
+    Section("Chaining and the failure hook", "the workers", (
+        S("PI_CHAIN_MAX_PER_JOB", "2", "Follow-up jobs one completed run may ask for in /outbox (the rest refused)."),
+        S("PI_CHAIN_DEPTH_MAX", "1", "Links a chain may grow below the job that started it (0: chaining off)."),
+        S("PI_ON_FAILURE", "", "An absolute executable run once per job that failed for good or stopped after "
+          "spending: argv <job id> <outcome> <reason> <host>, a JSON document on stdin."),
+        S("PI_ON_FAILURE_TIMEOUT_MS", "10000", "How long the failure hook may run before it is stopped."),
+    )),
+    Section("Notifications", "manage.py notify_worker (endpoints are set in the admin)", (
+        S("PI_NOTIFY_ATTEMPTS", "5", "Tries of one notification delivery in all."),
+        S("PI_NOTIFY_RETRY_SECONDS", "30", "The first backoff between them (doubling)."),
+        S("PI_NOTIFY_TIMEOUT_SECONDS", "10", "How long one try may take."),
+    )),
     Section("Run logs", "the workers", (
         S("PI_CAPTURE_JOB_LOGS", "false", "Keep each run's container output and summary (they hold issue text)."),
         S("PI_JOB_LOG_MAX_BYTES", "1048576", "The most kept per run."),

@@ -113,7 +113,10 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         ("What it did", {"fields": ("publish_outcome", "publish_display", "pull_request", "pushed_commits",
                                     "changed_files", "agent_summary", "summary_chars")}),
         ("What ran", {"fields": ("kind", "target_display", "scope", "flow", "command", "image",
-                                 "replica", "replicas", "parent_job_id")}),
+                                 "replica", "replicas")}),
+        # Chaining (apps/worker/chaining/): the job that asked for this one, and the jobs this one asked for.
+        ("Chain", {"fields": ("chain_depth", "parent_job_display", "chain_children_display",
+                              "chain_refusals_display")}),
         ("Where and when", {"fields": ("host", "queue", "started_display", "ended_display", "duration_display")}),
         ("Why it ran", {"fields": ("trigger", "trigger_type", "delivery_display")}),
         ("Spend", {"fields": ("turns", "tokens_in", "tokens_out", "tokens_total", "cost_display", "usage_display",
@@ -262,6 +265,35 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             ((reverse("admin:worker_run_change", args=[pk]), mark_safe(' class="current"') if pk == run.pk else "",
               attempt, outcome, reason, f" ({text})" if (text := reasons.lost_retry_text(lost_retry, attempt)) else "")
              for pk, attempt, outcome, reason, lost_retry in rows))
+
+    @admin.display(description="parent job")
+    def parent_job_display(self, run: Run) -> str:
+        if not run.parent_job_id:
+            return "-"
+        return self._job_link(run.parent_job_id, Run.objects.latest_outcomes([run.parent_job_id]))
+
+    @admin.display(description="children")
+    def chain_children_display(self, run: Run) -> str:
+        children = list(dict.fromkeys([*(run.chain_children or []), *Run.objects.children_of(run.job_id)]))
+        if not children:
+            return "-"
+        latest = Run.objects.latest_outcomes(children)
+        return format_html_join(mark_safe(" · "), "{}", ((self._job_link(child, latest),) for child in children))
+
+    @admin.display(description="refused requests")
+    def chain_refusals_display(self, run: Run) -> str:
+        if not run.chain_refusals:
+            return "-"
+        return ", ".join(f"{reason} ×{count}" for reason, count in sorted(run.chain_refusals.items()))
+
+    @staticmethod
+    def _job_link(job_id: str, latest: dict) -> str:
+        if job_id not in latest:
+            return format_html('<span class="chain-job">{} (not run yet)</span>', job_id)
+        pk, attempt, outcome, reason = latest[job_id]
+        return format_html('<a class="chain-job" href="{}">{} ({}{})</a>',
+                           reverse("admin:worker_run_change", args=[pk]), job_id, outcome,
+                           f" {reason}" if reason else "")
 
     @admin.display(description="published to")
     def publish_display(self, run: Run) -> str:

@@ -76,6 +76,13 @@ def delivery_job_id(kind: str, delivery_id: str, replica: int | None = None) -> 
     return job_id
 
 
+def chain_job_id(parent_job_id: str, flow: str, task: str) -> str:
+    """`chain-<16 hex>`: a chained child's id, from its parent's id, flow and task, so that the same request
+    made again (a parent's attempt run again) names the same job, which enqueue swallows."""
+    digest = hashlib.sha256("\0".join((parent_job_id, flow, task)).encode("utf-8", "surrogatepass")).hexdigest()
+    return f"chain-{digest[:16]}"
+
+
 @dataclass(frozen=True)
 class JobSpec:
     job_id: str
@@ -123,6 +130,7 @@ class JobSpec:
     replica: int | None = None
     replicas: int | None = None
     parent_job_id: str = ""
+    chain_depth: int = 0  # a chained child's distance from the job that started the chain (apps/worker/chaining/)
     # Descriptive context for /job/event.json: event, action, sender id, what matched.
     context: dict[str, Any] = field(default_factory=dict)
     version: int = JOB_SPEC_VERSION
@@ -161,7 +169,10 @@ class JobSpec:
     def to_payload(self) -> dict[str, Any]:
         # Shallow on purpose (`dataclasses.asdict` deep-copies, a fifth of a webhook's enqueue): the payload
         # is pickled straight away and never changed.
-        return {name: getattr(self, name) for name in _FIELD_NAMES}
+        payload = {name: getattr(self, name) for name in _FIELD_NAMES}
+        if not self.chain_depth:
+            del payload["chain_depth"]  # only a chained child carries it: other payloads stay as older workers read them
+        return payload
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> JobSpec:

@@ -71,6 +71,10 @@ class RunQuerySet(models.QuerySet):
         runs = self.filter(job_id=job_id, lost_retry=LostRetry.RETRIED)
         return (runs.filter(attempt__lt=before) if before is not None else runs).count()
 
+    def children_of(self, job_id: str) -> list[str]:
+        """The job ids of the chained children that ran for this parent (run_parent_idx)."""
+        return sorted(set(self.filter(parent_job_id=job_id).values_list("job_id", flat=True)))
+
     def latest_outcomes(self, job_ids) -> dict[str, tuple]:
         """Per job, its highest attempt's (pk, attempt, outcome, reason)."""
         latest: dict[str, tuple] = {}
@@ -121,6 +125,12 @@ class Run(models.Model):
     replica = models.PositiveSmallIntegerField(null=True, blank=True)
     replicas = models.PositiveSmallIntegerField(null=True, blank=True)
     parent_job_id = models.CharField(max_length=200, blank=True)
+    # Chaining (apps/worker/chaining/): how far below the job that started its chain this job is (0: it started
+    # one), the children its completed run enqueued (job ids), and its refused requests ({reason token: count}).
+    chain_depth = models.PositiveSmallIntegerField(default=0, db_default=0)
+    # Nullable: a worker of the release before writes rows without them while the hosts roll.
+    chain_children = models.JSONField(default=list, null=True, blank=True)
+    chain_refusals = models.JSONField(default=dict, null=True, blank=True)
     # What the worker published for a completed forge run (apps/worker/forges/publishing/): `published` (a branch and a
     # pull/merge request, or the triggering PR's own branch), `commented`, `nothing-to-publish`, or a refusal.
     publish_outcome = models.CharField(max_length=40, blank=True)
@@ -167,6 +177,7 @@ class Run(models.Model):
             models.Index(fields=["host", "-started_at"], name="run_host_idx"),
             models.Index(fields=["job_id"], name="run_job_idx"),
             models.Index(fields=["publish_outcome", "-started_at"], name="run_published_idx"),
+            models.Index(fields=["parent_job_id"], name="run_parent_idx", condition=~models.Q(parent_job_id="")),
         ]
 
     def __str__(self):

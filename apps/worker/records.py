@@ -92,6 +92,9 @@ def record_run(spec: JobSpec, verdict: Verdict, *, attempt: int, host: str, queu
         replica=spec.replica,
         replicas=spec.replicas,
         parent_job_id=spec.parent_job_id,
+        chain_depth=spec.chain_depth,
+        chain_children=list(verdict.chain_children),
+        chain_refusals=verdict.chain_refusals,
         # Only the summary's length: its text (agent output) is kept with the run's log, or not at all.
         summary_chars=len(verdict.summary) if verdict.exit_code is not None else None,
         lost_retry=verdict.lost_retry,

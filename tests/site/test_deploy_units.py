@@ -25,6 +25,7 @@ import socket
 import ssl
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -54,7 +55,7 @@ INSTALL_PREFIX = "/opt/pidispatch"
 CONFIG_DIR = "/etc/pidispatch/"
 INSTANCE = "deploy-test"
 PROVED = {"pidispatch-web.service", "pidispatch-edge.service", "pidispatch-worker@.service",
-          "pidispatch-replayer.service", "pidispatch-cron@.service"}
+          "pidispatch-replayer.service", "pidispatch-cron@.service", "pidispatch-notify.service"}
 
 
 # --- reading a unit as systemd does ------------------------------------------------------------------------------
@@ -573,6 +574,40 @@ def test_the_replayer_and_the_cron_producer_work_and_stop_on_sigterm(units, tmp_
 
     for running in (replayer, cron):
         assert_clean_stop(running)
+
+
+def test_the_notification_sender_delivers_and_stops_on_sigterm(units):
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from apps.notifications import services
+    from apps.notifications.models import Endpoint, Event, Notification, NotificationStatus
+
+    received = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        Endpoint.objects.create(name="ops", url=f"http://127.0.0.1:{server.server_address[1]}/")
+        [notification] = services.notify(Event.FAILURE, "gh-unit-1", {"jobId": "gh-unit-1", "outcome": "failed"})
+        sender = units("pidispatch-notify.service")
+
+        wait_for(lambda: Notification.objects.get(pk=notification.pk).status == NotificationStatus.DELIVERED,
+                 timeout=60, what="the sender to deliver the notification")
+        assert len(received) == 1 and b"gh-unit-1" in received[0]
+        assert "delivering notifications from pi-notify" in sender.output()
+        assert_clean_stop(sender)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_every_unit_is_proved_here():

@@ -34,6 +34,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from functools import lru_cache
 
+from django.dispatch import Signal
 from django.utils import timezone
 
 from apps.worker.gates import money
@@ -41,6 +42,10 @@ from apps.worker.gates.scopes import job_scopes, scope_hash
 from apps.worker.jobs import JobSpec
 
 PREFIX = "pidispatch:budget"
+
+# Sent when a job is held `soft-hold` (kwargs: window: "day" | "week" | "month", period: the window's start as its
+# key names it, e.g. "2026-12-03", job_id). The notifications app sends one notification per window from it.
+soft_hold_reached = Signal()
 USD_PREFIX = f"{PREFIX}:usd"
 logger = logging.getLogger("pidispatch.budget")
 DAY, WEEK, MONTH = "day", "week", "month"

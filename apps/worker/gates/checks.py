@@ -126,3 +126,20 @@ def require_dollar_settings() -> None:
     from apps.worker.gates.runtime_settings import environment_dollars
 
     environment_dollars()
+
+
+@register()
+def failure_hook_settings(app_configs, **kwargs):
+    """PI_ON_FAILURE is an absolute executable: a relative one would depend on the folder the worker started in."""
+    hook = settings.PI_ON_FAILURE
+    found = []
+    if hook and not os.path.isabs(hook):
+        found.append(Error(f"PI_ON_FAILURE={hook!r} is not an absolute path.",
+                           hint="Name the executable by its full path, or unset it.", id="worker.E011"))
+    elif hook and not (os.path.isfile(hook) and os.access(hook, os.X_OK)):
+        found.append(CheckWarning(f"PI_ON_FAILURE={hook!r} is not an executable file on this host; the failure hook "
+                                  "will not run (failure_hook_ran result=spawn-failed).", id="worker.W003"))
+    if settings.PI_ON_FAILURE_TIMEOUT_MS < 1 or settings.PI_CHAIN_MAX_PER_JOB < 0 or settings.PI_CHAIN_DEPTH_MAX < 0:
+        found.append(Error("PI_ON_FAILURE_TIMEOUT_MS must be at least 1, PI_CHAIN_MAX_PER_JOB and PI_CHAIN_DEPTH_MAX "
+                           "at least 0.", hint="Unset them for the defaults.", id="worker.E012"))
+    return found

@@ -1,17 +1,19 @@
-"""Running an operator's host script: a wait-for check (apps/worker/gates/waitfor.py) or a secret resolver
-(apps/worker/gates/secrets.py). Both speak with an exit code; a resolver also answers on stdout.
+"""Running an operator's host script: a wait-for check (apps/worker/gates/waitfor.py), a secret resolver
+(apps/worker/gates/secrets.py) or the failure hook (apps/worker/failure_hook.py). Each speaks with an exit code; a
+resolver also answers on stdout.
 
-The script gets an argv (never a shell), stdin from /dev/null, stderr discarded, a closed environment
-(PATH, HOME, USER, LOGNAME, LANG, LC_ALL, TMPDIR: never the worker's keys and tokens; a script that needs
-more sets it itself), its own session (so a timeout stops everything it started), and a time bound: past
-it the session gets SIGTERM, then SIGKILL 2 s later. The answer is decided when the script exits, not
-when its stdout closes, so a background grandchild holding the pipe cannot turn a prompt answer into a
+The script gets an argv (never a shell), stdin from /dev/null (the failure hook: a small JSON document), stderr
+discarded, a closed environment (PATH, HOME, USER, LOGNAME, LANG, LC_ALL, TMPDIR: never the worker's keys and
+tokens; a script that needs more sets it itself), its own session (so a timeout stops everything it started),
+and a time bound: past it the session gets SIGTERM, then SIGKILL 2 s later. The answer is decided when the
+script exits, not when its stdout closes, so a background grandchild holding the pipe cannot turn a prompt answer into a
 timeout. Captured stdout is bounded: a script that prints more than it may is stopped, its answer marked
 `overflow`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
@@ -55,17 +57,25 @@ def closed_environment() -> dict[str, str]:
     return environment
 
 
-def run_script(argv: list[str], *, timeout_seconds: float, capture_bytes: int = 0) -> ScriptAnswer:
-    """Run `argv` to its exit. `capture_bytes` 0 discards stdout."""
+def run_script(argv: list[str], *, timeout_seconds: float, capture_bytes: int = 0,
+               stdin: bytes | None = None) -> ScriptAnswer:
+    """Run `argv` to its exit. `capture_bytes` 0 discards stdout. `stdin` (small: it is written whole before
+    anything is read) is the script's input, else /dev/null."""
     try:
         process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if capture_bytes else subprocess.DEVNULL,
+            argv, stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+            stdout=subprocess.PIPE if capture_bytes else subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, env=closed_environment(), shell=False, close_fds=True,
             start_new_session=True,
         )
     except OSError:  # missing, not executable, a bad interpreter line
         return ScriptAnswer(code=None, spawn_failed=True)
     deadline = time.monotonic() + timeout_seconds
+    if stdin is not None:
+        with contextlib.suppress(OSError):  # it exited, or closed its input, without reading it all
+            process.stdin.write(stdin)
+        with contextlib.suppress(OSError):
+            process.stdin.close()
     try:
         output, overflow = (_read_bounded(process, capture_bytes, deadline) if capture_bytes else (b"", False))
         if overflow:

@@ -5,8 +5,8 @@ it with a `Verdict` (refused, or an infrastructure fault to retry).
 The order: 1 cancelled before start, 2 pause windows, 3 wait-for, 4 host slot, scope concurrency and folder
 mutex, 5 settings overlay, 6 one-shot spent, 7 image preflight, 8 provider credential, 9 secrets,
 10 workspace, 11 daily token cap and dollar windows, 12 job-count caps, 13 the container behind its egress
-gateway, 14 publish. Every gate's module, the reasons it can end a job with, and what it defers for:
-docs/architecture.md, "The gate ladder".
+gateway, 14 publish, then a completed run's chained children (apps/worker/chaining/). Every gate's module, the
+reasons it can end a job with, and what it defers for: docs/architecture.md, "The gate ladder".
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from redis.exceptions import RedisError
 from apps.fleet import cancel
 from apps.fleet.connection import get_redis
 from apps.worker import run_logs
+from apps.worker.chaining import service as chaining
+from apps.worker.chaining import skills as chain_skills
 from apps.worker.forges import ForgeFailure
 from apps.worker.forges.publishing import kept
 from apps.worker.forges.publishing import service as publishing
@@ -65,6 +67,7 @@ class Attempt:
     spending: bool = False  # from the egress gateway's start on: a fault no longer sends the job back
     dollars: budget.DollarHold | None = None  # the dollar hold, from gate 11 on
     container_ran: bool = False  # the container may have spent: an unsettled dollar hold is kept whole
+    chainable: frozenset[str] = frozenset()  # flows whose skill allows being chained, read before the agent ran
 
     @property
     def holder(self) -> str:
@@ -351,14 +354,18 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         if spec.trigger_type == "cron":
             previous = Run.objects.previous_cron_run_at(spec.job_id, spec.trigger_id)
             cron = jobfiles.cron_document(spec, local.head, previous)
+        if chaining.may_have_children(spec):
+            attempt.chainable = chain_skills.chainable_in_folder(local.folder, local.owner, spec.job_id)
     dirs = attempt.dirs = jobfiles.prepare(spec, settings.PI_JOB_ROOT, owner=user, workspace=workspace_folder,
-                                           cron=cron)
+                                           cron=cron, outbox=chaining.enabled_for(spec))
     agent_config.write(dirs.job, upstream, job_model(spec))
     if spec.kind in FORGE_KINDS:
         workspace_started = time.perf_counter()
         try:
             attempt.forge = forge_workspace.prepare(spec, dirs, owner=user)
             attempt.workspace_seconds = time.perf_counter() - workspace_started
+            if chaining.may_have_children(spec):
+                attempt.chainable = chain_skills.chainable_in_job_folder(dirs.job)
         except WorkspaceRefused as refused:
             logger.info("workspace_refused job=%s reason=%s", spec.job_id, refused.reason)
             return Verdict.refused(refused.reason)
@@ -374,6 +381,10 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
                                 on_exceeded=lambda: container.stop_job_container(spec.job_id))
     if watch.over_limit():
         return Verdict.refused("workspace-too-large")
+    # The outbox is the host's disk too: held to the same bounds, counted whole.
+    outbox_watch = disk.WorkspaceWatch(spec.job_id, dirs.outbox, counts_whole=True,
+                                       on_exceeded=lambda: container.stop_job_container(spec.job_id)) \
+        if dirs.outbox is not None else None
 
     # 10b. `run.resume`: the target's kept session, copied into the job's folder beside its workspace (the forge
     # said whether a pull request comes from a fork; a store fault only runs the job cold).
@@ -381,8 +392,9 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     if spec.resume:
         resume = sessions.checkout(spec, dirs.root, owner=user, now=timezone.now(),
                                    pull=attempt.forge.pull if attempt.forge is not None else None)
-    # The container may write its session folder too: it is held to the workspace's bounds, measured the same way.
-    watches = [watch]
+    # The container may write its session folder and its outbox too: each is held to the workspace's bounds,
+    # measured the same way.
+    watches = [watch] if outbox_watch is None else [watch, outbox_watch]
     if resume is not None and resume.folder is not None:
         watches.append(disk.WorkspaceWatch(spec.job_id, resume.folder, counts_whole=True,
                                            on_exceeded=lambda: container.stop_job_container(spec.job_id)))
@@ -415,6 +427,10 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         reservation = budget.reserve(redis, limit, runtime, now)
     except budget.CapRefusal as refusal:
         logger.info("cap_refused job=%s reason=%s window=%s", spec.job_id, refusal.reason, refusal.window)
+        if refusal.reason == "soft-hold":
+            period = budget.window_keys("all", now)[refusal.window].rsplit(":", 1)[-1]
+            budget.soft_hold_reached.send_robust(sender=budget.CapRefusal, window=refusal.window, period=period,
+                                                 job_id=spec.job_id)
         return Verdict.refused(refusal.reason, budget_reserved=refusal.budget_reserved)
 
     # 13. The container: the only step that spends. A cancel that arrived during the gates stops it here.
@@ -454,6 +470,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             egress_mounts=egress.mounts(),
             log_bytes=settings.PI_JOB_LOG_MAX_BYTES if settings.PI_CAPTURE_JOB_LOGS else 0,
             session_folder=resume.folder if resume is not None else None,
+            outbox=dirs.outbox,
         )
     except container.ImageMissing:
         attempt.container_ran = False
@@ -521,4 +538,9 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             verdict = replace(verdict, outcome=Outcome.FAILED, reason=reason, retryable=False)
         elif reason:
             verdict = replace(verdict, outcome=Outcome.POLICY, reason=reason)
+
+    # Chaining: only a completed run's requests are read, once (its record names the children).
+    if verdict.outcome == Outcome.COMPLETED:
+        chain = chaining.collect(spec, dirs.outbox, attempt.chainable)
+        verdict = replace(verdict, chain_children=chain.children, chain_refusals=chain.refusals)
     return verdict

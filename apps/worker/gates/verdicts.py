@@ -50,6 +50,9 @@ class Verdict:
     lost_retry: str = ""
     # `run.resume`: the Run record's session fields (sessions.store.Resume.record_fields), once its container ran.
     session: dict = field(default_factory=dict)
+    # Chaining (apps/worker/chaining/): the children a completed run's /outbox asked for, and what was refused.
+    chain_children: tuple[str, ...] = ()
+    chain_refusals: dict = field(default_factory=dict)
 
     @classmethod
     def refused(cls, reason: str, **fields) -> Verdict:

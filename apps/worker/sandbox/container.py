@@ -155,6 +155,7 @@ def run_container(
     egress_mounts: list[tuple[str, str]] = (),
     log_bytes: int = 0,
     session_folder: Path | None = None,
+    outbox: Path | None = None,
 ) -> ContainerExit:
     uid, gid = user
     if uid == 0:
@@ -183,6 +184,8 @@ def run_container(
             mounts=[
                 Mount("/job", str(job_dir), type="bind", read_only=True),
                 Mount("/workspace", str(workspace), type="bind", read_only=False),
+                # Chaining on: where the agent asks for follow-up jobs (apps/worker/chaining/).
+                *([Mount("/outbox", str(outbox), type="bind", read_only=False)] if outbox is not None else []),
                 # The gateway's sockets: the container's only way out (network_mode none).
                 *(Mount(target, source, type="bind", read_only=True) for source, target in egress_mounts),
                 # A `run.resume` job's session folder (apps/worker/sessions/): pi reads and appends its transcript.

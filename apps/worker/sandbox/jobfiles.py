@@ -24,6 +24,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+from django.conf import settings
+
 from apps.worker.jobs import JOB_ID_PATTERN, JobSpec
 
 logger = logging.getLogger("pidispatch.worker")
@@ -41,6 +43,7 @@ class JobDirs:
     job: Path
     workspace: Path
     holder: int | None = field(default=None, compare=False)  # the locked holder file's descriptor
+    outbox: Path | None = None  # `/outbox` (chaining on): where the agent asks for follow-up jobs
 
 
 def _fence(text: str) -> str:
@@ -96,17 +99,23 @@ def event_document(spec: JobSpec, cron: dict | None = None) -> dict:
     if cron is not None:
         document["cron"] = cron
         document["previousRunAt"] = cron["previousRunAt"]  # where the ancestor's cron jobs read it
+    if settings.PI_CHAIN_DEPTH_MAX > 0:  # where and how the agent may ask for follow-up jobs (apps/worker/chaining/)
+        document["chain"] = {"outbox": "/outbox", "request": "request-<n>.json: {\"flow\": ..., \"task\": ...}",
+                             "maxRequests": settings.PI_CHAIN_MAX_PER_JOB, "depth": spec.chain_depth,
+                             "depthMax": settings.PI_CHAIN_DEPTH_MAX, "parentJobId": spec.parent_job_id or None}
     return document
 
 
 def prepare(spec: JobSpec, root: Path, owner: tuple[int, int], workspace: Path | None = None,
-            cron: dict | None = None) -> JobDirs:
+            cron: dict | None = None, outbox: bool = False) -> JobDirs:
     """Fresh folders for this attempt. The workspace is an empty folder owned by the container's user,
-    unless the job brings its own (a local job's folder, which is never created or removed here)."""
+    unless the job brings its own (a local job's folder, which is never created or removed here). With `outbox`,
+    an empty `outbox` folder the container's user alone may write (apps/worker/chaining/)."""
     job_root = root / spec.job_id
     if job_root.exists():
         shutil.rmtree(job_root)
-    dirs = JobDirs(root=job_root, job=job_root / "job", workspace=workspace or job_root / "workspace")
+    dirs = JobDirs(root=job_root, job=job_root / "job", workspace=workspace or job_root / "workspace",
+                   outbox=job_root / "outbox" if outbox else None)
     try:
         # The job's root is the worker's own and 0700 from the start: no other local user can reach the prompt
         # or the clone. The container needs no way through it: /job and /workspace are bind mounts of the
@@ -124,6 +133,10 @@ def prepare(spec: JobSpec, root: Path, owner: tuple[int, int], workspace: Path |
             path.chmod(0o755 if path.is_dir() else 0o644)
         if workspace is None and os.geteuid() == 0:
             os.chown(dirs.workspace, *owner)
+        if dirs.outbox is not None:
+            dirs.outbox.mkdir(mode=0o700)
+            if os.geteuid() == 0:
+                os.chown(dirs.outbox, *owner)
     except BaseException:
         remove(dirs)
         raise

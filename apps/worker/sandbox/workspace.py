@@ -46,10 +46,15 @@ class LocalWorkspace:
     head: str = ""  # the folder's HEAD commit, as git status named it
 
 
-def _git(path: Path, owner: tuple[int, int], *args: str) -> subprocess.CompletedProcess:
-    """git on this folder's own `.git` only: naming both directories stops git from looking above the folder."""
+def folder_git(path: Path, owner: tuple[int, int], *args: str,
+               stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    """git on this folder's own `.git` only: naming both directories stops git from looking above the folder.
+    Only on a folder `check_local_folder` passed (its configuration was judged safe first)."""
     return run_git(path, f"--git-dir={path / '.git'}", f"--work-tree={path}", *args,
-                   timeout=GIT_TIMEOUT_SECONDS, as_user=owner)
+                   timeout=GIT_TIMEOUT_SECONDS, as_user=owner, stdin=stdin)
+
+
+_git = folder_git
 
 
 def _refuse_unsafe(why: str) -> WorkspaceRefused:

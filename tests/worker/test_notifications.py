@@ -1,0 +1,184 @@
+"""Outbound notifications: endpoints set in the admin, sent on the failure hook's events and on a budget window
+reaching its soft hold, queued by the job's worker and delivered by `manage.py notify_worker` to a real local HTTP
+receiver, which checks each request's signature and answers as the test scripts it (errors first, to see retries)."""
+
+import hashlib
+import hmac
+import json
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from apps.notifications import services
+from apps.notifications.models import Endpoint, Event, Notification, NotificationStatus, Style
+from apps.worker.models import Outcome, Run
+from tests.conftest import ROOT, wait_for
+from tests.jobspecs import MARKER, enqueue_spec, marked_spec
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SECRET = "notify-signing-secret-5d1c"
+VARIABLE = "PI_NOTIFY_SECRET_OPS"
+
+
+class Receiver:
+    """A local HTTP endpoint: records every POST (headers and body) and answers the next scripted status."""
+
+    def __init__(self, statuses=(200,)):
+        self.statuses = list(statuses)
+        self.requests: list[dict] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                receiver.requests.append({"headers": dict(self.headers), "body": body, "path": self.path})
+                status = receiver.statuses.pop(0) if len(receiver.statuses) > 1 else receiver.statuses[0]
+                self.send_response(status)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/T000/secret-path"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    made = []
+
+    def make(statuses=(200,)):
+        made.append(Receiver(statuses))
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.close()
+
+
+@pytest.fixture
+def notify_worker(worker_env):
+    def run(**env):
+        result = subprocess.run([sys.executable, "manage.py", "notify_worker", "--burst"], cwd=ROOT,
+                                env={**worker_env, VARIABLE: SECRET, **env},
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result
+
+    return run
+
+
+def signature_ok(request: dict, secret: str = SECRET) -> bool:
+    headers = request["headers"]
+    expected = "sha256=" + hmac.new(secret.encode(), headers["X-Pidispatch-Timestamp"].encode() + b"." +
+                                    request["body"], hashlib.sha256).hexdigest()
+    return hmac.compare_digest(headers.get("X-Pidispatch-Signature", ""), expected)
+
+
+def test_a_failure_is_queued_by_the_worker_then_delivered_signed_and_retried(
+        receiver, run_worker, notify_worker, admin_client):
+    endpoint_at = receiver([500, 200])
+    endpoint = Endpoint.objects.create(name="ops", url=endpoint_at.url, secret_variable=VARIABLE)
+    Endpoint.objects.create(name="off", url=endpoint_at.url, enabled=False)
+    job_id = enqueue_spec(marked_spec("gh-notify-1", body="fake-agent:exit=2"))
+
+    run_worker("pi-jobs", env_overrides={"PI_PUBLIC_URL": "https://pi.example.invalid", "PI_NOTIFY_RETRY_SECONDS": "1"})
+
+    assert Run.objects.get(job_id=job_id).reason == "runner-policy"
+    [delivery] = Notification.objects.all()
+    assert (delivery.endpoint, delivery.event, delivery.subject, delivery.status) == (
+        endpoint, Event.FAILURE, job_id, NotificationStatus.PENDING)
+    assert endpoint_at.requests == []  # the job's worker only queued it
+
+    result = notify_worker()
+    assert len(endpoint_at.requests) == 1  # the second try waits out its backoff (1 s here)
+    wait_for(lambda: notify_worker() and len(endpoint_at.requests) == 2, timeout=30, interval=0.5,
+             what="the second try")
+
+    assert len(endpoint_at.requests) == 2 and all(signature_ok(request) for request in endpoint_at.requests)
+    assert not signature_ok(endpoint_at.requests[0], secret="another secret")
+    body = json.loads(endpoint_at.requests[-1]["body"])
+    assert (body["event"], body["subject"], body["data"]["jobId"], body["data"]["reason"]) == (
+        "failure", job_id, job_id, "runner-policy")
+    assert body["data"]["runUrl"].startswith("https://pi.example.invalid/admin/worker/run/")
+    assert MARKER not in endpoint_at.requests[-1]["body"].decode()
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.attempts) == (NotificationStatus.DELIVERED, 2)
+    assert [(row.number, row.status_code, row.error) for row in delivery.tries.all()] == [
+        (1, 500, "http-500"), (2, 200, "")]
+    assert SECRET not in result.stdout + result.stderr + json.dumps(list(Notification.objects.values("document")))
+
+    # Every try is on the delivery's admin page; the endpoint list shows no URL path (Slack's hold a credential).
+    page = admin_client.get(reverse("admin:notifications_notification_change", args=[delivery.pk])).content.decode()
+    assert "<p>http-500</p>" in page and "<p>500</p>" in page and ">Delivered<" in page
+    listing = admin_client.get(reverse("admin:notifications_endpoint_changelist")).content.decode()
+    assert "secret-path" not in listing
+
+
+def test_a_delivery_that_keeps_failing_is_failed_after_its_tries_and_can_be_delivered_again(
+        receiver, notify_worker, admin_client, settings):
+    # The retry policy is the queueing process's: three tries, at once one after the other.
+    settings.PI_NOTIFY_ATTEMPTS, settings.PI_NOTIFY_RETRY_SECONDS = 3, 0
+    endpoint_at = receiver([503, 503, 503, 200])
+    Endpoint.objects.create(name="chat", url=endpoint_at.url, style=Style.SLACK)
+    [delivery] = services.notify(Event.FAILURE, "gh-notify-2", {"jobId": "gh-notify-2", "outcome": "failed",
+                                                                "reason": "runner-infra", "target": "acme/web#7"})
+    assert services.notify(Event.FAILURE, "gh-notify-2", {"jobId": "gh-notify-2"}) == []  # once per subject
+
+    notify_worker()
+
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.attempts, len(endpoint_at.requests)) == (NotificationStatus.FAILED, 3, 3)
+    assert "X-Pidispatch-Signature" not in endpoint_at.requests[0]["headers"]  # no secret named: unsigned
+    assert json.loads(endpoint_at.requests[0]["body"]) == {
+        "text": "pidispatch: failure gh-notify-2 failed (runner-infra) acme/web#7"}
+
+    response = admin_client.post(reverse("admin:notifications_notification_changelist"),
+                                 {"action": "deliver_again", "_selected_action": [delivery.pk]}, follow=True)
+    assert f"Queued again: {delivery.pk}." in response.content.decode()
+    notify_worker()
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.attempts, len(endpoint_at.requests)) == (NotificationStatus.DELIVERED, 4, 4)
+
+
+def test_a_window_reaching_its_soft_hold_is_notified_once(receiver, run_worker, notify_worker):
+    endpoint_at = receiver([200])
+    Endpoint.objects.create(name="budget", url=endpoint_at.url, on_failure=False, secret_variable=VARIABLE)
+    jobs = [enqueue_spec(marked_spec(f"gh-notify-hold-{index}")) for index in range(4)]
+
+    run_worker("pi-jobs", env_overrides={"PI_DAILY_CAP": "4", "PI_SOFT_HOLD_PCT": "50"})
+
+    reasons = [Run.objects.get(job_id=job).reason for job in jobs]
+    assert reasons == ["", "", "soft-hold", "soft-hold"]
+    assert Run.objects.filter(outcome=Outcome.COMPLETED).count() == 2
+    [delivery] = Notification.objects.all()
+    assert (delivery.event, delivery.subject) == (Event.SOFT_HOLD, f"day:{timezone.now().date().isoformat()}")
+
+    notify_worker()
+
+    [request] = endpoint_at.requests
+    assert signature_ok(request)
+    assert json.loads(request["body"])["data"] == {"event": "soft-hold", "window": "day",
+                                                   "period": timezone.now().date().isoformat(),
+                                                   "jobId": jobs[2], "reason": "soft-hold"}
+
+
+def test_a_signing_secret_must_be_named_by_a_notify_variable(admin_client):
+    response = admin_client.post(reverse("admin:notifications_endpoint_add"), {
+        "name": "x", "url": "http://127.0.0.1:9/", "style": "json", "secret_variable": "ANTHROPIC_API_KEY",
+        "on_failure": "on", "enabled": "on"})
+    assert response.status_code == 200 and "PI_NOTIFY_SECRET_" in response.content.decode()
+    assert not Endpoint.objects.exists()

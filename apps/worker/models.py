@@ -117,6 +117,9 @@ class Run(models.Model):
     summary_chars = models.PositiveIntegerField(null=True, blank=True)
     # An attempt whose worker died: whether it was run again as the next attempt (LostRetry), else blank.
     lost_retry = models.CharField(max_length=16, blank=True, default="", db_default="", choices=LostRetry.choices)
+    # Until when the run's folder is kept on its host for `manage.py sandbox <job id>` (apps/worker/sandbox/
+    # sandboxes.py); a pin there moves it later. Blank: no sandbox (off, a local run, or no container ran).
+    sandbox_until = models.DateTimeField(null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
 

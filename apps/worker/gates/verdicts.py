@@ -48,6 +48,8 @@ class Verdict:
     log: object | None = field(default=None, repr=False)
     # An attempt whose worker died: whether it runs again (models.LostRetry), set by worker_lost.settle only.
     lost_retry: str = ""
+    # Until when the run's folder stays on its host for a sandbox (apps/worker/sandbox/sandboxes.py), else None.
+    sandbox_until: datetime | None = None
 
     @classmethod
     def refused(cls, reason: str, **fields) -> Verdict:

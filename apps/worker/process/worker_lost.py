@@ -66,7 +66,7 @@ from apps.worker.gates.verdicts import Verdict
 from apps.worker.jobs import JobSpec, forget_container_texts
 from apps.worker.models import LostRetry, Outcome, Run
 from apps.worker.records import record_lost_retry, record_run
-from apps.worker.sandbox import container, jobfiles
+from apps.worker.sandbox import container, jobfiles, sandboxes
 
 logger = logging.getLogger("pidispatch.worker")
 
@@ -249,7 +249,7 @@ def reap_job_folders() -> None:
     it (apps/worker/sandbox/jobfiles.py says what is held, and what KEEP_UNTIL keeps). PI_KEEP_JOB_DIRS keeps all."""
     if settings.PI_KEEP_JOB_DIRS:
         return
-    for job_id in jobfiles.remove_unheld(settings.PI_JOB_ROOT, timezone.now()):
+    for job_id in jobfiles.remove_unheld(settings.PI_JOB_ROOT, timezone.now(), in_use=sandboxes.in_use):
         logger.info("job_folder_reaped job=%s", job_id)
 
 

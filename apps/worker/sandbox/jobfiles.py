@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -144,8 +145,9 @@ def _hold(job_root: Path, job_id: str) -> int:
     return descriptor
 
 
-def remove_unheld(root: Path, now: datetime) -> list[str]:
-    """Remove the job folders under `root` that no live process holds and nothing keeps; their job ids."""
+def remove_unheld(root: Path, now: datetime, in_use: Callable[[Path], bool] | None = None) -> list[str]:
+    """Remove the job folders under `root` that no live process holds and nothing keeps; their job ids.
+    `in_use(folder)`, asked last, keeps a folder something outside this host's processes uses (a live sandbox)."""
     try:
         entries = list(os.scandir(root))
     except FileNotFoundError:
@@ -166,6 +168,9 @@ def remove_unheld(root: Path, now: datetime) -> list[str]:
             except OSError:
                 continue  # a live work horse holds it
             if _kept(Path(entry.path), now):
+                continue
+            if in_use is not None and in_use(Path(entry.path)):
+                logger.info("job_folder_kept job=%s why=sandbox-in-use", entry.name)
                 continue
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(entry.name)

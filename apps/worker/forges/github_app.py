@@ -99,7 +99,7 @@ class GitHubApp:
             if cached is not None:
                 return cached
         owner, _, name = repo.partition("/")
-        body: dict = {"repositories": [name]}
+        body: dict = {"repositories": [name]} if repo else {}  # "": every repository of the installation
         if permissions:
             body["permissions"] = permissions
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from datetime import datetime
+from email.utils import parsedate_to_datetime
 
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -56,13 +57,16 @@ class RepoPoll:
     def arm(self) -> None:
         """The first look: remember where each feed is, start nothing (what is already there is not news)."""
         events = self.reader.get(self.repo, f"{self.base}/issues/events", {"per_page": PAGE})
-        now = timezone.now()
+        now = _server_time(events.headers.get("date", ""))  # GitHub's clock: comments are compared with it
         pulls = self._open_pulls(etag="")
         self.cursor.events_id = max((_id(event.get("id")) for event in _items(events.data)), default=0)
         self.cursor.comments_since = now
         self.cursor.comments_id = 0
+        comments = self.reader.get(self.repo, f"{self.base}/issues/comments", self._comment_params(now))
+        self.cursor.comments_id = max((_id(comment.get("id")) for comment in _items(comments.data)), default=0)
         self.cursor.pulls = {str(number): sha for number, sha, _ in pulls[0]}
-        self.cursor.etags = {"events": events.headers.get("etag", ""), "pulls": pulls[1]}
+        self.cursor.etags = {"events": events.headers.get("etag", ""), "pulls": pulls[1],
+                             "comments": comments.headers.get("etag", "")}
         self.cursor.armed_at = self.cursor.polled_at = now
         self.cursor.save()
         logger.info("poll_armed repo=%s events_id=%d open_pulls=%d", self.repo, self.cursor.events_id,
@@ -116,9 +120,7 @@ class RepoPoll:
 
     def comments(self) -> None:
         since = self.cursor.comments_since or self.cursor.armed_at
-        params = {"sort": "updated", "direction": "asc", "per_page": PAGE,
-                  "since": since.strftime("%Y-%m-%dT%H:%M:%SZ")}
-        answer = self.reader.get(self.repo, f"{self.base}/issues/comments", params,
+        answer = self.reader.get(self.repo, f"{self.base}/issues/comments", self._comment_params(since),
                                  etag=self.cursor.etags.get("comments", ""))
         if answer.status == 304:
             return
@@ -140,6 +142,10 @@ class RepoPoll:
             self.cursor.comments_since = latest  # inclusive: the boundary's comments come again, their ids say seen
             self.cursor.save(update_fields=["comments_since"])
         self._save_etag("comments", answer.headers.get("etag", ""))
+
+    @staticmethod
+    def _comment_params(since: datetime) -> dict:
+        return {"sort": "updated", "direction": "asc", "per_page": PAGE, "since": since.strftime("%Y-%m-%dT%H:%M:%SZ")}
 
     # --- pull requests: opened, pushed to (synchronize), reopened -----------------------------------------
 
@@ -204,6 +210,13 @@ class RepoPoll:
 def _items(data) -> list[dict]:
     return [item for item in data if isinstance(item, dict) and _id(item.get("id") or item.get("number"))] \
         if isinstance(data, list) else []
+
+
+def _server_time(date: str) -> datetime:
+    try:
+        return parsedate_to_datetime(date).replace(microsecond=0)
+    except (TypeError, ValueError):
+        return timezone.now().replace(microsecond=0)
 
 
 def _issue_number(url) -> int:

@@ -52,7 +52,7 @@ def rules(label_trigger):
 
 
 def test_new_events_comments_and_pull_requests_become_jobs_and_a_restart_resumes_from_the_cursors(
-        github, fake_forge, rules, redis_conn):
+        github, fake_forge, rules, redis_conn, admin_client):
     github.open_issue(7, labels=["pi"])
     github.label(7, "pi", MIA)  # before the first poll: not news
     github.comment(7, "@pi please", ALEX)
@@ -89,6 +89,8 @@ def test_new_events_comments_and_pull_requests_become_jobs_and_a_restart_resumes
     assert Delivery.objects.filter(delivery_id__startswith="poll-").count() == 5
     for delivery in Delivery.objects.filter(delivery_id__startswith="poll-"):
         assert not delivery.payload
+    cursors = admin_client.get("/admin/receiver/pollcursor/").content.decode()
+    assert REPO in cursors and "<td class=\"field-open_pulls\">1</td>" in cursors
     for output in (armed, first, second):
         assert "have a look" not in output.stderr + output.stdout and "maintainer-mia" not in output.stderr
 

@@ -5,9 +5,12 @@ it, whether or not the command that opened it is still alive."""
 
 import json
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -37,6 +40,13 @@ echo "{\"uid\": $(id -u), \"gid\": $(id -g), \"cap_eff\": \"$caps\", \"no_new_pr
 \"memory_max\": \"$mem_max\", \"env_names\": \"$env_names\"}"
 """
 SANDBOX_ENV = {"HOME", "PATH", "HOSTNAME", "PI_JOB_ID", "PI_SANDBOX", "TMOUT"}
+
+
+@pytest.fixture(autouse=True)
+def no_sandboxes():
+    """No sandbox container of an earlier run of these tests (the engine's data outlives a run)."""
+    for found in docker.from_env().containers.list(all=True, filters={"label": sandboxes.SANDBOX_LABEL}):
+        found.remove(force=True)
 
 
 def sandbox_command(worker_env, *args, env=None, timeout=60):
@@ -183,3 +193,45 @@ def test_no_folder_is_kept_with_retention_off(run_worker, settings):
 
     assert Run.objects.get(job_id="gh-sbx-off").sandbox_until is None
     assert not (settings.PI_JOB_ROOT / "gh-sbx-off").exists()
+
+
+def test_the_interactive_shell_answers_and_logs_out_when_idle(run_worker, worker_env, settings):
+    finished_run(run_worker, settings, "gh-sbx-shell", body="")
+    pid, terminal = pty.fork()
+    if pid == 0:  # the operator's terminal
+        os.chdir(ROOT)
+        os.execve(sys.executable, [sys.executable, "manage.py", "sandbox", "gh-sbx-shell"],
+                  {**worker_env, **HOST, "PI_SANDBOX_IDLE_MINUTES": "1"})
+    seen = b""
+
+    def read(seconds: float) -> bool:
+        nonlocal seen
+        ready, _, _ = select.select([terminal], [], [], seconds)
+        if ready:
+            try:
+                seen += os.read(terminal, 4096)
+            except OSError:  # the terminal closed: the command ended
+                return False
+        return True
+
+    try:
+        deadline = time.monotonic() + 60
+        while b"$ " not in seen and b"# " not in seen and time.monotonic() < deadline:
+            read(1)
+        os.write(terminal, b"echo sum=$((40+2)); ls /workspace; id -u\n")
+        deadline = time.monotonic() + 30
+        while not (b"sum=42" in seen and b"README.md" in seen) and time.monotonic() < deadline:
+            read(1)
+        assert b"sum=42" in seen and b"README.md" in seen, seen.decode(errors="replace")
+        last_input = time.monotonic()
+        while time.monotonic() < last_input + 120 and os.waitpid(pid, os.WNOHANG) == (0, 0):
+            read(1)
+        idle = time.monotonic() - last_input
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.close(terminal)
+    assert 55 < idle < 100, (idle, seen.decode(errors="replace"))
+    assert not docker.from_env().containers.list(all=True, filters={"label": sandboxes.SANDBOX_LABEL})

@@ -241,6 +241,8 @@ def reap_strays(worker) -> None:
     """At boot, before taking work: this host's `pi-job-*` containers that no live sibling runs, then the
     job folders that no live work horse holds."""
     _reap_stray_containers(worker)
+    if sandboxes.remove_ended():
+        logger.info("sandbox_containers_reaped why=boot")
     reap_job_folders()
 
 

@@ -8,8 +8,8 @@ limits the run had (ids, names and numbers only). The run's record says until wh
 A sandbox is a NEW container (`pi-sandbox-<job id>-<hex>`) from the run's image on that folder, with the job's
 isolation flags (apps/worker/sandbox/container.py's `isolation_options`: every capability dropped,
 no-new-privileges, the job's non-root user, pids, memory and CPU limits, read-only root) and less: no network at
-all (`none`, and no gateway socket mounted), no credentials (its environment is HOME, the job id and the idle
-logout, nothing else), and an interactive shell that logs out after PI_SANDBOX_IDLE_MINUTES without input.
+all (`none`, and no gateway socket mounted), no credentials (its environment is HOME, the job id and bash's idle
+logout, nothing else), and an interactive shell that is logged out after PI_SANDBOX_IDLE_MINUTES without input.
 
 While a sandbox runs, the folder is held twice over: the command holds a shared lock on the folder's holder file
 (the sweeps only remove a folder they can lock exclusively), and the sweeps ask the engine for live sandbox
@@ -25,6 +25,8 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -42,6 +44,7 @@ logger = logging.getLogger("pidispatch.sandbox")
 MANIFEST = "sandbox.json"
 SANDBOX_PREFIX = "pi-sandbox-"
 SANDBOX_LABEL = "pidispatch.sandbox"  # the job id whose folder it mounts
+IDLE_CHECK_SECONDS = 5
 # The shell: bash where the image has it (the production image), else the image's sh (the demo's busybox).
 SHELL = 'if command -v bash >/dev/null 2>&1; then exec bash -i; else exec sh -i; fi'
 
@@ -203,7 +206,9 @@ def create_options(kept: Kept, *, command: str | None) -> dict:
                 Mount("/workspace", str(kept.workspace), type="bind", read_only=False)],
         tty=interactive,
         stdin_open=interactive,
-        detach=True,
+        # Attached (not detached) makes the engine close the shell's input when its terminal's session ends: a
+        # killed command's shell ends too (docker-py's StdinOnce).
+        detach=not interactive,
         **container.isolation_options(kept.user, memory=kept.memory, cpus=kept.cpus),
     )
 
@@ -251,10 +256,40 @@ def open_sandbox(job_id: str, *, command: str | None = None, on_created=None) ->
 
 
 def _attach(created) -> int:
+    """The shell on this terminal, through the docker CLI. The idle logout is the host's: the kernel stamps a
+    terminal's access time when a program reads input from it (as `w` shows a session's idle time), so past
+    PI_SANDBOX_IDLE_MINUTES with no keystroke read the container is stopped, whatever shell the image has (busybox's
+    ignores TMOUT), and the CLI returns."""
     docker_cli = shutil.which("docker")
     if docker_cli is None:
         raise SandboxUnavailable("an interactive sandbox needs the docker CLI on this host (or use --command)")
-    return subprocess.call([docker_cli, "start", "--attach", "--interactive", created.id])
+    terminal = os.ttyname(0) if os.isatty(0) else None
+    limit = max(1, settings.PI_SANDBOX_IDLE_MINUTES) * 60
+    session = subprocess.Popen([docker_cli, "start", "--attach", "--interactive", created.id])
+    started = time.time()
+    while True:
+        try:
+            return session.wait(timeout=IDLE_CHECK_SECONDS)
+        except subprocess.TimeoutExpired:
+            pass
+        if terminal is None:
+            continue
+        try:
+            last_input = max(os.stat(terminal).st_atime, started)
+        except OSError:
+            continue
+        if time.time() - last_input > limit:
+            logger.info("sandbox_idle_logout container=%s minutes=%d", created.name, limit // 60)
+            sys.stderr.write(f"\r\nno input for {limit // 60} minute(s): the sandbox is logged out\r\n")
+            try:
+                created.stop(timeout=2)
+            except (NotFound, APIError, requests.RequestException, DockerException):
+                pass
+            try:
+                return session.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                session.kill()
+                return session.wait()
 
 
 # --- listing, pinning, and what the sweeps keep ------------------------------------------------------------------
@@ -299,6 +334,20 @@ def live_sandboxes() -> dict[str, int] | None:
         job_id = each.labels.get(SANDBOX_LABEL, "")
         live[job_id] = live.get(job_id, 0) + 1
     return live
+
+
+def remove_ended() -> int:
+    """Sandbox containers that ended without their command (it was killed before it could remove them)."""
+    removed = 0
+    try:
+        ended = container.engine().containers.list(
+            all=True, filters={"label": [SANDBOX_LABEL], "status": ["exited", "dead"]}, ignore_removed=True)
+        for each in ended:
+            each.remove(force=True)
+            removed += 1
+    except (container.EngineUnavailable, NotFound, APIError, DockerException, requests.RequestException):
+        pass
+    return removed
 
 
 def in_use(folder: Path) -> bool:

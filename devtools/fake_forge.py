@@ -197,19 +197,20 @@ class FakeForge:
         self.patterns.append((method, re.compile(pattern), answer))
 
     def _conditional(self, request: dict, status: int, payload: bytes, headers: dict) -> tuple[int, bytes]:
-        rate = {"X-RateLimit-Limit": str(self.rate_limit), "X-RateLimit-Reset": str(int(time.time()) + 3600),
-                "X-RateLimit-Resource": "core"}
-        if status != 200:
-            self.rate_remaining = max(0, self.rate_remaining - 1)
-            headers.update(rate, **{"X-RateLimit-Remaining": str(self.rate_remaining)})
-            return status, payload
+        headers.update({"X-RateLimit-Limit": str(self.rate_limit), "X-RateLimit-Reset": str(int(time.time()) + 3600),
+                        "X-RateLimit-Resource": "core"})
         etag = f'W/"{hashlib.sha256(payload).hexdigest()[:32]}"'
-        headers.update(rate, ETag=etag)
-        if request["headers"].get("if-none-match") == etag:
+        if status == 200:
+            headers["ETag"] = etag
+        if status == 200 and request["headers"].get("if-none-match") == etag:
             self.not_modified += 1
-            headers["X-RateLimit-Remaining"] = str(self.rate_remaining)
-            return 304, b""
-        self.rate_remaining = max(0, self.rate_remaining - 1)
+            status, payload = 304, b""
+        elif self.rate_remaining == 0:
+            status, payload = 403, json.dumps({"message": "API rate limit exceeded for user ID 1.",
+                                               "documentation_url": "https://docs.github.com/rest/rate-limit"}).encode()
+            headers.pop("ETag", None)
+        else:
+            self.rate_remaining -= 1
         headers["X-RateLimit-Remaining"] = str(self.rate_remaining)
         return status, payload
 

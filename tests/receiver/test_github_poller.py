@@ -169,3 +169,45 @@ def test_the_poller_runs_until_sigterm_and_stops_cleanly(github, fake_forge, lab
             process.kill()
         log.close()
     assert "poller stopped" in (tmp_path / "poller.log").read_text()
+
+
+def test_a_spent_rate_budget_ends_the_poll_until_it_is_back_and_loses_nothing(github, fake_forge, label_trigger,
+                                                                               redis_conn):
+    github.open_issue(7)
+    assert poll_once(fake_forge).returncode == 0
+    labelled = github.label(7, "pi", MIA)
+    fake_forge.rate_remaining = 0
+
+    limited = poll_once(fake_forge)
+
+    assert limited.returncode == 1 and "rate limit ended the poll early" in limited.stderr
+    assert "poll_rate_limited repo=acme/web" in limited.stderr and queued(redis_conn) == []
+    fake_forge.rate_remaining = 100
+    assert poll_once(fake_forge).returncode == 0
+    assert queued(redis_conn) == [f"gh-poll-e{labelled['id']}"]
+
+
+def test_without_poll_repos_it_polls_the_github_app_installations_repositories_with_read_only_tokens(
+        github, fake_forge, label_trigger, redis_conn):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    fake_forge.github_app("4242", "99", key.public_key(), account="acme", token="ghs_poll")
+    fake_forge.routes["/installation/repositories"] = (200, {"total_count": 1, "repositories": [
+        {"id": 1, "full_name": REPO}]})
+    app = {"POLL_REPOS": "", "GITHUB_TOKEN": "", "GITHUB_APP_ID": "4242", "GITHUB_APP_INSTALLATION_ID": "99",
+           "GITHUB_APP_PRIVATE_KEY": pem}
+    github.open_issue(7)
+    assert poll_once(fake_forge, **app).returncode == 0
+    labelled = github.label(7, "pi", MIA)
+
+    polled = poll_once(fake_forge, **app)
+
+    assert polled.returncode == 0, polled.stderr
+    assert queued(redis_conn) == [f"gh-poll-e{labelled['id']}"]
+    assert fake_forge.minted and all(set(minted["permissions"].values()) == {"read"} for minted in fake_forge.minted)
+    feeds = [request for request in fake_forge.requests if request["path"].startswith(f"/repos/{REPO}/issues")]
+    assert feeds and all(request["headers"]["authorization"].startswith("Bearer ghs_poll-") for request in feeds)

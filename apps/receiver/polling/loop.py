@@ -56,6 +56,7 @@ class Poller:
                 counts.failed += 1
                 logger.warning("poll_repo_failed repo=%s reason=database error=%s", repo, type(error).__name__)
             except RateLimited as limited:
+                counts.rate_limited = True
                 self.rate_limited_until = limited.until + random.uniform(1, 30)
                 logger.warning("poll_rate_limited repo=%s until=%d", repo, self.rate_limited_until)
                 break

@@ -51,6 +51,7 @@ class Counts:
     queued: int = 0  # of which started jobs
     duplicates: int = 0  # of which a webhook (or an earlier poll) had started already
     failed: int = 0  # repositories that could not be read
+    rate_limited: bool = False  # GitHub's rate limit ended the cycle early
 
 
 def poll_repos() -> tuple[str, ...]:

@@ -27,7 +27,9 @@ class Command(BaseCommand):
             counts = poller.cycle()
             self.stdout.write(f"polled {counts.repos} repositories: {counts.deliveries} new item(s), {counts.queued} "
                               f"queued, {counts.duplicates} duplicate(s), {counts.not_modified} unchanged feed(s)")
-            if counts.failed:
+            if counts.rate_limited:
+                self.stderr.write("GitHub's rate limit ended the poll early: it resumes from its cursors next time")
+            if counts.failed or counts.rate_limited:
                 raise SystemExit(1)
             return
         signal.signal(signal.SIGTERM, self._stop)

@@ -7,6 +7,9 @@ The forges' SaaS cannot be reached from these machines, so the tests (tests/rece
 Pull/merge requests are stateful: the repository helpers also serve each forge's get-one, list (with its own
 filters) and create calls over one store, `pull_requests` (forge-neutral records, see `add_pull_request`),
 refusing a second open one for the same branches the way the forge does.
+
+`github_issue_feeds(repo)` serves what the GitHub poller reads (issue events, issue comments, issues, the open pull
+requests list) with ETags, 304s and a rate budget.
 """
 
 from __future__ import annotations

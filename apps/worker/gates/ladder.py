@@ -100,9 +100,9 @@ class Attempt:
                 logger.warning("forge_token_release_failed job=%s", self.spec.job_id)
         if self.dirs is not None and self.container_ran and self.limits is not None:
             user, memory, cpus = self.limits
-            self.sandbox_until = sandboxes.retain(self.dirs, job_id=self.spec.job_id, image=self.image_id or self.image,
-                                                  user=user,
-                                                  memory=memory, cpus=cpus, host=self.host, now=timezone.now())
+            self.sandbox_until = sandboxes.retain(
+                self.dirs, job_id=self.spec.job_id, image=self.image_id or self.image, user=user, memory=memory,
+                cpus=cpus, host=self.host, now=timezone.now())
         if self.dirs is not None and (settings.PI_KEEP_JOB_DIRS or self.sandbox_until is not None):
             jobfiles.let_go(self.dirs)  # kept whole: for debugging, or for the sandbox (its KEEP_UNTIL)
         elif self.dirs is not None and kept.is_kept(self.dirs.root):

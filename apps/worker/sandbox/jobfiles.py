@@ -170,7 +170,9 @@ def remove_unheld(root: Path, now: datetime, in_use: Callable[[Path], bool] | No
             if _kept(Path(entry.path), now):
                 continue
             if in_use is not None and in_use(Path(entry.path)):
-                logger.info("job_folder_kept job=%s why=sandbox-in-use", entry.name)
+                if entry.name not in _warned_in_use:  # once per folder and process, not every sweep
+                    _warned_in_use.add(entry.name)
+                    logger.info("job_folder_kept job=%s why=sandbox-in-use", entry.name)
                 continue
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(entry.name)
@@ -180,6 +182,7 @@ def remove_unheld(root: Path, now: datetime, in_use: Callable[[Path], bool] | No
 
 
 _warned_keep_until: set[str] = set()
+_warned_in_use: set[str] = set()
 
 
 def _kept(folder: Path, now: datetime) -> bool:

@@ -35,6 +35,7 @@ import requests
 from django.conf import settings
 from django.utils import timezone
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.types import Mount
 
 from apps.worker.jobs import JOB_ID_PATTERN
 from apps.worker.sandbox import container, jobfiles
@@ -192,8 +193,6 @@ def create_options(kept: Kept, *, command: str | None) -> dict:
     environment = {"HOME": container.JOB_HOME, "PI_JOB_ID": kept.job_id, "PI_SANDBOX": "1",
                    "TMOUT": str(max(1, settings.PI_SANDBOX_IDLE_MINUTES) * 60)}
     interactive = command is None
-    from docker.types import Mount
-
     return dict(
         image=kept.image,
         name=f"{SANDBOX_PREFIX}{kept.job_id}-{secrets.token_hex(3)}",

@@ -770,6 +770,11 @@ class GitHubIssueFeeds:
             self.issues[number]["state"] = "closed"
         return self._event("closed", number, actor)
 
+    def reopen(self, number: int, actor: dict) -> dict:
+        if number in self.issues:
+            self.issues[number]["state"] = "open"
+        return self._event("reopened", number, actor)
+
     def _event(self, kind: str, number: int, actor: dict, **fields) -> dict:
         event = {"id": self._id(), "event": kind, "actor": actor, "created_at": self._now(),
                  "issue": self._issue_json(number), **fields}

@@ -78,6 +78,7 @@ def test_new_events_comments_and_pull_requests_become_jobs_and_a_restart_resumes
     github.push(41, "f00dfeed" + "1" * 32)
     github.open_issue(10)
     again = github.label(10, "pi", MIA)
+    closed = github.close(7, MIA)  # no close rule: the intake ignores it
 
     second = poll_once(fake_forge, PI_DEDUP_WINDOW_SECONDS=0)
 
@@ -85,8 +86,9 @@ def test_new_events_comments_and_pull_requests_become_jobs_and_a_restart_resumes
     assert queued(redis_conn) == sorted([*expected, f"gh-poll-e{again['id']}", "gh-poll-pr41-f00dfee"])
     assert poll_once(fake_forge, PI_DEDUP_WINDOW_SECONDS=0).returncode == 0
     assert len(queued(redis_conn)) == 5
-    # The inbox has each delivery once, under its own id, and no issue text once enqueued.
-    assert Delivery.objects.filter(delivery_id__startswith="poll-").count() == 5
+    # The inbox has each delivery once, under its own id, and no issue text once settled.
+    assert Delivery.objects.filter(delivery_id__startswith="poll-").count() == 6
+    assert Delivery.objects.get(delivery_id=f"poll-e{closed['id']}").status == "ignored"
     for delivery in Delivery.objects.filter(delivery_id__startswith="poll-"):
         assert not delivery.payload
     cursors = admin_client.get("/admin/receiver/pollcursor/").content.decode()

@@ -26,7 +26,10 @@ logger = logging.getLogger("pidispatch.poller")
 PAGE = 100
 EVENT_PAGES = 5  # newest first: deeper than this since the last poll is skipped (logged)
 PULL_PAGES = 10
-EVENT_ACTIONS = {"labeled", "closed"}  # the issue events a webhook would start work on
+# The issue events a webhook would start work on. A pull request's reopen comes from the pulls feed instead (its
+# delivery id is its head's, so a reopen at the same commit is the delivery its opening was, as the ancestor's).
+EVENT_ACTIONS = {"labeled", "closed"}
+ISSUE_ONLY_ACTIONS = {"reopened"}
 
 
 def _id(value) -> int:
@@ -95,7 +98,9 @@ class RepoPoll:
                                               {"per_page": PAGE, "page": page}).data)
         fresh = sorted((e for e in fetched if _id(e.get("id")) > self.cursor.events_id), key=lambda e: _id(e["id"]))
         for event in fresh:
-            if event.get("event") in EVENT_ACTIONS and isinstance(event.get("issue"), dict):
+            issue = event.get("issue")
+            if isinstance(issue, dict) and (event.get("event") in EVENT_ACTIONS or (
+                    event.get("event") in ISSUE_ONLY_ACTIONS and "pull_request" not in issue)):
                 self._event(event)
             self.cursor.events_id = _id(event["id"])
             self.cursor.save(update_fields=["events_id"])

@@ -719,7 +719,7 @@ class GitHubIssueFeeds:
         self.issues: dict[int, dict] = {}
         self.events: list[dict] = []
         self.comments: list[dict] = []
-        self._next_id = 5000
+        self._next_id = 30_000_000_000  # GitHub's event and comment ids are past 2**32 these days
         base = rf"/repos/{re.escape(repo)}"
         forge.conditional += [re.compile(base + tail) for tail in (
             r"/issues/events", r"/issues/comments", r"/issues/\d+", r"/pulls", r"/pulls/\d+")]

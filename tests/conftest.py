@@ -40,9 +40,9 @@ SHELL_OWN_ENV = {"PWD", "SHLVL", "OLDPWD", "_"}
 # The modules whose code asks the database what only it can answer alike or not: PostgreSQL's own SQL (the cost
 # page's GROUPING SETS, /metrics' JSON functions, the run list's estimated count, hand-written row statements), its
 # locking and isolation (the inbox, deduplication, one-shot rules, trigger reordering under SELECT FOR UPDATE, the
-# cron producer), its types and ranges (the API's filters, cursors and ids), its outage (a worker losing it
-# mid-job), the systemd units' processes (run as a multi-host deployment runs them, on its database), and the fleet
-# drills, which run on it alone. .ci/run runs the whole suite on SQLite, then these on
+# cron producer), its types and ranges (the API's filters, cursors and ids; the poller's cursors, GitHub's ids past
+# 2**31), its outage (a worker losing it mid-job), the systemd units' processes (run as a multi-host deployment runs
+# them, on its database), and the fleet drills, which run on it alone. .ci/run runs the whole suite on SQLite, then these on
 # PostgreSQL (`-m database`): running everything twice bought nothing the second time but half the CI's time.
 DATABASE_SENSITIVE = {
     "tests/receiver/test_receiver_inbox.py", "tests/receiver/test_receiver_dedup.py", "tests/receiver/test_rowwrites.py",
@@ -52,7 +52,7 @@ DATABASE_SENSITIVE = {
     "tests/api/test_api.py", "tests/api/test_api_numbers.py", "tests/fleet/test_fleet_panel.py",
     "tests/worker/test_worker_database_down.py", "tests/worker/test_dollar_caps.py",
     "tests/worker/test_budget_caps.py", "tests/worker/test_doctor.py", "tests/site/test_rolling_upgrade.py",
-    "tests/fleet/test_fleet_drain.py", "tests/site/test_deploy_units.py",
+    "tests/fleet/test_fleet_drain.py", "tests/site/test_deploy_units.py", "tests/receiver/test_github_poller.py",
 }
 
 

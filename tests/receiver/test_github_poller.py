@@ -156,20 +156,18 @@ def test_a_bad_repository_name_is_a_clear_error(github, fake_forge, label_trigge
 
 
 def test_the_poller_runs_until_sigterm_and_stops_cleanly(github, fake_forge, label_trigger, tmp_path):
-    log = open(tmp_path / "poller.log", "w")
-    process = subprocess.Popen([sys.executable, "manage.py", "poll_github"], cwd=ROOT,
-                               env=poller_env(fake_forge, POLL_INTERVAL_SECONDS=5), stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_for(lambda: "poll_cycle repos=1" in (tmp_path / "poller.log").read_text(), timeout=30,
-                 what="the first cycle")
-        output = (tmp_path / "poller.log").read_text()
-        assert "every 30 s" in output  # the floor
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=10) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-        log.close()
+    with open(tmp_path / "poller.log", "w") as log:
+        process = subprocess.Popen([sys.executable, "manage.py", "poll_github"], cwd=ROOT, stdout=log,
+                                   stderr=subprocess.STDOUT, env=poller_env(fake_forge, POLL_INTERVAL_SECONDS=5))
+        try:
+            wait_for(lambda: "poll_cycle repos=1" in (tmp_path / "poller.log").read_text(), timeout=30,
+                     what="the first cycle")
+            assert "every 30 s" in (tmp_path / "poller.log").read_text()  # the floor
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=10) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
     assert "poller stopped" in (tmp_path / "poller.log").read_text()
 
 

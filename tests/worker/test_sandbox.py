@@ -3,6 +3,7 @@ on its kept workspace, with the job's isolation flags, no credentials and no net
 until when; the folder sweeps keep a kept run's folder until its time (or its pin) is up, and while a sandbox uses
 it, whether or not the command that opened it is still alive."""
 
+import contextlib
 import json
 import os
 import pty
@@ -228,10 +229,8 @@ def test_the_interactive_shell_answers_and_logs_out_when_idle(run_worker, worker
             read(1)
         idle = time.monotonic() - last_input
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         os.close(terminal)
     assert 55 < idle < 100, (idle, seen.decode(errors="replace"))
     assert not docker.from_env().containers.list(all=True, filters={"label": sandboxes.SANDBOX_LABEL})

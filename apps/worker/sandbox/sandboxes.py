@@ -18,6 +18,7 @@ containers before removing anything (`in_use`), so a sandbox whose command was k
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -46,6 +47,7 @@ MANIFEST = "sandbox.json"
 SANDBOX_PREFIX = "pi-sandbox-"
 SANDBOX_LABEL = "pidispatch.sandbox"  # the job id whose folder it mounts
 IDLE_CHECK_SECONDS = 5
+ENGINE_ERRORS = (NotFound, APIError, requests.RequestException, DockerException)
 # The shell: bash where the image has it (the production image), else the image's sh (the demo's busybox).
 SHELL = 'if command -v bash >/dev/null 2>&1; then exec bash -i; else exec sh -i; fi'
 
@@ -243,10 +245,8 @@ def open_sandbox(job_id: str, *, command: str | None = None, on_created=None) ->
             code = created.wait().get("StatusCode", 1)
             return Finished(code, created.logs(stdout=True, stderr=True))
         finally:
-            try:
+            with contextlib.suppress(*ENGINE_ERRORS):
                 created.remove(force=True)
-            except (NotFound, APIError, requests.RequestException, DockerException):
-                pass
             logger.info("sandbox_ended job=%s container=%s", job_id, created.name)
     except container.EngineUnavailable as error:
         raise SandboxUnavailable(f"the Docker engine does not answer ({error})") from None
@@ -280,10 +280,8 @@ def _attach(created) -> int:
         if time.time() - last_input > limit:
             logger.info("sandbox_idle_logout container=%s minutes=%d", created.name, limit // 60)
             sys.stderr.write(f"\r\nno input for {limit // 60} minute(s): the sandbox is logged out\r\n")
-            try:
+            with contextlib.suppress(*ENGINE_ERRORS):
                 created.stop(timeout=2)
-            except (NotFound, APIError, requests.RequestException, DockerException):
-                pass
             try:
                 return session.wait(timeout=30)
             except subprocess.TimeoutExpired:

@@ -133,7 +133,7 @@ def test_on_another_host_it_says_which_host_has_the_sandbox(worker_env, settings
     assert asked.returncode != 0
     assert "gh-sbx-there ran on host hostA, not on this one (hostB)" in asked.stderr
     assert "On hostA: python manage.py sandbox gh-sbx-there" in asked.stderr
-    unknown = sandbox_command(worker_env, "gh-sbx-nothing")
+    unknown = sandbox_command(worker_env, "gh-sbx-nothing", "--command", "true")
     assert unknown.returncode != 0 and "no run has the job id gh-sbx-nothing" in unknown.stderr
 
 

@@ -36,7 +36,7 @@ import requests
 from django.conf import settings
 from django.utils import timezone
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
-from docker.types import Mount
+from docker.types import LogConfig, Mount
 
 from apps.worker.jobs import JOB_ID_PATTERN
 from apps.worker.sandbox import container, jobfiles
@@ -210,6 +210,8 @@ def create_options(kept: Kept, *, command: str | None) -> dict:
         # Attached (not detached) makes the engine close the shell's input when its terminal's session ends: a
         # killed command's shell ends too (docker-py's StdinOnce).
         detach=not interactive,
+        # What --command prints is read back from the engine: its own log, whatever the engine's default driver.
+        log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
         **container.isolation_options(kept.user, memory=kept.memory, cpus=kept.cpus),
     )
 

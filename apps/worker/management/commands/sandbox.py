@@ -35,6 +35,8 @@ class Command(BaseCommand):
                 return None
             if command is None:
                 kept = sandboxes.find(job_id)
+                if not sys.stdin.isatty():
+                    raise CommandError("an interactive sandbox needs a terminal: run it from one, or give --command")
                 self.stderr.write(f"sandbox on {job_id} ({kept.image}): /workspace is the run's workspace, /job its "
                                   "prompt (read-only); no network, no credentials; exit or idle logout ends it")
             finished = sandboxes.open_sandbox(job_id, command=command)

@@ -78,6 +78,9 @@ def test_new_events_comments_and_pull_requests_become_jobs_and_a_restart_resumes
     github.push(41, "f00dfeed" + "1" * 32)
     github.open_issue(10)
     again = github.label(10, "pi", MIA)
+    github.open_issue(11)
+    github.comment(11, "@pi look", ALEX)
+    del github.issues[11]  # deleted since: its comment is skipped, and the feed goes on
     closed = github.close(7, MIA)  # no close rule: the intake ignores it
 
     second = poll_once(fake_forge, PI_DEDUP_WINDOW_SECONDS=0)

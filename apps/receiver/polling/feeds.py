@@ -111,8 +111,8 @@ class RepoPoll:
         extra = {"label": event["label"]} if isinstance(event.get("label"), dict) else {}
         if "pull_request" in issue:
             number = _id(issue.get("number"))
-            pull = self.reader.get(self.repo, f"{self.base}/pulls/{number}").data
-            if not isinstance(pull, dict):
+            pull = self._item(f"{self.base}/pulls/{number}")
+            if pull is None:
                 return
             self.deliver("pull_request", f"poll-e{event['id']}", {"action": action, "number": number,
                                                                    "pull_request": pull, **extra},
@@ -135,8 +135,8 @@ class RepoPoll:
                      key=lambda comment: comment["id"])
         for comment in new:
             number = _issue_number(comment.get("issue_url"))
-            issue = self.reader.get(self.repo, f"{self.base}/issues/{number}").data if number else None
-            if isinstance(issue, dict):
+            issue = self._item(f"{self.base}/issues/{number}") if number else None
+            if issue is not None:
                 self.deliver("issue_comment", f"poll-c{comment['id']}",
                              {"action": "created", "issue": issue, "comment": comment}, sender=comment.get("user"))
             self.cursor.comments_id = _id(comment["id"])
@@ -195,6 +195,18 @@ class RepoPoll:
             self.cursor.pulls = {**known, **closed}
             self.cursor.save(update_fields=["pulls"])
         self._save_etag("pulls", etag)
+
+    def _item(self, path: str) -> dict | None:
+        """One issue or pull request an item names; None when it is gone (a deleted issue): the item is skipped,
+        and the feed does not stall on it."""
+        try:
+            data = self.reader.get(self.repo, path).data
+        except RepoFailed as failure:
+            if failure.reason != "not-found":
+                raise
+            logger.info("poll_item_gone repo=%s path=%s", self.repo, path)
+            return None
+        return data if isinstance(data, dict) else None
 
     # --- into the intake ----------------------------------------------------------------------------------------
 

@@ -7,6 +7,9 @@ The forges' SaaS cannot be reached from these machines, so the tests (tests/rece
 Pull/merge requests are stateful: the repository helpers also serve each forge's get-one, list (with its own
 filters) and create calls over one store, `pull_requests` (forge-neutral records, see `add_pull_request`),
 refusing a second open one for the same branches the way the forge does.
+
+`github_issue_feeds(repo)` serves what the GitHub poller reads (issue events, issue comments, issues, the open pull
+requests list) with ETags, 304s and a rate budget.
 """
 
 from __future__ import annotations
@@ -65,6 +68,14 @@ class FakeForge:
         self.pull_requests: list[dict] = []
         self._pull_repositories: dict[tuple[str, str], dict] = {}
         self.any_git_name: str | None = None  # the bare repository every unregistered repository is served from
+        # GET paths answered as GitHub answers its REST API: an ETag on every 200, and 304 (no body) to a request
+        # whose If-None-Match is the current one. A 200 costs one request of the hour's rate budget, a 304 none
+        # (docs.github.com, "Use conditional requests if appropriate"); both say what is left.
+        self.conditional: list[re.Pattern] = []
+        self.rate_limit = 5000
+        self.rate_remaining = 5000
+        self.not_modified = 0  # 304s answered
+        self.issue_feeds: dict[str, GitHubIssueFeeds] = {}
         self._pull_lock = threading.Lock()
         forge = self
 
@@ -113,9 +124,13 @@ class FakeForge:
                     time.sleep(body)
                     status, body = 200, {}
                 payload = b"" if body is None else json.dumps(body).encode() if not isinstance(body, bytes) else body
+                headers = dict(extra[0]) if extra else {}
+                if method == "GET" and any(pattern.fullmatch(parts.path) for pattern in forge.conditional):
+                    status, payload = forge._conditional(request, status, payload, headers)
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                for name, value in (extra[0] if extra else {}).items():
+                if status != 304:
+                    self.send_header("Content-Type", "application/json")
+                for name, value in headers.items():
                     self.send_header(name, value)
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
@@ -183,6 +198,31 @@ class FakeForge:
     def route(self, method: str, pattern: str, answer) -> None:
         """Answer `method` on every path matching the regex `pattern`."""
         self.patterns.append((method, re.compile(pattern), answer))
+
+    def _conditional(self, request: dict, status: int, payload: bytes, headers: dict) -> tuple[int, bytes]:
+        headers.update({"X-RateLimit-Limit": str(self.rate_limit), "X-RateLimit-Reset": str(int(time.time()) + 3600),
+                        "X-RateLimit-Resource": "core"})
+        etag = f'W/"{hashlib.sha256(payload).hexdigest()[:32]}"'
+        if status == 200:
+            headers["ETag"] = etag
+        if status == 200 and request["headers"].get("if-none-match") == etag:
+            self.not_modified += 1
+            status, payload = 304, b""
+        elif self.rate_remaining == 0:
+            status, payload = 403, json.dumps({"message": "API rate limit exceeded for user ID 1.",
+                                               "documentation_url": "https://docs.github.com/rest/rate-limit"}).encode()
+            headers.pop("ETag", None)
+        else:
+            self.rate_remaining -= 1
+        headers["X-RateLimit-Remaining"] = str(self.rate_remaining)
+        return status, payload
+
+    def github_issue_feeds(self, repo: str) -> GitHubIssueFeeds:
+        """`repo`'s issues, their events and comments, and its pull requests list, as the GitHub poller reads them
+        (conditional, rate-counted): add issues, labels, closes, comments and pull requests through the result."""
+        if repo not in self.issue_feeds:
+            self.issue_feeds[repo] = GitHubIssueFeeds(self, repo)
+        return self.issue_feeds[repo]
 
     def serve_git(self, root: Path, authorization: str) -> None:
         self.git_root, self.git_authorization = Path(root), authorization
@@ -324,7 +364,7 @@ class FakeForge:
 
     def add_pull_request(self, forge: str, repo, *, head: str, sha: str, number: int | None = None,
                          base: str = "main", fork: str | None = None, state: str = "open", title: str = "A change",
-                         body: str = "", draft: bool = False) -> dict:
+                         body: str = "", draft: bool = False, author: dict | None = None) -> dict:
         """An existing pull/merge request, as if someone had opened it: `repo` as the repository helper named
         it (owner/name; the GitLab project id; the Azure repository id), `head` its branch at `sha`, `fork` the
         head repository's name when it lives in a fork, `state` open, closed or merged. When the forge serves
@@ -335,7 +375,8 @@ class FakeForge:
         with self._pull_lock:
             record = self._new_pull(forge, str(repo), head=head, base=base, title=title, body=body, draft=draft,
                                     issues=[] if forge == "azure" else _closing_keywords(body), sha=sha, fork=fork,
-                                    state=state, created=False, number=number)
+                                    state=state, created=False, number=number,
+                                    **({"author": author} if author else {}))
         bare = self._bare(forge, str(repo))
         if bare is not None:
             git(bare, "update-ref", _fetch_ref(record), sha)
@@ -416,7 +457,8 @@ class FakeForge:
             "html_url": f"https://github.com/{repo}/pull/{number}",
             "state": "open" if pr["state"] == "open" else "closed",
             "locked": False, "title": pr["title"], "body": pr["body"], "draft": pr["draft"],
-            "user": {"login": "pi-dispatch[bot]", "type": "Bot"}, "merged": pr["state"] == "merged",
+            "labels": [{"name": name} for name in pr.get("labels", [])],
+            "user": pr.get("author") or {"login": "pi-dispatch[bot]", "type": "Bot"}, "merged": pr["state"] == "merged",
             "merged_at": "2024-01-02T00:00:00Z" if pr["state"] == "merged" else None,
             "created_at": "2024-01-01T00:00:00Z", "maintainer_can_modify": False,
             "head": {"label": f"{head_repo.split('/')[0]}:{pr['head']}", "ref": pr["head"], "sha": pr["sha"],
@@ -665,6 +707,113 @@ CLOSING = re.compile(r"^\s*(?:close[sd]?|fix(?:e[sd])?|resolve[sd]?)\s*:?\s+#(\d
 
 def _closing_keywords(text: str) -> list[int]:
     return [int(number) for number in CLOSING.findall(text)]
+
+
+class GitHubIssueFeeds:
+    """One repository's issues as GitHub's REST API serves them to a poller (docs.github.com/rest/issues):
+    `GET /repos/{repo}/issues/events` (newest first, paged), `/issues/comments` (`since`, `sort=updated`,
+    `direction=asc`), `/issues/{n}`, and the pulls list, each with ETags. Ids grow as GitHub's do."""
+
+    def __init__(self, forge: FakeForge, repo: str):
+        self.forge, self.repo = forge, repo
+        self.issues: dict[int, dict] = {}
+        self.events: list[dict] = []
+        self.comments: list[dict] = []
+        self._next_id = 30_000_000_000  # GitHub's event and comment ids are past 2**32 these days
+        base = rf"/repos/{re.escape(repo)}"
+        forge.conditional += [re.compile(base + tail) for tail in (
+            r"/issues/events", r"/issues/comments", r"/issues/\d+", r"/pulls", r"/pulls/\d+")]
+        forge.routes[f"/repos/{repo}/issues/events"] = self._events
+        forge.routes[f"/repos/{repo}/issues/comments"] = self._comments
+        forge.route("GET", base + r"/issues/(?P<number>\d+)", self._issue)
+        forge.github_repository(repo, "0" * 40)
+
+    def _id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    @staticmethod
+    def _now() -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+    def open_issue(self, number: int, *, title: str = "A bug", body: str = "", labels=(),
+                   author: dict | None = None) -> dict:
+        issue = {"id": 9_000_000 + number, "number": number, "title": title, "body": body, "state": "open",
+                 "labels": [{"name": name} for name in labels], "user": author or {"login": "someone", "id": 1},
+                 "html_url": f"https://github.com/{self.repo}/issues/{number}"}
+        self.issues[number] = issue
+        return issue
+
+    def _issue_json(self, number: int) -> dict:
+        issue = self.issues.get(number)
+        if issue is None:
+            pull = self.forge._find("github", self.repo, str(number))
+            issue = {"id": 9_000_000 + number, "number": number, "title": pull["title"], "body": pull["body"],
+                     "state": "open" if pull["state"] == "open" else "closed",
+                     "labels": [{"name": name} for name in pull.get("labels", [])],
+                     "user": pull.get("author") or {"login": "someone", "id": 1},
+                     "pull_request": {"url": f"{self.forge.url}/repos/{self.repo}/pulls/{number}"}}
+        return dict(issue)
+
+    def label(self, number: int, name: str, actor: dict) -> dict:
+        """Someone labels issue (or pull request) `number`: the label is on it, and an event says so."""
+        labels = self.issues[number]["labels"] if number in self.issues else \
+            self.forge._find("github", self.repo, str(number)).setdefault("labels", [])
+        if number in self.issues:
+            labels.append({"name": name})
+        else:
+            labels.append(name)
+        return self._event("labeled", number, actor, label={"name": name, "color": "ededed"})
+
+    def close(self, number: int, actor: dict) -> dict:
+        if number in self.issues:
+            self.issues[number]["state"] = "closed"
+        return self._event("closed", number, actor)
+
+    def reopen(self, number: int, actor: dict) -> dict:
+        if number in self.issues:
+            self.issues[number]["state"] = "open"
+        return self._event("reopened", number, actor)
+
+    def _event(self, kind: str, number: int, actor: dict, **fields) -> dict:
+        event = {"id": self._id(), "event": kind, "actor": actor, "created_at": self._now(),
+                 "issue": self._issue_json(number), **fields}
+        self.events.append(event)
+        return event
+
+    def comment(self, number: int, body: str, author: dict, association: str = "MEMBER") -> dict:
+        now = self._now()
+        comment = {"id": self._id(), "body": body, "user": author, "author_association": association,
+                   "issue_url": f"{self.forge.url}/repos/{self.repo}/issues/{number}",
+                   "html_url": f"https://github.com/{self.repo}/issues/{number}#issuecomment",
+                   "created_at": now, "updated_at": now}
+        self.comments.append(comment)
+        return comment
+
+    def edit_comment(self, comment: dict, body: str) -> None:
+        comment.update(body=body, updated_at=self._now())
+
+    def push(self, number: int, sha: str) -> None:
+        """A new head commit on pull request `number`."""
+        self.forge._find("github", self.repo, str(number))["sha"] = sha
+
+    def _events(self, request):
+        query = {name: values[-1] for name, values in request["query"].items()}
+        newest_first = sorted(self.events, key=lambda event: -event["id"])
+        return 200, _page(newest_first, query, "per_page", "page", 30)
+
+    def _comments(self, request):
+        query = {name: values[-1] for name, values in request["query"].items()}
+        since = query.get("since", "")
+        found = sorted((c for c in self.comments if c["updated_at"] >= since),
+                       key=lambda c: (c["updated_at"], c["id"]), reverse=query.get("direction") == "desc")
+        return 200, _page(found, query, "per_page", "page", 30)
+
+    def _issue(self, request):
+        number = int(request["path"].rsplit("/", 1)[1])
+        if number not in self.issues and self.forge._find("github", self.repo, str(number)) is None:
+            return 404, {"message": "Not Found"}
+        return 200, self._issue_json(number)
 
 
 def _number_of(name: str) -> int:

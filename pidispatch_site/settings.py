@@ -174,6 +174,12 @@ PI_JOB_ROOT = Path(env("PI_JOB_ROOT", default=str(VAR_DIR / "jobs"))).resolve()
 PI_LOCAL_ROOTS = tuple(root.strip() for root in (_LOCAL_ROOTS_FROM_ENVIRONMENT or "").split(",") if root.strip())
 # Keep each job's /job and /workspace folders after the run (debugging and tests); off in production.
 PI_KEEP_JOB_DIRS = env.bool("PI_KEEP_JOB_DIRS", default=False)
+# The sandbox (`manage.py sandbox <job id>`, apps/worker/sandbox/sandboxes.py): a finished run's folder is kept this
+# many hours on the host that ran it (0: off); `--pin` keeps it PI_SANDBOX_PIN_DAYS longer; the shell logs out
+# after PI_SANDBOX_IDLE_MINUTES without input.
+PI_SANDBOX_RETENTION_HOURS = env.int("PI_SANDBOX_RETENTION_HOURS", default=24)
+PI_SANDBOX_PIN_DAYS = env.int("PI_SANDBOX_PIN_DAYS", default=7)
+PI_SANDBOX_IDLE_MINUTES = env.int("PI_SANDBOX_IDLE_MINUTES", default=30)
 PI_JOB_MEMORY = env("PI_JOB_MEMORY", default="4g")
 PI_JOB_CPUS = env.float("PI_JOB_CPUS", default=2.0)
 # The most containers one host runs at once, below its number of worker processes (unset: one per process);
@@ -323,6 +329,10 @@ GITHUB_SELF_ID = env("GITHUB_SELF_ID", default="")
 # token forge jobs act with. GITLAB_TOKEN, FORGEJO_TOKEN and AZURE_TOKEN likewise are their forge's job token.
 GITHUB_TOKEN = env("GITHUB_TOKEN", default="")
 GITHUB_API_URL = env("GITHUB_API_URL", default="https://api.github.com")
+# The GitHub poller (`manage.py poll_github`, apps/receiver/polling/): for a deployment no webhook can reach.
+# POLL_REPOS: owner/name, comma-separated (unset: the GitHub App installation's repositories).
+POLL_REPOS = env("POLL_REPOS", default="")
+POLL_INTERVAL_SECONDS = env.int("POLL_INTERVAL_SECONDS", default=60)
 # A GitHub App instead of (or beside) a token: each job gets an installation token scoped to its one
 # repository, minted per job and revoked after it. When set, the App is used for every GitHub call.
 GITHUB_APP_ID = env("GITHUB_APP_ID", default="")

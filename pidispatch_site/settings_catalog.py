@@ -93,6 +93,10 @@ SECTIONS: tuple[Section, ...] = (
           "with GITHUB_TOKEN when unset."),
         S("GITHUB_TOKEN", "", "The token GitHub jobs act with and write-access lookups use, unless an App is set."),
         S("GITHUB_API_URL", "https://api.github.com", "GitHub's API (GitHub Enterprise: https://host/api/v3)."),
+        S("POLL_REPOS", "", "The GitHub poller's repositories (owner/name, comma-separated); unset: the GitHub "
+          "App installation's."),
+        S("POLL_INTERVAL_SECONDS", "60", "How often the GitHub poller (poll_github) reads each repository (at "
+          "least 30)."),
         S("GITHUB_APP_ID", "", "A GitHub App used for every GitHub call instead of the token."),
         S("GITHUB_APP_INSTALLATION_ID", "", "The App's installation."),
         S("GITHUB_APP_PRIVATE_KEY", "", "The App's private key, the PEM itself (\\n escapes allowed)."),
@@ -139,6 +143,10 @@ SECTIONS: tuple[Section, ...] = (
           "they hold issue text and the clone, so off in production."),
         S("PI_CONCURRENCY", "0", "The most containers this host runs at once (0: one per worker process); the "
           "admin's settings row overrides it."),
+        S("PI_SANDBOX_RETENTION_HOURS", "24", "Hours a finished run's folder stays on its host for `manage.py "
+          "sandbox <job id>` (0: off)."),
+        S("PI_SANDBOX_PIN_DAYS", "7", "Days `manage.py sandbox --pin <job id>` adds to a kept run folder."),
+        S("PI_SANDBOX_IDLE_MINUTES", "30", "A sandbox's shell logs out after this many minutes without input."),
     )),
     Section("The job's container", "the workers", (
         S("PI_JOB_MEMORY", "4g", "Memory limit per container."),

@@ -41,9 +41,9 @@ SHELL_OWN_ENV = {"PWD", "SHLVL", "OLDPWD", "_"}
 # page's GROUPING SETS, /metrics' JSON functions and its UNION with the pruned runs, the run list's estimated count,
 # hand-written row statements), its locking and isolation (the inbox, deduplication, one-shot rules, trigger
 # reordering under SELECT FOR UPDATE, the cron producer, housekeeping's batches under SELECT FOR UPDATE SKIP LOCKED),
-# its types and ranges (the API's filters, cursors and ids; the sessions' bytea transcripts read by another host),
-# its outage (a worker losing it mid-job), the systemd units' processes (run as a multi-host deployment runs them,
-# on its database), and the fleet drills, which run on it alone. .ci/run runs the whole suite on SQLite, then these on
+# its types and ranges (the API's filters, cursors and ids; the sessions' bytea transcripts read by another host;
+# the poller's cursors, GitHub's ids past 2**31), its outage (a worker losing it mid-job), the systemd units'
+# processes (run as a multi-host deployment runs them, on its database), and the fleet drills, which run on it alone. .ci/run runs the whole suite on SQLite, then these on
 # PostgreSQL (`-m database`): running everything twice bought nothing the second time but half the CI's time.
 DATABASE_SENSITIVE = {
     "tests/receiver/test_receiver_inbox.py", "tests/receiver/test_receiver_dedup.py", "tests/receiver/test_rowwrites.py",
@@ -56,6 +56,7 @@ DATABASE_SENSITIVE = {
     "tests/fleet/test_fleet_drain.py", "tests/site/test_deploy_units.py", "tests/site/test_housekeeping.py",
     "tests/worker/test_housekeeping_daily.py", "tests/worker/test_sessions.py",
     "tests/worker/test_notifications.py",  # a delivery made once (a unique constraint), its try under select_for_update
+    "tests/receiver/test_github_poller.py",
 }
 
 

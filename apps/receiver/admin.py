@@ -19,7 +19,7 @@ from pidispatch_site import admin_display
 from pidispatch_site.admin_mixins import ManagedChangesAdmin
 
 from . import intake, trigger_form, triggers
-from .models import Delivery, DeliveryStatus, Trigger
+from .models import Delivery, DeliveryStatus, PollCursor, Trigger
 
 
 def _attach_job_states(deliveries) -> list[dict]:
@@ -281,3 +281,31 @@ class DeliveryAdmin(admin.ModelAdmin):
                               messages.SUCCESS)
         else:
             self.message_user(request, "Only pending deliveries can be discarded; nothing changed.", messages.WARNING)
+
+
+@admin.register(PollCursor)
+class PollCursorAdmin(admin.ModelAdmin):
+    """Where the GitHub poller is in each repository (apps/receiver/polling/): shown, never edited. Deleting a row
+    arms its repository afresh at the next poll: what is there by then starts nothing."""
+
+    list_display = ("repo", "armed_display", "polled_display", "events_id", "comments_id", "open_pulls")
+    search_fields = ("repo",)
+    readonly_fields = ("repo", "armed_at", "polled_at", "events_id", "comments_since", "comments_id", "pulls", "etags")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="armed", ordering="armed_at")
+    def armed_display(self, cursor: PollCursor) -> str:
+        return admin_display.instant(cursor.armed_at)
+
+    @admin.display(description="last polled", ordering="polled_at")
+    def polled_display(self, cursor: PollCursor) -> str:
+        return admin_display.instant(cursor.polled_at)
+
+    @admin.display(description="open pull requests")
+    def open_pulls(self, cursor: PollCursor) -> int:
+        return sum(1 for state in (cursor.pulls or {}).values() if state != "closed")

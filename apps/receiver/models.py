@@ -263,3 +263,27 @@ class Delivery(models.Model):
     @property
     def holds_payload(self) -> bool:
         return self.payload is not None
+
+
+class PollCursor(models.Model):
+    """Where the GitHub poller (`manage.py poll_github`, apps/receiver/polling/) is in one repository's feeds:
+    ids, times, head shas and HTTP validators only. A restart resumes from here, so it neither loses nor repeats
+    an event (a repeat would also be answered from the inbox: the poller's delivery ids are the events' own)."""
+
+    repo = models.CharField(max_length=200, unique=True, help_text="owner/name on GitHub.")
+    armed_at = models.DateTimeField(null=True, blank=True,
+                                    help_text="When the poller first read it; nothing older starts work.")
+    events_id = models.BigIntegerField(default=0, help_text="The newest issue event handled.")
+    comments_since = models.DateTimeField(null=True, blank=True,
+                                          help_text="The comments feed is read from this update time on.")
+    comments_id = models.BigIntegerField(default=0, help_text="The newest issue comment handled.")
+    pulls = models.JSONField(default=dict, blank=True,
+                             help_text='Open pull requests as last seen: number -> head sha, or "closed".')
+    etags = models.JSONField(default=dict, blank=True, help_text="Each feed's ETag, sent as If-None-Match.")
+    polled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["repo"]
+
+    def __str__(self):
+        return self.repo

@@ -117,7 +117,8 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         # Chaining (apps/worker/chaining/): the job that asked for this one, and the jobs this one asked for.
         ("Chain", {"fields": ("chain_depth", "parent_job_display", "chain_children_display",
                               "chain_refusals_display")}),
-        ("Where and when", {"fields": ("host", "queue", "started_display", "ended_display", "duration_display")}),
+        ("Where and when", {"fields": ("host", "queue", "started_display", "ended_display", "duration_display",
+                                       "sandbox_until_display")}),
         ("Why it ran", {"fields": ("trigger", "trigger_type", "delivery_display")}),
         ("Spend", {"fields": ("turns", "tokens_in", "tokens_out", "tokens_total", "cost_display", "usage_display",
                               "budget_reserved")}),
@@ -135,6 +136,20 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         if run.resumed:
             return "yes: the agent continued the session its target's last completed run kept"
         return f"no: {run.get_resume_reason_display()} ({run.resume_reason})"
+
+    @admin.display(description="sandbox")
+    def sandbox_until_display(self, run: Run) -> str:
+        """Where a look inside the run's workspace is (apps/worker/sandbox/sandboxes.py), until when, and how."""
+        if run.sandbox_until is None:
+            return "none kept (no container ran, a folder's run, or PI_SANDBOX_RETENTION_HOURS=0 on its host)"
+        later = Run.objects.filter(job_id=run.job_id, attempt__gt=run.attempt).order_by("-attempt").first()
+        if later is not None:
+            return f"replaced by attempt {later.attempt}'s folder"
+        if run.sandbox_until <= timezone.now():
+            return f"expired {admin_display.instant(run.sandbox_until)}"
+        return format_html("on host <strong>{}</strong> until {}: <code>python manage.py sandbox {}</code> on that host "
+                           "(<code>--pin</code> keeps it longer)", run.host, admin_display.instant(run.sandbox_until),
+                           run.job_id)
 
     @admin.display(description="log")
     def view_log(self, run: Run) -> str:
@@ -335,7 +350,8 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         return [field.name for field in self.model._meta.fields] + [
             "duration_display", "explanation", "forge_sentence", "attempts_display", "target_display",
             "publish_display", "delivery_display", "cost_display", "usage_display", "started_display",
-            "ended_display", "view_log", "agent_summary", "lost_retry_display", "resume_display"]
+            "ended_display", "view_log", "agent_summary", "lost_retry_display", "resume_display",
+            "sandbox_until_display"]
 
     @admin.action(description="Publish again (work kept on this host after a failed publish)",
                   permissions=["publish_again"])

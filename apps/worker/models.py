@@ -158,6 +158,9 @@ class Run(models.Model):
                                      choices=ResumeReason.choices)
     session_bytes = models.PositiveIntegerField(null=True, blank=True,
                                                 help_text="The session transcript this run kept for the next one.")
+    # Until when the run's folder is kept on its host for `manage.py sandbox <job id>` (apps/worker/sandbox/
+    # sandboxes.py); a pin there moves it later. Blank: no sandbox (off, a local run, or no container ran).
+    sandbox_until = models.DateTimeField(null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
 

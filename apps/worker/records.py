@@ -56,6 +56,13 @@ def record_publication(run: Run, publication) -> None:
     logger.info("run_publication job=%s attempt=%s outcome=%s", run.job_id, run.attempt, publication.outcome)
 
 
+def record_sandbox_until(job_id: str, until) -> None:
+    """A pinned sandbox (`manage.py sandbox --pin`): the job's latest record says how long its folder stays."""
+    latest = Run.objects.filter(job_id=job_id).order_by("-attempt").first()
+    if latest is not None:
+        Run.objects.filter(pk=latest.pk).update(sandbox_until=until)
+
+
 def record_lost_retry(run: Run, decision: str) -> None:
     """A lost attempt's retry decision changed before it was carried out (an operator cancelled the job)."""
     Run.objects.filter(pk=run.pk).update(lost_retry=decision)
@@ -98,6 +105,7 @@ def record_run(spec: JobSpec, verdict: Verdict, *, attempt: int, host: str, queu
         # Only the summary's length: its text (agent output) is kept with the run's log, or not at all.
         summary_chars=len(verdict.summary) if verdict.exit_code is not None else None,
         lost_retry=verdict.lost_retry,
+        sandbox_until=verdict.sandbox_until,
         **verdict.dollars,
         **verdict.session,
         **publication_fields(verdict.publication),

@@ -44,7 +44,8 @@ def test_run_detail_shows_every_recorded_field(admin_client, finished_run):
     page = admin_client.get(f"/admin/worker/run/{finished_run.pk}/change/").content.decode()
 
     readable = {"target", "cost", "usage", "started_at", "ended_at", "delivery_id", "publish_url", "lost_retry",
-                "parent_job_id", "chain_children", "chain_refusals"}
+                "parent_job_id", "chain_children", "chain_refusals",
+                "sandbox_until"}
     for field in Run._meta.fields:
         if field.name != "id":
             name = f"{field.name.removesuffix('_at').removesuffix('_id').removesuffix('_url')}_display" \

@@ -55,7 +55,8 @@ INSTALL_PREFIX = "/opt/pidispatch"
 CONFIG_DIR = "/etc/pidispatch/"
 INSTANCE = "deploy-test"
 PROVED = {"pidispatch-web.service", "pidispatch-edge.service", "pidispatch-worker@.service",
-          "pidispatch-replayer.service", "pidispatch-cron@.service", "pidispatch-notify.service"}
+          "pidispatch-replayer.service", "pidispatch-cron@.service", "pidispatch-notify.service",
+          "pidispatch-poller.service"}
 
 
 # --- reading a unit as systemd does ------------------------------------------------------------------------------
@@ -608,6 +609,30 @@ def test_the_notification_sender_delivers_and_stops_on_sigterm(units):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_poller_polls_its_repositories_and_stops_on_sigterm(units, fake_forge, label_trigger, redis_conn):
+    feeds = fake_forge.github_issue_feeds("acme/web")
+    (units.systemd.config / "poller.env").write_text(f"POLL_REPOS=acme/web\nGITHUB_API_URL={fake_forge.url}\n")
+    poller = units("pidispatch-poller.service")
+
+    wait_for(lambda: "polling acme/web every 60 s" in poller.output(), timeout=30, what="the poller's start")
+    wait_for(lambda: "poll_armed repo=acme/web" in poller.output(), timeout=30, what="the repository armed")
+    assert any(request["path"] == "/repos/acme/web/issues/events" for request in fake_forge.requests)
+    assert_clean_stop(poller)
+    assert "poller stopped" in poller.output()
+    assert feeds.events == []
+
+
+def test_a_malformed_poll_repos_stops_the_poller_for_good(units):
+    (units.systemd.config / "poller.env").write_text("POLL_REPOS=acme\n")
+    poller = units("pidispatch-poller.service")
+
+    returncode = poller.process.wait(timeout=60)
+
+    assert returncode == 2 and str(returncode) in UnitFile.read(UNITS / "pidispatch-poller.service").get(
+        "Service", "RestartPreventExitStatus").split()
+    assert "POLL_REPOS: 'acme' is not a GitHub repository name" in poller.output()
 
 
 def test_every_unit_is_proved_here():

@@ -130,10 +130,11 @@ def test_a_github_app_job_gets_a_fresh_repository_token_that_is_revoked_after(
         "DELETE", "/installation/token", "Bearer ghs_e2e-1")
 
 
-def test_job_folders_and_the_clone_are_removed_after_the_run(github, post_github, label_trigger, run_worker, settings):
+def test_job_folders_and_the_clone_are_removed_after_the_run_when_no_sandbox_keeps_them(
+        github, post_github, label_trigger, run_worker, settings):
     job_id = deliver(post_github, "fj-e2e-rm")
 
-    run_worker("pi-jobs", env_overrides={**github.env, "PI_KEEP_JOB_DIRS": "0"})
+    run_worker("pi-jobs", env_overrides={**github.env, "PI_KEEP_JOB_DIRS": "0", "PI_SANDBOX_RETENTION_HOURS": "0"})
 
     assert Run.objects.get(job_id=job_id).outcome == Outcome.COMPLETED
     assert any(r["path"].startswith("/git/") for r in github.requests)  # it did clone

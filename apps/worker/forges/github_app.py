@@ -99,7 +99,7 @@ class GitHubApp:
             if cached is not None:
                 return cached
         owner, _, name = repo.partition("/")
-        body: dict = {"repositories": [name]}
+        body: dict = {"repositories": [name]} if repo else {}  # "": every repository of the installation
         if permissions:
             body["permissions"] = permissions
         try:
@@ -155,7 +155,7 @@ class GitHubApp:
             if isinstance(entry, dict) and isinstance(entry.get("full_name"), str)
         )
         # The token is scoped by repository NAME within the installation's account: it must be this repo.
-        if names and [name.lower() for name in names] != [repo.lower()]:
+        if repo and names and [name.lower() for name in names] != [repo.lower()]:
             raise ForgeFailure("forge-repo-not-found", transient=False)
         expires_at = None
         if isinstance(data.get("expires_at"), str):

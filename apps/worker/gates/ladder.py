@@ -37,7 +37,17 @@ from apps.worker.gates.scopes import job_scopes, normalise_folder, scope_hash
 from apps.worker.gates.verdicts import Deferred, Verdict, database_unavailable
 from apps.worker.jobs import FORGE_KINDS, JobSpec, job_time_budget_seconds
 from apps.worker.models import Outcome, PauseWindow, Run
-from apps.worker.sandbox import agent_config, container, disk, forge_workspace, gateway, jobfiles, prices, providers
+from apps.worker.sandbox import (
+    agent_config,
+    container,
+    disk,
+    forge_workspace,
+    gateway,
+    jobfiles,
+    prices,
+    providers,
+    sandboxes,
+)
 from apps.worker.sandbox.egress_policy import parse_allowlist
 from apps.worker.sandbox.exitline import Telemetry, parse_exit_line, parse_summary
 from apps.worker.sandbox.workspace import WorkspaceRefused, check_local_folder
@@ -68,6 +78,10 @@ class Attempt:
     dollars: budget.DollarHold | None = None  # the dollar hold, from gate 11 on
     container_ran: bool = False  # the container may have spent: an unsettled dollar hold is kept whole
     chainable: frozenset[str] = frozenset()  # flows whose skill allows being chained, read before the agent ran
+    # What the container ran with, for a sandbox on its folder afterwards (apps/worker/sandbox/sandboxes.py).
+    limits: tuple[tuple[int, int], str, float] | None = None
+    image_id: str = ""  # the image the preflight found (a sandbox runs that one, whatever the tag names later)
+    sandbox_until: datetime | None = None
 
     @property
     def holder(self) -> str:
@@ -88,8 +102,13 @@ class Attempt:
                 self.forge.release()
             except Exception:  # a token that could not be revoked still expires within the hour
                 logger.warning("forge_token_release_failed job=%s", self.spec.job_id)
-        if self.dirs is not None and settings.PI_KEEP_JOB_DIRS:
-            jobfiles.let_go(self.dirs)
+        if self.dirs is not None and self.container_ran and self.limits is not None:
+            user, memory, cpus = self.limits
+            self.sandbox_until = sandboxes.retain(
+                self.dirs, job_id=self.spec.job_id, image=self.image_id or self.image, user=user, memory=memory,
+                cpus=cpus, host=self.host, now=timezone.now())
+        if self.dirs is not None and (settings.PI_KEEP_JOB_DIRS or self.sandbox_until is not None):
+            jobfiles.let_go(self.dirs)  # kept whole: for debugging, or for the sandbox (its KEEP_UNTIL)
         elif self.dirs is not None and kept.is_kept(self.dirs.root):
             kept.strip_to_kept(self.dirs.root)  # the unpublished work stays (KEEP_UNTIL); the prompt and clone go
             jobfiles.let_go(self.dirs)
@@ -253,7 +272,8 @@ def run(spec: JobSpec, host: str) -> Verdict | Deferred:
         logger.info("job_deferred job=%s reason=%s until=%s", spec.job_id, outcome.reason, outcome.until.isoformat())
         return outcome
     dollars = attempt.dollars.record_fields() if attempt.dollars is not None else {}
-    return replace(outcome, image=attempt.image, started_at=attempt.now, ended_at=timezone.now(), dollars=dollars)
+    return replace(outcome, image=attempt.image, started_at=attempt.now, ended_at=timezone.now(), dollars=dollars,
+                   sandbox_until=attempt.sandbox_until)
 
 
 def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
@@ -312,7 +332,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     # 7. The image, never pulled.
     try:
         client = container.engine()
-        container.preflight_image(client, attempt.image)
+        attempt.image_id = container.preflight_image(client, attempt.image)
     except container.ImageMissing:
         return Verdict.refused("job-image-missing")
     except container.ImageIncompatible as incompatible:
@@ -453,6 +473,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     for each in watches:
         each.start()
     attempt.container_ran = True
+    attempt.limits = (user, runtime.job_memory, runtime.job_cpus)
     try:
         result = container.run_container(
             client,

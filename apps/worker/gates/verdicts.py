@@ -53,6 +53,8 @@ class Verdict:
     # Chaining (apps/worker/chaining/): the children a completed run's /outbox asked for, and what was refused.
     chain_children: tuple[str, ...] = ()
     chain_refusals: dict = field(default_factory=dict)
+    # Until when the run's folder stays on its host for a sandbox (apps/worker/sandbox/sandboxes.py), else None.
+    sandbox_until: datetime | None = None
 
     @classmethod
     def refused(cls, reason: str, **fields) -> Verdict:

@@ -66,7 +66,7 @@ from apps.worker.gates.verdicts import Verdict
 from apps.worker.jobs import JobSpec, forget_container_texts
 from apps.worker.models import LostRetry, Outcome, Run
 from apps.worker.records import record_lost_retry, record_run
-from apps.worker.sandbox import container, jobfiles
+from apps.worker.sandbox import container, jobfiles, sandboxes
 
 logger = logging.getLogger("pidispatch.worker")
 
@@ -241,6 +241,8 @@ def reap_strays(worker) -> None:
     """At boot, before taking work: this host's `pi-job-*` containers that no live sibling runs, then the
     job folders that no live work horse holds."""
     _reap_stray_containers(worker)
+    if sandboxes.remove_ended():
+        logger.info("sandbox_containers_reaped why=boot")
     reap_job_folders()
 
 
@@ -249,7 +251,7 @@ def reap_job_folders() -> None:
     it (apps/worker/sandbox/jobfiles.py says what is held, and what KEEP_UNTIL keeps). PI_KEEP_JOB_DIRS keeps all."""
     if settings.PI_KEEP_JOB_DIRS:
         return
-    for job_id in jobfiles.remove_unheld(settings.PI_JOB_ROOT, timezone.now()):
+    for job_id in jobfiles.remove_unheld(settings.PI_JOB_ROOT, timezone.now(), in_use=sandboxes.in_use):
         logger.info("job_folder_reaped job=%s", job_id)
 
 

@@ -157,10 +157,6 @@ def run_container(
     session_folder: Path | None = None,
     outbox: Path | None = None,
 ) -> ContainerExit:
-    uid, gid = user
-    if uid == 0:
-        raise ValueError("jobs never run as root")
-    memory_limit = memory_bytes(memory)
     deadline = time.time() + timeout_seconds
     try:
         container = _create_once_named(
@@ -168,18 +164,7 @@ def run_container(
             image=image,
             name=container_name(job_id),
             labels={JOB_LABEL: job_id, HOST_LABEL: host, DEADLINE_LABEL: str(int(deadline))},
-            user=f"{uid}:{gid}",
-            cap_drop=["ALL"],
-            security_opt=["no-new-privileges"],
-            pids_limit=settings.PI_JOB_PIDS_LIMIT,
-            mem_limit=memory_limit,
-            memswap_limit=memory_limit,  # no swap beyond the memory limit
-            nano_cpus=int(cpus * 1e9),
-            shm_size="1g",
-            init=True,
-            network_mode="none",
-            read_only=True,
-            tmpfs=scratch_mounts(user),
+            **isolation_options(user, memory=memory, cpus=cpus),
             environment=environment,
             mounts=[
                 Mount("/job", str(job_dir), type="bind", read_only=True),
@@ -221,6 +206,29 @@ def run_container(
         raise EngineUnavailable(type(exc).__name__) from None
     finally:
         _remove(container)
+
+
+def isolation_options(user: tuple[int, int], *, memory: str, cpus: float) -> dict:
+    """The isolation flags of a job's container (and of a sandbox on its workspace, apps/worker/sandbox/sandboxes.py):
+    fixed here, never taken from a trigger. No network at all: a job's only way out is its gateway's socket."""
+    uid, gid = user
+    if uid == 0:
+        raise ValueError("jobs never run as root")
+    memory_limit = memory_bytes(memory)
+    return dict(
+        user=f"{uid}:{gid}",
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        pids_limit=settings.PI_JOB_PIDS_LIMIT,
+        mem_limit=memory_limit,
+        memswap_limit=memory_limit,  # no swap beyond the memory limit
+        nano_cpus=int(cpus * 1e9),
+        shm_size="1g",
+        init=True,
+        network_mode="none",
+        read_only=True,
+        tmpfs=scratch_mounts(user),
+    )
 
 
 def _create_once_named(client: docker.DockerClient, job_id: str, **options):

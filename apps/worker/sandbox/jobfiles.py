@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -169,8 +170,9 @@ def _hold(job_root: Path, job_id: str) -> int:
     return descriptor
 
 
-def remove_unheld(root: Path, now: datetime) -> list[str]:
-    """Remove the job folders under `root` that no live process holds and nothing keeps; their job ids."""
+def remove_unheld(root: Path, now: datetime, in_use: Callable[[Path], bool] | None = None) -> list[str]:
+    """Remove the job folders under `root` that no live process holds and nothing keeps; their job ids.
+    `in_use(folder)`, asked last, keeps a folder something outside this host's processes uses (a live sandbox)."""
     try:
         entries = list(os.scandir(root))
     except FileNotFoundError:
@@ -192,6 +194,11 @@ def remove_unheld(root: Path, now: datetime) -> list[str]:
                 continue  # a live work horse holds it
             if _kept(Path(entry.path), now):
                 continue
+            if in_use is not None and in_use(Path(entry.path)):
+                if entry.name not in _warned_in_use:  # once per folder and process, not every sweep
+                    _warned_in_use.add(entry.name)
+                    logger.info("job_folder_kept job=%s why=sandbox-in-use", entry.name)
+                continue
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(entry.name)
         finally:
@@ -200,6 +207,7 @@ def remove_unheld(root: Path, now: datetime) -> list[str]:
 
 
 _warned_keep_until: set[str] = set()
+_warned_in_use: set[str] = set()
 
 
 def _kept(folder: Path, now: datetime) -> bool:

@@ -125,12 +125,12 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         # Dollar caps and run logs (apps/worker/gates/budget.py, apps/worker/run_logs.py).
         ("Dollars", {"fields": ("dollar_basis", "dollars_reserved", "dollars_charged")}),
         # `run.resume` (apps/worker/sessions/): whether it continued its target's session, and why not.
-        ("Session", {"fields": ("resume_display", "session_bytes")}),
+        ("Session", {"fields": ("resumed_display", "session_bytes")}),
         ("Log", {"fields": ("view_log",)}),
     )
 
     @admin.display(description="resumed")
-    def resume_display(self, run: Run) -> str:
+    def resumed_display(self, run: Run) -> str:
         if run.resumed is None:
             return "not asked (the trigger has no run.resume), or it ended before its container"
         if run.resumed:
@@ -350,7 +350,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         return [field.name for field in self.model._meta.fields] + [
             "duration_display", "explanation", "forge_sentence", "attempts_display", "target_display",
             "publish_display", "delivery_display", "cost_display", "usage_display", "started_display",
-            "ended_display", "view_log", "agent_summary", "lost_retry_display", "resume_display",
+            "ended_display", "view_log", "agent_summary", "lost_retry_display", "resumed_display",
             "sandbox_until_display"]
 
     @admin.action(description="Publish again (work kept on this host after a failed publish)",

@@ -44,12 +44,12 @@ def test_run_detail_shows_every_recorded_field(admin_client, finished_run):
     page = admin_client.get(f"/admin/worker/run/{finished_run.pk}/change/").content.decode()
 
     readable = {"target", "cost", "usage", "started_at", "ended_at", "delivery_id", "publish_url", "lost_retry",
-                "parent_job_id", "chain_children", "chain_refusals",
-                "sandbox_until"}
+                "parent_job_id", "chain_children", "chain_refusals", "sandbox_until", "resumed"}
+    said_by = {"resume_reason": "resumed_display"}  # "no: <why> (<token>)" in the resumed line
     for field in Run._meta.fields:
         if field.name != "id":
             name = f"{field.name.removesuffix('_at').removesuffix('_id').removesuffix('_url')}_display" \
-                if field.name in readable else field.name
+                if field.name in readable else said_by.get(field.name, field.name)
             assert f"field-{name}" in page, field.name
     assert "fake-1" in page and "admin-1" in page
 

@@ -243,12 +243,13 @@ def to_arabic_indic(number: int) -> str:
     return "".join(chr(0x0660 + int(digit)) for digit in str(number))
 
 
+# The ids name each case: the values hold the clock, and pytest-xdist's processes must collect the same names.
 @pytest.mark.parametrize("timestamp", [
     "\u00b9\u00b2\u00b3",  # superscript digits: str.isdigit() says yes, int() raises
     "\u00b9" + str(int(time.time()))[1:],
     to_arabic_indic(int(time.time())),  # int() reads these, as the right time
     "+" + str(int(time.time())), "1_" + str(int(time.time()))[1:], str(int(time.time())) + ".0", "-1", "",
-])
+], ids=["superscript", "superscript-first", "arabic-indic", "plus", "underscore", "decimal", "negative", "empty"])
 def test_gitlab_timestamps_are_ascii_digits_only(client, signature_mode, timestamp):
     body = BODIES["gitlab"]
     headers = gitlab_signature_headers(body, "Issue Hook", "wh-ts")

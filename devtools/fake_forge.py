@@ -501,16 +501,15 @@ class FakeForge:
     def _pull_of_page(self, forge: str, path: str, number: int) -> dict | None:
         found = [pr for pr in self.pull_requests if pr["forge"] == forge and pr["number"] == number]
         named = [pr for pr in found if self._page_path(pr).lower() == path.lower()]
-        # A repository the stand-in serves for any name (make run's) has no name of its own: its number decides.
-        unnamed = [pr for pr in found if "path" not in self._context(forge, pr["repo"])
-                   and (forge, pr["repo"].lower()) not in self._pull_repositories]
-        return (named or unnamed or [None])[-1]
+        # The stand-in that serves any repository (make run's) may know it by another name (its id): the number
+        # decides then.
+        return (named or found or [None])[-1]
 
     def _pull_page(self, forge: str, path: str, number: int):
         pr = self._pull_of_page(forge, path, number)
         noun = "merge request" if forge == "gitlab" else "pull request"
         if pr is None:
-            return _page(404, f"No {noun} #{number}", f"<p>{html.escape(path)} has no {noun} #{number}.</p>")
+            return _html_page(404, f"No {noun} #{number}", f"<p>{html.escape(path)} has no {noun} #{number}.</p>")
         commits, diff = self._commits_and_diff(pr)
         closes = ", ".join(f"#{issue}" for issue in pr["issues"]) or "none"
         body = (
@@ -521,7 +520,7 @@ class FakeForge:
             f"<h2>Commits</h2><ul class=commits>"
             + "".join(f"<li><code>{html.escape(sha)}</code> {html.escape(subject)}</li>" for sha, subject in commits)
             + f"</ul><h2>Changes</h2><pre class=diff>{_diff_html(diff)}</pre>")
-        return _page(200, f"{pr['title']} ({noun} #{number})", body)
+        return _html_page(200, f"{pr['title']} ({noun} #{number})", body)
 
     def _commits_and_diff(self, pr: dict) -> tuple[list[tuple[str, str]], str]:
         """The head's commits that its base lacks, and their diff, from the served bare repository."""
@@ -548,7 +547,7 @@ class FakeForge:
                     if request["method"] == "POST" and isinstance(request.get("body"), dict)
                     and re.search(rf"/(?:issues|workItems)/{number}/(?:comments|notes)$", request["path"])]
         if issue is None and not comments and not pulls:
-            return _page(404, f"No issue #{number}", f"<p>{html.escape(path)} has no issue #{number}.</p>")
+            return _html_page(404, f"No issue #{number}", f"<p>{html.escape(path)} has no issue #{number}.</p>")
         title = issue["title"] if issue else f"Issue #{number}"
         text = issue["body"] if issue else ""
         body = (f"<p class=meta>issue #{number} on {html.escape(path)}</p>"
@@ -559,7 +558,7 @@ class FakeForge:
                 + "</ul><h2>Comments</h2>"
                 + "".join(f"<div class=comment>{html.escape(str(comment.get('body') or comment.get('text') or ''))}"
                           "</div>" for comment in comments))
-        return _page(200, f"{title} (#{number})", body)
+        return _html_page(200, f"{title} (#{number})", body)
 
     # GitHub: REST pulls API (docs.github.com/rest/pulls/pulls)
 
@@ -962,7 +961,7 @@ PAGE_STYLE = ("body{font:15px/1.5 system-ui,sans-serif;max-width:60rem;margin:2r
               ".add{background:#dafbe1}.del{background:#ffebe9}.hunk{color:#59636e}")
 
 
-def _page(status: int, title: str, body: str) -> tuple[int, bytes, dict]:
+def _html_page(status: int, title: str, body: str) -> tuple[int, bytes, dict]:
     """One HTML page (`title` is escaped here; `body` is HTML the caller escaped)."""
     document = (f"<!doctype html><html lang=en><meta charset=utf-8><title>{html.escape(title)}</title>"
                 f"<style>{PAGE_STYLE}</style><h1>{html.escape(title)}</h1>{body}</html>")

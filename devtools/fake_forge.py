@@ -511,7 +511,7 @@ class FakeForge:
         if pr is None:
             return _html_page(404, f"No {noun} #{number}", f"<p>{html.escape(path)} has no {noun} #{number}.</p>")
         commits, diff = self._commits_and_diff(pr)
-        closes = ", ".join(f"#{issue}" for issue in pr["issues"]) or "none"
+        closes = ", ".join(f"#{issue}" for issue in pr["issues"]) or "no issue"
         body = (
             f"<p class=meta><span class=state>{html.escape(pr['state'])}</span>{' draft' if pr['draft'] else ''} "
             f"{noun} on {html.escape(path)}: <code>{html.escape(pr['head'])}</code> into "

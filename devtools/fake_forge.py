@@ -556,6 +556,7 @@ class FakeForge:
                 + "".join(f"<li>#{pr['number']} {html.escape(pr['title'])} (<code>{html.escape(pr['head'])}</code>, "
                           f"{html.escape(pr['state'])})</li>" for pr in pulls)
                 + "</ul><h2>Comments</h2>"
+                + ("" if comments else "<p><em>none yet</em></p>")
                 + "".join(f"<div class=comment>{html.escape(str(comment.get('body') or comment.get('text') or ''))}"
                           "</div>" for comment in comments))
         return _html_page(200, f"{title} (#{number})", body)

@@ -151,10 +151,22 @@ def _withdraw_services() -> None:
         dev_env.write(DEV_ENV, found.kept)
 
 
+_last_child_line = [time.monotonic()]  # when a child last printed (the summary waits for a pause)
+
+
+def _wait_for_quiet(pause: float = 1.5, most: float = 10.0) -> None:
+    """Until the children have said nothing for `pause` seconds (at most `most`): what a finished job sets off (the
+    worker's daily housekeeping, say) prints before the summary, which stays the last thing on the screen."""
+    deadline = time.monotonic() + most
+    while time.monotonic() - _last_child_line[0] < pause and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def _prefix_output(process: subprocess.Popen, prefix: str, stack: Stack) -> None:
     def pump():
         shown = True
         for line in process.stdout:  # read to the end whatever happens, or the child blocks on a full pipe
+            _last_child_line[0] = time.monotonic()
             if shown:
                 try:
                     sys.stdout.write(f"{prefix} {line.decode(errors='replace')}")
@@ -271,7 +283,8 @@ def _seed_demo_triggers(forges: tuple[str, ...]) -> None:
             Trigger.objects.create(position=Trigger.objects.count(), kind=forge, on_type="label",
                                    label_any=["pi"], flow="demo", repository="web" if forge == "azure" else "",
                                    note=f"demo: {forge} issues labelled `pi` run the `demo` flow")
-            say(f"seeded a demo trigger: {forge} issues labelled `pi` run the `demo` flow")
+            say(f"seeded a demo trigger: {forge} {'work items' if forge == 'azure' else 'issues'} labelled `pi` run "
+                "the `demo` flow")
 
 
 def _wait_for_run(job_id: str, timeout: float):
@@ -410,6 +423,7 @@ def run_platform(args) -> int:
         if run is None:
             raise SetupError(f"no run record for {job_id} after {DEMO_TIMEOUT_SECONDS} s; see the [worker] lines "
                              "above (is the worker running, can it reach Docker?).")
+        _wait_for_quiet()
         url = f"{base_url}/admin/worker/run/{run.pk}/change/"
         detail = f" ({run.reason})" if run.reason else ""
         spend = (f"{run.tokens_total} tokens" if run.tokens_total is not None else "no tokens metered") + (
@@ -422,13 +436,13 @@ def run_platform(args) -> int:
             print(f"published by the worker: {run.publish_outcome}{where}"
                   + (f" on the local stand-in GitHub (var/demo-forge){page}" if local_github else ""), flush=True)
         print("", flush=True)
-        if len(demo_forges) > 1:
-            say(f"try another forge's trigger: `{_python()} manage.py send_delivery --forge gitlab --label pi` "
-                f"({', '.join(demo_forges)}; --event, see --help)")
-        say(f"admin: {base_url}/admin/  {login}")
         say("commands beside it, in another shell, find its services through var/dev.env: "
             f"`{_python()} manage.py fleet status`, `{_python()} manage.py doctor`")
+        if len(demo_forges) > 1:
+            say(f"try a trigger of any forge: `{_python()} manage.py send_delivery --forge gitlab --label pi` "
+                f"({', '.join(demo_forges)}; other events: --help)")
         say("everything keeps running; press Ctrl-C (or send SIGTERM) to stop it all")
+        say(f"admin: {base_url}/admin/  {login}")  # last, where it is seen
 
         while True:
             for service in stack.services:

@@ -80,7 +80,11 @@ def build(forge: str, event: str | None = None, *, label: str = "pi", number: in
     if config is None:
         raise SampleError(f"{forge} is not configured on this deployment (no webhook secret): its deliveries would be "
                           "refused. See the README's settings table.")
-    payload = json.loads((PAYLOADS / SAMPLES[(forge, event)]).read_text())
+    try:
+        payload = json.loads((PAYLOADS / SAMPLES[(forge, event)]).read_text())
+    except FileNotFoundError:
+        raise SampleError(f"the sample payloads come from the checkout's tests/payloads/, and {PAYLOADS} has no "
+                          f"{SAMPLES[(forge, event)]}: run it from a checkout") from None
     number = number or secrets.randbelow(90000) + 10000
     delivery_id = f"sample-{uuid.uuid4()}"
     FILL[forge](payload, event, label, number, comment, repository, delivery_id)
@@ -179,7 +183,7 @@ def _azure(payload, event, label, number, comment, repository, delivery_id):
     else:
         pull = resource.get("pullRequest", resource)
         pull["pullRequestId"] = number
-        if comment:
+        if comment and "comment" in resource:
             resource["comment"]["content"] = comment
 
 

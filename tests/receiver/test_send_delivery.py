@@ -9,6 +9,7 @@ import re
 import pytest
 from django.core.management import CommandError, call_command
 
+from apps.receiver.sample_deliveries import SAMPLES, build
 from devtools.fake_forge import forges_for_any_repository
 from tests.receiver_support import queued, rule
 
@@ -84,7 +85,7 @@ def test_what_no_rule_wants_is_ignored_with_its_reason(stand_in, live_server, re
 @pytest.mark.django_db(transaction=True)
 def test_a_server_with_another_secret_refuses_it_and_says_why(stand_in, live_server, settings):
     # The deployment signs with what it has; the server at the other end verifies with its own (here changed).
-    from apps.receiver.sample_deliveries import build, post
+    from apps.receiver.sample_deliveries import post
 
     sample = build("forgejo", label="pi")
     settings.FORGEJO_WEBHOOK_SECRET = "rotated-secret"
@@ -103,7 +104,19 @@ def test_bad_input_is_a_clear_error(stand_in, settings):
 
 
 def test_azure_is_authenticated_as_its_subscription_says(stand_in):
-    from apps.receiver.sample_deliveries import build
-
     sample = build("azure", label="pi")
     assert sample.headers == {"Authorization": "Basic " + base64.b64encode(b"pidispatch:azure-secret").decode()}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("forge, event", sorted(SAMPLES))
+def test_every_sample_is_an_event_the_matcher_acts_on(forge, event, stand_in, client):
+    """With no trigger at all, each sample is verified, read and considered: ignored for want of a rule, never
+    refused (401/400) nor dropped as an event or action nobody handles."""
+    sample = build(forge, event, label="pi", comment="@pi please")
+    response = client.post(f"/hooks/{forge}", data=sample.body, content_type="application/json",
+                           headers=sample.headers)
+    assert response.status_code == 200, response.content
+    answer = response.json()
+    assert answer["status"] == "ignored", answer
+    assert answer["reason"] not in ("unhandled-event", "action-not-actionable", "no-label-change"), answer

@@ -3,9 +3,11 @@ body, branch, commits, the diff) at the forges' own paths, with hostile issue te
 Chromium; screenshots under test-results/. And the private server's root leads to the admin, which links the API's
 docs."""
 
+import importlib
 from pathlib import Path
 
 import pytest
+from django.urls import clear_url_caches, set_urlconf
 
 from devtools.fake_forge import forges_for_any_repository, git
 
@@ -85,3 +87,18 @@ def test_the_private_servers_root_leads_to_the_admin_which_links_the_api_docs(cl
     home = client.get("/admin/").content.decode()
     assert '<a href="/api/v1/docs/" id="link-api-docs">API docs</a>' in home
     assert client.get("/api/v1/docs/").status_code == 200
+
+
+def test_the_public_edge_has_no_home(settings, client):
+    import pidispatch_site.urls as urls
+
+    settings.PI_PUBLIC_EDGE = True
+    try:
+        importlib.reload(urls)
+        clear_url_caches()
+        assert client.get("/").status_code == 404  # the edge serves the hooks and the health check alone
+    finally:
+        settings.PI_PUBLIC_EDGE = False
+        importlib.reload(urls)
+        clear_url_caches()
+        set_urlconf(None)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import html
 import json
 import os
 import re
@@ -55,7 +56,10 @@ class FakeForge:
     parsed request. Every request is recorded (method, path, query, headers, and the JSON body).
 
     `serve_git(root, authorization)` also makes it a git remote: `/git/<name>.git` is the bare repository
-    `root/<name>.git`, served by `git http-backend` to requests carrying exactly that Authorization header."""
+    `root/<name>.git`, served by `git http-backend` to requests carrying exactly that Authorization header (or
+    one of several: each forge's client sends its own user name beside the token).
+
+    `serve_pages()` adds the forge's web pages for people: each issue and pull/merge request as readable HTML."""
 
     def __init__(self, address: str = "127.0.0.1"):
         self.routes: dict = {}
@@ -63,7 +67,9 @@ class FakeForge:
         self.fallback = None  # answers paths without a route (default: 404)
         self.requests: list[dict] = []
         self.git_root: Path | None = None
-        self.git_authorization: str | None = None
+        self.git_authorizations: frozenset[str] = frozenset()
+        # Issues the forge knows beyond the poller's feeds, for their pages: (forge, repo, number) -> record.
+        self.issues: dict[tuple[str, str, int], dict] = {}
         # Every pull/merge request the forge knows: opened through its API (`created`) or added by a test.
         self.pull_requests: list[dict] = []
         self._pull_repositories: dict[tuple[str, str], dict] = {}
@@ -128,7 +134,7 @@ class FakeForge:
                 if method == "GET" and any(pattern.fullmatch(parts.path) for pattern in forge.conditional):
                     status, payload = forge._conditional(request, status, payload, headers)
                 self.send_response(status)
-                if status != 304:
+                if status != 304 and "Content-Type" not in headers:
                     self.send_header("Content-Type", "application/json")
                 for name, value in headers.items():
                     self.send_header(name, value)
@@ -137,7 +143,7 @@ class FakeForge:
                 self.wfile.write(payload)
 
             def _git(self, parts, raw: bytes):
-                if self.headers.get("Authorization") != forge.git_authorization:
+                if self.headers.get("Authorization") not in forge.git_authorizations:
                     self.send_response(401)
                     self.send_header("WWW-Authenticate", 'Basic realm="git"')
                     self.send_header("Content-Length", "0")
@@ -224,8 +230,18 @@ class FakeForge:
             self.issue_feeds[repo] = GitHubIssueFeeds(self, repo)
         return self.issue_feeds[repo]
 
-    def serve_git(self, root: Path, authorization: str) -> None:
-        self.git_root, self.git_authorization = Path(root), authorization
+    def serve_git(self, root: Path, authorization: str | tuple[str, ...]) -> None:
+        self.git_root = Path(root)
+        self.git_authorizations = frozenset([authorization] if isinstance(authorization, str) else authorization)
+
+    @property
+    def git_authorization(self) -> str | None:
+        return next(iter(self.git_authorizations), None)
+
+    @git_authorization.setter
+    def git_authorization(self, authorization: str) -> None:
+        """Only this one from now on (a test revoking the others)."""
+        self.git_authorizations = frozenset([authorization])
 
     def close(self):
         self.server.shutdown()
@@ -440,6 +456,110 @@ class FakeForge:
 
     def _find(self, forge: str, repo: str, number: str) -> dict | None:
         return next((pr for pr in self.pulls_of(forge, repo) if pr["number"] == int(number)), None)
+
+    # --- the forge's web pages, for people: an issue, a pull/merge request (its branch, commits and diff) ---
+
+    def add_issue(self, forge: str, repo: str, number: int, *, title: str, body: str = "") -> dict:
+        """An issue the forge's page shows (`repo` as its page's path names it: owner/name, the GitLab project's
+        path, Azure's project/repository)."""
+        issue = {"forge": forge, "repo": repo, "number": int(number), "title": title, "body": body}
+        self.issues[(forge, repo.lower(), int(number))] = issue
+        return issue
+
+    def serve_pages(self) -> None:
+        """Each forge's page paths: GitHub `/<owner>/<repo>/issues/<n>` and `/pull/<n>`, Forgejo `/pulls/<n>`,
+        GitLab `/<path>/-/issues/<n>` and `/-/merge_requests/<n>`, Azure DevOps `/<project>/_git/<repo>/pullrequest/
+        <n>` and `/<project>/_workitems/edit/<n>`. Everything shown is escaped: issue text is anyone's."""
+        n = r"(?P<number>\d+)"
+        self._pull_routes([
+            ("GET", rf"/(?P<repo>[^/]+/[^/]+)/issues/{n}", lambda request, repo, number:
+                self._issue_page(("github", "forgejo"), repo, int(number))),
+            ("GET", rf"/(?P<repo>[^/]+/[^/]+)/pull/{n}", lambda request, repo, number:
+                self._pull_page("github", repo, int(number))),
+            ("GET", rf"/(?P<repo>[^/]+/[^/]+)/pulls/{n}", lambda request, repo, number:
+                self._pull_page("forgejo", repo, int(number))),
+            ("GET", rf"/(?P<repo>.+?)/-/issues/{n}", lambda request, repo, number:
+                self._issue_page(("gitlab",), repo, int(number))),
+            ("GET", rf"/(?P<repo>.+?)/-/merge_requests/{n}", lambda request, repo, number:
+                self._pull_page("gitlab", repo, int(number))),
+            ("GET", rf"/(?P<project>[^/]+)/_git/(?P<name>[^/]+)/pullrequest/{n}", lambda request, project, name, number:
+                self._pull_page("azure", f"{project}/{name}", int(number))),
+            ("GET", rf"/(?P<project>[^/]+)/_workitems/edit/{n}", lambda request, project, number:
+                self._issue_page(("azure",), project, int(number))),
+        ])
+
+    def _page_path(self, pr: dict) -> str:
+        """Where a pull/merge request's page is: its repository as people name it (owner/name; the GitLab project's
+        path; Azure's project/repository names)."""
+        context = self._context(pr["forge"], pr["repo"])
+        if pr["forge"] == "gitlab":
+            return context.get("path", f"group/project-{pr['repo']}")
+        if pr["forge"] == "azure":
+            return f"{context.get('project_name', 'Fabrikam')}/{context.get('name', 'repo')}"
+        return pr["repo"]
+
+    def _pull_of_page(self, forge: str, path: str, number: int) -> dict | None:
+        found = [pr for pr in self.pull_requests if pr["forge"] == forge and pr["number"] == number]
+        named = [pr for pr in found if self._page_path(pr).lower() == path.lower()]
+        # The stand-in that serves any repository (make run's) may know it by another name (its id): the number
+        # decides then.
+        return (named or found or [None])[-1]
+
+    def _pull_page(self, forge: str, path: str, number: int):
+        pr = self._pull_of_page(forge, path, number)
+        noun = "merge request" if forge == "gitlab" else "pull request"
+        if pr is None:
+            return _html_page(404, f"No {noun} #{number}", f"<p>{html.escape(path)} has no {noun} #{number}.</p>")
+        commits, diff = self._commits_and_diff(pr)
+        closes = ", ".join(f"#{issue}" for issue in pr["issues"]) or "no issue"
+        body = (
+            f"<p class=meta><span class=state>{html.escape(pr['state'])}</span>{' draft' if pr['draft'] else ''} "
+            f"{noun} on {html.escape(path)}: <code>{html.escape(pr['head'])}</code> into "
+            f"<code>{html.escape(pr['base'])}</code> (head {html.escape(pr['sha'][:12])}; closes {closes})</p>"
+            f"<h2>Description</h2><div class=text>{html.escape(pr['body']) or '<em>none</em>'}</div>"
+            f"<h2>Commits</h2><ul class=commits>"
+            + "".join(f"<li><code>{html.escape(sha)}</code> {html.escape(subject)}</li>" for sha, subject in commits)
+            + f"</ul><h2>Changes</h2><pre class=diff>{_diff_html(diff)}</pre>")
+        return _html_page(200, f"{pr['title']} ({noun} #{number})", body)
+
+    def _commits_and_diff(self, pr: dict) -> tuple[list[tuple[str, str]], str]:
+        """The head's commits that its base lacks, and their diff, from the served bare repository."""
+        bare = self._bare(pr["forge"], pr["repo"])
+        if bare is None:
+            return [], ""
+        try:
+            span = f"refs/heads/{pr['base']}..{pr['sha']}"
+            log = git(bare, "log", "--format=%h%x09%s", span)
+            diff = git(bare, "diff", f"refs/heads/{pr['base']}...{pr['sha']}")
+        except subprocess.CalledProcessError:
+            return [], ""
+        return [tuple(line.split("\t", 1)) for line in log.splitlines() if "\t" in line], diff
+
+    def _issue_page(self, forges: tuple[str, ...], path: str, number: int):
+        issue = next((self.issues[(forge, path.lower(), number)] for forge in forges
+                      if (forge, path.lower(), number) in self.issues), None)
+        if issue is None and "github" in forges and path in self.issue_feeds and number in self.issue_feeds[path].issues:
+            issue = self.issue_feeds[path].issues[number]
+        pulls = [pr for pr in self.pull_requests if pr["forge"] in forges and number in pr["issues"]
+                 and (self._page_path(pr).lower() == path.lower() or pr["repo"].lower() == path.lower()
+                      or (pr["forge"], pr["repo"].lower()) not in self._pull_repositories)]
+        comments = [request["body"] for request in self.requests
+                    if request["method"] == "POST" and isinstance(request.get("body"), dict)
+                    and re.search(rf"/(?:issues|workItems)/{number}/(?:comments|notes)$", request["path"])]
+        if issue is None and not comments and not pulls:
+            return _html_page(404, f"No issue #{number}", f"<p>{html.escape(path)} has no issue #{number}.</p>")
+        title = issue["title"] if issue else f"Issue #{number}"
+        text = issue["body"] if issue else ""
+        body = (f"<p class=meta>issue #{number} on {html.escape(path)}</p>"
+                f"<div class=text>{html.escape(text) or '<em>no description</em>'}</div>"
+                "<h2>Linked pull requests</h2><ul>"
+                + "".join(f"<li>#{pr['number']} {html.escape(pr['title'])} (<code>{html.escape(pr['head'])}</code>, "
+                          f"{html.escape(pr['state'])})</li>" for pr in pulls)
+                + "</ul><h2>Comments</h2>"
+                + ("" if comments else "<p><em>none yet</em></p>")
+                + "".join(f"<div class=comment>{html.escape(str(comment.get('body') or comment.get('text') or ''))}"
+                          "</div>" for comment in comments))
+        return _html_page(200, f"{title} (#{number})", body)
 
     # GitHub: REST pulls API (docs.github.com/rest/pulls/pulls)
 
@@ -835,6 +955,30 @@ def _fetch_ref(pr: dict) -> str:
     return f"refs/pull/{pr['number']}/head"
 
 
+PAGE_STYLE = ("body{font:15px/1.5 system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#1f2328}"
+              ".meta{color:#59636e}.state{background:#1f883d;color:#fff;border-radius:1em;padding:.1em .7em}"
+              ".text,.comment{white-space:pre-wrap;border:1px solid #d1d9e0;border-radius:6px;padding:.8em}"
+              ".comment{margin:.5em 0}pre.diff{border:1px solid #d1d9e0;border-radius:6px;padding:.8em;overflow:auto}"
+              ".add{background:#dafbe1}.del{background:#ffebe9}.hunk{color:#59636e}")
+
+
+def _html_page(status: int, title: str, body: str) -> tuple[int, bytes, dict]:
+    """One HTML page (`title` is escaped here; `body` is HTML the caller escaped)."""
+    document = (f"<!doctype html><html lang=en><meta charset=utf-8><title>{html.escape(title)}</title>"
+                f"<style>{PAGE_STYLE}</style><h1>{html.escape(title)}</h1>{body}</html>")
+    return status, document.encode(), {"Content-Type": "text/html; charset=utf-8"}
+
+
+def _diff_html(diff: str) -> str:
+    lines = []
+    for line in diff.splitlines():
+        kind = ("add" if line.startswith("+") and not line.startswith("+++")
+                else "del" if line.startswith("-") and not line.startswith("---")
+                else "hunk" if line.startswith("@@") else "")
+        lines.append(f"<span class={kind}>{html.escape(line)}</span>" if kind else html.escape(line))
+    return "\n".join(lines) or "<em>no changes</em>"
+
+
 def _github_invalid(error: dict) -> dict:
     return {"message": "Validation Failed", "errors": [error],
             "documentation_url": "https://docs.github.com/rest/pulls/pulls#create-a-pull-request", "status": "422"}
@@ -926,4 +1070,77 @@ def github_for_any_repository(root: Path, token: str, files: dict, address: str 
 
     server.forget_published = forget_published
     server._github_pull_routes(r"[^/]+/[^/]+")  # pull requests of any repository
+    server.any_sha = sha
+    return server
+
+
+# The user name each forge's client sends beside its token when it clones and pushes (apps/worker/forges/).
+GIT_USERS = {"github": "x-access-token", "gitlab": "oauth2", "forgejo": "pidispatch", "azure": ""}
+DEMO_GROUP = "vssgp.demo-contributors"  # the one Azure DevOps group the demo's stand-in knows
+
+
+def forges_for_any_repository(root: Path, tokens: dict[str, str], files: dict, address: str = "127.0.0.1") -> FakeForge:
+    """All four forges on one stand-in, for every repository or project a delivery names: GitHub as
+    `github_for_any_repository`, GitLab (`/api/v4`, any numeric project), Forgejo/Gitea (`/api/v1`) and Azure DevOps
+    (the organisation is the stand-in's root, Graph included). Each answers its forge's access lookup with a writer
+    (GitLab Developer, Forgejo `write`, a member of the project's Contributors), serves the protected `main` holding
+    `files` from one git remote that takes each forge's token (`tokens`: forge -> token) for clones and pushes,
+    accepts status comments, and keeps pull/merge requests; `serve_pages` shows them. `make run` uses it."""
+    server = github_for_any_repository(root, tokens["github"], files, address)
+    server.serve_git(root, tuple(basic(GIT_USERS[forge], token) for forge, token in tokens.items()))
+    sha, clone_url = server.any_sha, f"{server.url}/git/any.git"
+
+    def gitlab_project(request):
+        project = request["path"].rsplit("/", 1)[1]
+        path = server._context("gitlab", project).get("path", f"demo/project-{project}")
+        return 200, {"id": int(project), "path_with_namespace": path, "default_branch": "main",
+                     "http_url_to_repo": clone_url, "web_url": f"{server.url}/{path}"}
+
+    project = r"/api/v4/projects/\d+"
+    server.route("GET", project, gitlab_project)
+    server.route("GET", project + r"/repository/branches/main", (200, {
+        "name": "main", "commit": {"id": sha, "short_id": sha[:8], "title": "initial"}, "merged": False,
+        "protected": True, "developers_can_push": False, "developers_can_merge": False, "default": True}))
+    server.route("GET", project + r"/members/all/\d+", lambda request: (200, {
+        "id": int(request["path"].rsplit("/", 1)[1]), "username": "someone", "access_level": 30, "state": "active"}))
+    server.route("POST", project + r"/(issues|merge_requests)/\d+/notes", (201, {"id": 302, "body": ""}))
+    server._gitlab_pull_routes(r"\d+")
+
+    repo = r"/api/v1/repos/[^/]+/[^/]+"
+    server.route("GET", repo, lambda request: (200, {
+        "id": 7, "full_name": request["path"].split("/repos/", 1)[1], "default_branch": "main", "empty": False,
+        "clone_url": clone_url}))
+    server.route("GET", repo + r"/branches/main", (200, {
+        "name": "main", "commit": {"id": sha, "message": "initial\n"}, "protected": True, "user_can_push": True,
+        "user_can_merge": True}))
+    server.route("GET", repo + r"/collaborators/[^/]+/permission", (200, {"permission": "write", "role_name": "write"}))
+    server.route("POST", repo + r"/issues/\d+/comments", (201, {"id": 11, "body": ""}))
+    server._forgejo_pull_routes(r"[^/]+/[^/]+")
+
+    repositories = r"/(?P<project>[^/_][^/]*)/_apis/git/repositories"
+
+    def azure_repository(request):
+        project, name = re.fullmatch(repositories + r"/(?P<name>[^/]+)", request["path"]).groups()
+        guid = name if re.fullmatch(r"[0-9a-fA-F-]{36}", name) else str(uuid.uuid5(uuid.NAMESPACE_URL, name))
+        server._pull_repository("azure", guid, project_name=project, name=name, git_name="any")
+        return 200, {"id": guid, "name": name, "defaultBranch": "refs/heads/main", "remoteUrl": clone_url,
+                     "project": {"id": AZURE_PROJECT_ID, "name": project}}
+
+    server.route("GET", repositories + r"/[^/]+", azure_repository)
+    server.route("GET", repositories + r"/[^/]+/refs", (200, {"count": 1, "value": [
+        {"name": "refs/heads/main", "objectId": sha}]}))
+    server.route("GET", r"/[^/_][^/]*/_apis/git/policy/configurations", (200, {"count": 1, "value": [
+        {"id": 1, "isEnabled": True, "isBlocking": True, "isDeleted": False,
+         "type": {"displayName": "Minimum number of reviewers"}, "settings": {"minimumApproverCount": 1}}]}))
+    server.route("POST", r"/[^/_][^/]*/_apis/wit/workItems/\d+/comments", (200, {"id": 5, "text": ""}))
+    server.route("POST", repositories + r"/[^/]+/pullRequests/\d+/threads", (200, {"id": 6}))
+    server._azure_pull_routes(r"[^/_][^/]*", r"[^/]+")
+    server.route("GET", r"/_apis/graph/descriptors/[^/]+",
+                 lambda request: (200, {"value": "aad." + request["path"].rsplit("/", 1)[1][:8]}))
+    server.routes["/_apis/graph/groups"] = (200, {"count": 1, "value": [
+        {"subjectKind": "group", "descriptor": DEMO_GROUP, "displayName": "Contributors",
+         "principalName": "[demo]\\Contributors", "origin": "vsts"}]})
+    server.route("GET", r"/_apis/graph/memberships/[^/]+", lambda request: (200, {"count": 1, "value": [
+        {"containerDescriptor": DEMO_GROUP, "memberDescriptor": request["path"].rsplit("/", 1)[1]}]}))
+    server.serve_pages()
     return server

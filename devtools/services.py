@@ -115,8 +115,18 @@ class Service:
     stop_timeout: float = 20.0
     env: dict[str, str] = field(default_factory=dict)
     stop_function: object = None  # for a server running inside this process
+    runtime_dir: Path | None = None  # its sockets and state under /run: removed once it has stopped
 
     def stop(self) -> None:
+        try:
+            self._stop()
+        finally:
+            if self.runtime_dir is not None and (self.process is None or self.process.poll() is not None):
+                # Never into a mount a dead engine left behind (its exec root): that stays for the next start.
+                subprocess.run(["rm", "-rf", "--one-file-system", str(self.runtime_dir)], check=False,
+                               stderr=subprocess.DEVNULL)
+
+    def _stop(self) -> None:
         if self.stop_function is not None:
             self.stop_function()
             return
@@ -325,7 +335,7 @@ def start_dockerd(data_root: Path, started=None) -> tuple[str, Service | None]:
                "-H", docker_host, "--data-root", str(data_root), "--exec-root", str(run_dir / "exec"),
                "--pidfile", str(run_dir / "docker.pid")]
     process = spawn(command, log=log)
-    service = Service("dockerd", process, stop_timeout=30, env={"DOCKER_HOST": docker_host})
+    service = Service("dockerd", process, stop_timeout=30, env={"DOCKER_HOST": docker_host}, runtime_dir=run_dir)
     if started:
         started(service)
     wait_until(lambda: docker_answers(docker_host) or process.poll() is not None, 90, "dockerd", log)

@@ -34,7 +34,9 @@ SAMPLE_DELIVERY = ROOT / "tests" / "payloads" / "github" / "issues_labeled.json"
 DEMO_SELF_ID = "1"  # the demo deployment's own (made-up) GitHub account id, for the bot-loop guard
 DEMO_TIMEOUT_SECONDS = 180
 DEMO_MODEL = "claude-sonnet-4-5"  # priced from pi's list, so the demo's record shows a cost
-DEMO_FORGE_TOKEN = "demo-github-token"
+# The tokens the demo's stand-in forges take (clones, pushes, API calls), one per forge as the clients send them.
+DEMO_FORGE_TOKENS = {forge: f"demo-{forge}-token" for forge in ("github", "gitlab", "forgejo", "azure")}
+DEMO_AZURE_SELF_ID = "0f0f0f0f-1111-2222-3333-444444444444"  # the demo deployment's own (made-up) Azure identity
 # The folders this demo's worker may run jobs in (Start a run, dispatch_run), unless PI_LOCAL_ROOTS is set: outside
 # the checkout and var/, which no folder run may touch.
 DEMO_LOCAL_ROOT = Path.home() / "pidispatch-folders"
@@ -131,7 +133,10 @@ def _dev_secrets() -> dict[str, str]:
 # What `make run` tells the commands run beside it (var/dev.env), when it set them rather than the environment:
 # where its services listen, and the demo's stand-ins for the provider and GitHub with their made-up keys.
 SERVICE_VARIABLES = ("REDIS_URL", "DOCKER_HOST", "PI_JOB_IMAGE", "PI_PROVIDER", "PI_PROVIDER_BASE_URL",
-                     "ANTHROPIC_API_KEY", "PI_MODEL", "GITHUB_API_URL", "GITHUB_TOKEN")
+                     "ANTHROPIC_API_KEY", "PI_MODEL", "PI_PUBLIC_URL", "GITHUB_API_URL", "GITHUB_TOKEN",
+                     "GITLAB_URL", "GITLAB_TOKEN", "GITLAB_WEBHOOK_MODE", "GITLAB_WEBHOOK_SECRET", "GITLAB_SELF_ID",
+                     "FORGEJO_URL", "FORGEJO_TOKEN", "FORGEJO_WEBHOOK_SECRET", "FORGEJO_SELF_ID",
+                     "AZURE_ORG_URL", "AZURE_TOKEN", "AZURE_WEBHOOK_MODE", "AZURE_WEBHOOK_SECRET", "AZURE_SELF_ID")
 
 
 def _publish_services(env: dict) -> None:
@@ -146,10 +151,22 @@ def _withdraw_services() -> None:
         dev_env.write(DEV_ENV, found.kept)
 
 
+_last_child_line = [time.monotonic()]  # when a child last printed (the summary waits for a pause)
+
+
+def _wait_for_quiet(pause: float = 1.5, most: float = 10.0) -> None:
+    """Until the children have said nothing for `pause` seconds (at most `most`): what a finished job sets off (the
+    worker's daily housekeeping, say) prints before the summary, which stays the last thing on the screen."""
+    deadline = time.monotonic() + most
+    while time.monotonic() - _last_child_line[0] < pause and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def _prefix_output(process: subprocess.Popen, prefix: str, stack: Stack) -> None:
     def pump():
         shown = True
         for line in process.stdout:  # read to the end whatever happens, or the child blocks on a full pipe
+            _last_child_line[0] = time.monotonic()
             if shown:
                 try:
                     sys.stdout.write(f"{prefix} {line.decode(errors='replace')}")
@@ -185,10 +202,28 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def _send_sample_delivery(base_url: str, secret: str) -> tuple[int, dict, str]:
+def _demo_forge_settings(url: str) -> dict[str, str]:
+    """The deployment's settings for the other three forges on the demo's stand-in: their API roots, tokens, webhook
+    secrets (new each run; `manage.py send_delivery` beside it reads them through var/dev.env) and own ids. Published
+    as services, so nothing of a forge that is gone stays configured once make run stops."""
+    return {
+        "GITLAB_URL": url, "GITLAB_TOKEN": DEMO_FORGE_TOKENS["gitlab"], "GITLAB_WEBHOOK_MODE": "token",
+        "GITLAB_WEBHOOK_SECRET": secrets.token_hex(20), "GITLAB_SELF_ID": DEMO_SELF_ID,
+        "FORGEJO_URL": url, "FORGEJO_TOKEN": DEMO_FORGE_TOKENS["forgejo"],
+        "FORGEJO_WEBHOOK_SECRET": secrets.token_hex(20), "FORGEJO_SELF_ID": DEMO_SELF_ID,
+        "AZURE_ORG_URL": url, "AZURE_TOKEN": DEMO_FORGE_TOKENS["azure"], "AZURE_WEBHOOK_MODE": "basic",
+        "AZURE_WEBHOOK_SECRET": f"pidispatch:{secrets.token_hex(20)}", "AZURE_SELF_ID": DEMO_AZURE_SELF_ID,
+    }
+
+
+def _demo_payload() -> dict:
     payload = json.loads(SAMPLE_DELIVERY.read_bytes())
     # A new issue number each run: the same issue labelled again within 10 minutes is (rightly) a duplicate.
     payload["issue"]["number"] = secrets.randbelow(90000) + 10000
+    return payload
+
+
+def _send_sample_delivery(base_url: str, secret: str, payload: dict) -> tuple[int, dict, str]:
     body = json.dumps(payload).encode()
     delivery_id = f"demo-{uuid.uuid4()}"
     signature = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
@@ -238,13 +273,18 @@ def _ensure_admin() -> str:
     return f"user '{username}', password {password}  (shown this once; {reset})"
 
 
-def _seed_demo_trigger() -> None:
+def _seed_demo_triggers(forges: tuple[str, ...]) -> None:
+    """One demo trigger per forge the demo serves: its issues (Azure DevOps: work items, on its repository `web`)
+    labelled `pi` run the `demo` flow."""
     from apps.receiver.models import Trigger
 
-    if not Trigger.objects.filter(kind="github", on_type="label").exists():
-        Trigger.objects.create(position=0, kind="github", on_type="label", label_any=["pi"], flow="demo",
-                               note="demo: issues labelled `pi` run the `demo` flow")
-        say("seeded the demo trigger: GitHub issues labelled `pi` run the `demo` flow")
+    for forge in forges:
+        if not Trigger.objects.filter(kind=forge, on_type="label").exists():
+            Trigger.objects.create(position=Trigger.objects.count(), kind=forge, on_type="label",
+                                   label_any=["pi"], flow="demo", repository="web" if forge == "azure" else "",
+                                   note=f"demo: {forge} issues labelled `pi` run the `demo` flow")
+            say(f"seeded a demo trigger: {forge} {'work items' if forge == 'azure' else 'issues'} labelled `pi` run "
+                "the `demo` flow")
 
 
 def _wait_for_run(job_id: str, timeout: float):
@@ -327,27 +367,40 @@ def run_platform(args) -> int:
         say(f"folder runs: git repositories under {env['PI_LOCAL_ROOTS']} (PI_LOCAL_ROOTS declares other roots)")
 
         local_github = not os.environ.get("GITHUB_API_URL")
+        demo_forge, demo_forges = None, ("github",)
         if local_github:
-            # No GitHub can be reached from here: a local stand-in answers the demo job's API calls (token,
-            # default branch, protection, the status comment) and serves the repository it clones.
-            demo_forge = fake_forge.github_for_any_repository(VAR / "demo-forge", DEMO_FORGE_TOKEN, DEMO_REPOSITORY)
-            stack.add(Service("demo GitHub", stop_function=demo_forge.close))
-            env.update(GITHUB_API_URL=demo_forge.url, GITHUB_TOKEN=DEMO_FORGE_TOKEN)
-            say(f"a local stand-in for GitHub answers at {demo_forge.url} (the demo repository lives in var/demo-forge)")
+            # No forge can be reached from here: a local stand-in answers the demo jobs' API calls (access, token,
+            # default branch, protection, the status comment, the pull/merge request), serves the repository they
+            # clone and push to, and shows the issues and pull requests as pages.
+            demo_forge = fake_forge.forges_for_any_repository(VAR / "demo-forge", DEMO_FORGE_TOKENS, DEMO_REPOSITORY)
+            stack.add(Service("demo forges", stop_function=demo_forge.close))
+            env.update(GITHUB_API_URL=demo_forge.url, GITHUB_TOKEN=DEMO_FORGE_TOKENS["github"])
+            others = _demo_forge_settings(demo_forge.url)
+            # A forge the environment configures is the operator's: the stand-in does not play it.
+            demo_forges += tuple(forge for forge in ("gitlab", "forgejo", "azure")
+                                 if not any(key.startswith(f"{forge.upper()}_") for key in os.environ))
+            env.update({key: value for key, value in others.items()
+                        if key.split("_", 1)[0].lower() in demo_forges})
+            say(f"a local stand-in for {', '.join(demo_forges)} answers at {demo_forge.url} (the demo repository "
+                "lives in var/demo-forge; its issues and pull requests are pages there)")
         _publish_services(env)
 
         say("migrating the database")
         _manage(env, "migrate", "--noinput", "-v", "0")
         _manage(env, "collectstatic", "--noinput", "-v", "0")
-        _setup_django(env)
-        login = _ensure_admin()
-        _seed_demo_trigger()
-
         port = services.free_port(int(os.environ.get("PI_PORT", "8000")))
         base_url = f"http://127.0.0.1:{port}"
+        env.setdefault("PI_PUBLIC_URL", base_url)  # pull requests link their run; send_delivery posts here
+        _publish_services(env)
+        _setup_django(env)
+        login = _ensure_admin()
+        _seed_demo_triggers(demo_forges)
+
+        # The access log goes to a file: a line per request (static files included) would bury the summary.
+        access_log = VAR / "web-access.log"
         _start_child(stack, "web", [str(Path(sys.executable).parent / "gunicorn"), "pidispatch_site.wsgi",
-                                    "--bind", f"127.0.0.1:{port}", "--workers", "2", "--access-logfile", "-",
-                                    "--no-control-socket"], env)
+                                    "--bind", f"127.0.0.1:{port}", "--workers", "2", "--access-logfile",
+                                    str(access_log), "--no-control-socket"], env)
         # -v 0: RQ's own lines (worker started, listening, job OK, ...) stay out; pidispatch's events still show.
         _start_child(stack, "worker", [sys.executable, "manage.py", "rqworker", "pi-jobs", "-v", "0"], env,
                      stop_signal=signal.SIGINT)
@@ -355,9 +408,13 @@ def run_platform(args) -> int:
         _start_child(stack, "replayer", [sys.executable, "manage.py", "replay_deliveries", "--follow"], env)
         _start_child(stack, "cron", [sys.executable, "manage.py", "run_cron"], env)
         services.wait_until(lambda: _http_ok(f"{base_url}/healthz"), 30, "the web server")
-        say(f"web server up at {base_url}/ ; worker draining pi-jobs")
+        say(f"web server up at {base_url}/ (its access log: {access_log}); worker draining pi-jobs")
 
-        status, answer, delivery_id = _send_sample_delivery(base_url, env["GITHUB_WEBHOOK_SECRET"])
+        payload = _demo_payload()
+        if demo_forge is not None:  # its page shows the issue the demo labelled
+            demo_forge.add_issue("github", payload["repository"]["full_name"], payload["issue"]["number"],
+                                 title=payload["issue"]["title"], body=payload["issue"]["body"] or "")
+        status, answer, delivery_id = _send_sample_delivery(base_url, env["GITHUB_WEBHOOK_SECRET"], payload)
         say(f"sent a signed `issues` `labeled` delivery ({delivery_id}): HTTP {status} {json.dumps(answer)}")
         if status != 202 or not answer.get("jobs"):
             raise SetupError("the demo delivery did not become a job; see the [web] lines above.")
@@ -366,6 +423,7 @@ def run_platform(args) -> int:
         if run is None:
             raise SetupError(f"no run record for {job_id} after {DEMO_TIMEOUT_SECONDS} s; see the [worker] lines "
                              "above (is the worker running, can it reach Docker?).")
+        _wait_for_quiet()
         url = f"{base_url}/admin/worker/run/{run.pk}/change/"
         detail = f" ({run.reason})" if run.reason else ""
         spend = (f"{run.tokens_total} tokens" if run.tokens_total is not None else "no tokens metered") + (
@@ -373,13 +431,18 @@ def run_platform(args) -> int:
         print(f"\ndemo run {job_id} {run.outcome}{detail} ({demo_model}; {spend}): {url}", flush=True)
         if run.publish_outcome:
             where = f" #{run.pull_request}" if run.pull_request else ""
+            page = (f": {demo_forge.url}/{payload['repository']['full_name']}/pull/{run.pull_request}"
+                    if demo_forge is not None and run.pull_request else "")
             print(f"published by the worker: {run.publish_outcome}{where}"
-                  + (" on the local stand-in GitHub (var/demo-forge)" if local_github else "")
-                  + "\n", flush=True)
-        say(f"admin: {base_url}/admin/  {login}")
+                  + (f" on the local stand-in GitHub (var/demo-forge){page}" if local_github else ""), flush=True)
+        print("", flush=True)
         say("commands beside it, in another shell, find its services through var/dev.env: "
             f"`{_python()} manage.py fleet status`, `{_python()} manage.py doctor`")
+        if len(demo_forges) > 1:
+            say(f"try a trigger of any forge: `{_python()} manage.py send_delivery --forge gitlab --label pi` "
+                f"({', '.join(demo_forges)}; other events: --help)")
         say("everything keeps running; press Ctrl-C (or send SIGTERM) to stop it all")
+        say(f"admin: {base_url}/admin/  {login}")  # last, where it is seen
 
         while True:
             for service in stack.services:

@@ -22,6 +22,8 @@ urlpatterns = [
 
 if not settings.PI_PUBLIC_EDGE:
     urlpatterns += [
+        # The private server's root is the operator's home (the public edge has none: 404).
+        path("", RedirectView.as_view(pattern_name="admin:index"), name="home"),
         # The fleet panel is the fleet app's page in the admin.
         path("admin/fleet/", RedirectView.as_view(pattern_name="admin:fleet_fleetpanel_changelist"), name="fleet-panel"),
         *run_logs.urlpatterns,  # a run's `View log` (worker.view_run_log), before the admin's own pages

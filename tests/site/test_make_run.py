@@ -13,6 +13,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,8 @@ from pidispatch_site import dev_env
 
 ROOT = Path(__file__).resolve().parents[2]
 SUMMARY_LINE = "press Ctrl-C (or send SIGTERM) to stop it all"
+ADMIN_LINE = re.compile(r"==> admin: http://127\.0\.0\.1:\d+/admin/  user 'admin', password (\S+)  "
+                        r"\(shown this once; reset it with `\S*python manage.py changepassword admin`\)\n")
 
 
 def clean_env(var: Path, **extra) -> dict:
@@ -146,16 +150,35 @@ def make_run(tmp_path):
             subprocess.run(["umount", "-l", line.split()[1]], check=False)
 
 
+def page_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
 def test_make_run_beside_a_second_shell_and_its_stop(make_run):
-    make_run.wait_for_line(SUMMARY_LINE, timeout=240)
+    make_run.wait_for_line("==> admin: ", timeout=240)
+    time.sleep(3)  # whatever else it had to say
     output = make_run.output
 
-    # The summary at the end says how to log in, and how to reset the password; it is shown only there.
+    # The summary at the end says how to log in, and how to reset the password; it is shown only there, last:
+    # no request of the web server's (its access log is a file) nor anything else comes after it.
     summary = output[output.index("\ndemo run "):]
-    login = re.search(r"admin: http://127\.0\.0\.1:\d+/admin/  user 'admin', password (\S+)  "
-                      r"\(shown this once; reset it with `\S*python manage.py changepassword admin`\)", summary)
-    assert login, summary
+    login = ADMIN_LINE.search(summary)
+    assert login and summary.endswith(login.group(0)), summary
     assert output.count(login.group(1)) == 1
+    assert SUMMARY_LINE in summary
+    assert not any(line.startswith("[web]") and '"GET ' in line for line in make_run.lines), output
+    assert "GET /healthz" in (make_run.var / "web-access.log").read_text()
+    # The demo's pull request is a page on the stand-in, and the server's root leads to the admin.
+    pull_page = re.search(r"published by the worker: published #\d+ on the local stand-in GitHub \(var/demo-forge\): "
+                          r"(http://\S+/acme/web/pull/\d+)", summary).group(1)
+    assert page_status(pull_page) == 200
+    base_url = re.search(r"==> admin: (http://127\.0\.0\.1:\d+)/admin/", summary).group(1)
+    with urllib.request.urlopen(f"{base_url}/", timeout=10) as response:
+        assert response.url == f"{base_url}/admin/login/?next=/admin/"
     # pidispatch's worker lines show; RQ's own chatter does not.
     worker_lines = [line for line in make_run.lines if line.startswith("[worker]")]
     for chatter in ("Listening on", "Job OK", "started with PID", "Result is kept", "Cleaning registries"):
@@ -164,6 +187,7 @@ def test_make_run_beside_a_second_shell_and_its_stop(make_run):
     # var/dev.env: the kept secret stays, the stale address is replaced by the private Redis's.
     written = dev_env.read(make_run.var / "dev.env")
     assert written.kept["GITHUB_WEBHOOK_SECRET"] == "kept-secret"
+    assert written.services["GITLAB_URL"] == written.services["GITHUB_API_URL"]  # one stand-in plays all four
     assert written.stack_pid == make_run.process.pid
     port = re.search(r"starting a private redis-server on 127\.0\.0\.1:(\d+)", output).group(1)
     assert written.services["REDIS_URL"] == f"redis://127.0.0.1:{port}/0"
@@ -181,6 +205,22 @@ def test_make_run_beside_a_second_shell_and_its_stop(make_run):
                             env=clean_env(make_run.var, REDIS_URL=elsewhere), capture_output=True, text=True,
                             timeout=60)
     assert status.returncode != 0 and f"could not reach Redis at {elsewhere}" in status.stderr
+
+    # The second shell tries a GitLab trigger: signed with the deployment's own secret, posted to the running
+    # server, queued; the worker runs it on a clone from the stand-in, which then has the merge request's page.
+    sent = subprocess.run([sys.executable, "manage.py", "send_delivery", "--forge", "gitlab", "--label", "pi",
+                           "--number", "12"], cwd=ROOT, env=clean_env(make_run.var), capture_output=True, text=True,
+                          timeout=60)
+    assert sent.returncode == 0, sent.stderr
+    assert re.search(rf"^sent gitlab issue \(#12, delivery sample-\S+\) to {base_url}/hooks/gitlab: HTTP 202$",
+                     sent.stdout, re.MULTILINE), sent.stdout
+    assert re.search(r"^queued: gl-sample-\S+$", sent.stdout, re.MULTILINE), sent.stdout
+    gitlab_url = dev_env.read(make_run.var / "dev.env").services["GITLAB_URL"]
+    merge_request = f"{gitlab_url}/acme/shop/storefront/-/merge_requests/41"
+    deadline = time.monotonic() + 90
+    while page_status(merge_request) != 200 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert page_status(merge_request) == 200, make_run.output
 
     # A second make run in the same checkout would share its data folders: it refuses, and changes nothing.
     second = subprocess.run([sys.executable, "-m", "devtools.stack", "run"], cwd=ROOT, env=clean_env(make_run.var),
@@ -207,6 +247,7 @@ def test_make_run_beside_a_second_shell_and_its_stop(make_run):
     assert processes_in_sessions(sessions) == []
     assert started_by(make_run.var) == []  # nor the web server, the worker, the replayer or cron
     assert f" {make_run.var}/" not in Path("/proc/mounts").read_text()  # the engine's mounts went with it
+    assert not services._short_run_dir(make_run.var / "docker").exists()  # and its runtime folder under /run
     # Nothing beside it is sent to the Redis that is gone; the demo's secret is kept for the next run.
     after = dev_env.read(make_run.var / "dev.env")
     assert after.services == {} and after.stack_pid is None

@@ -927,3 +927,17 @@ def github_for_any_repository(root: Path, token: str, files: dict, address: str 
     server.forget_published = forget_published
     server._github_pull_routes(r"[^/]+/[^/]+")  # pull requests of any repository
     return server
+
+
+def count_connections(forge: FakeForge) -> list:
+    """From now on, the client address of every connection `forge` accepts, in order (one per TCP connection, however
+    many requests it carries): how a test sees a client reuse its connections."""
+    accepted = []
+    process_request = forge.server.process_request
+
+    def counted(request, client_address):
+        accepted.append(client_address)
+        return process_request(request, client_address)
+
+    forge.server.process_request = counted
+    return accepted

@@ -113,7 +113,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     # Every recorded field is on the page; numbers, times and targets in their readable form (`*_display`).
     fieldsets = (
         (None, {"fields": ("job_id", "attempt", "attempts_display", "outcome", "reason", "explanation",
-                           "lost_retry_display", "forge_sentence", "exit_code")}),
+                           "forge_message", "lost_retry_display", "forge_sentence", "exit_code")}),
         ("What it did", {"fields": ("publish_outcome", "publish_display", "pull_request", "pushed_commits",
                                     "changed_files", "agent_summary", "summary_chars")}),
         ("What ran", {"fields": ("kind", "target_display", "scope", "flow", "command", "image",

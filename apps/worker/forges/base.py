@@ -210,7 +210,8 @@ def request_json(method: str, url: str, headers: dict[str, str], timeout: float,
     """One HTTP call with a JSON answer. HTTP error statuses are answers (a Response); no answer raises
     Unreachable. `body`, when given, is sent as JSON."""
     data = json.dumps(body).encode() if body is not None else None
-    all_headers = {"Accept": "application/json", **headers}
+    # Uncompressed: the bound holds for what is read off the wire and what is kept alike (no gzip bomb).
+    all_headers = {"Accept": "application/json", "Accept-Encoding": "identity", **headers}
     if data is not None:
         all_headers["Content-Type"] = "application/json"
     try:

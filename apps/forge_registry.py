@@ -160,6 +160,6 @@ def target_url(name: str, target: str) -> str:
     if name not in BY_NAME:
         return ""
     repo, separator, number = (target or "").rpartition("!" if "!" in (target or "") else "#")
-    if not separator or not number.isdigit() or any(ch.isspace() for ch in repo):
+    if not separator or not number.isdigit():
         return ""
     return (pull_url if separator == "!" else issue_url)(name, repo, int(number))

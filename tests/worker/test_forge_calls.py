@@ -1,12 +1,14 @@
 """Forge calls that respect the forge (apps/worker/forges/base.py), over real HTTP against the stand-in forge: the wait
-a rate limit or an outage asks for (`Retry-After`, the rate-limit reset headers) is the failure's and a retried job
-waits at least that long; one connection carries a client's pages and steps; a refusal keeps the forge's own words for
+a rate limit or an outage asks for (`Retry-After`, the rate-limit reset headers) is the failure's, and a retried job
+or a delivery waiting in the inbox on a lookup waits at least that long; one connection carries a client's pages and steps; a refusal keeps the forge's own words for
 the run record (scrubbed, bounded) and nowhere else."""
 
 import time
+from datetime import timedelta
 from email.utils import formatdate
 
 import pytest
+from django.utils import timezone
 from rq import Queue
 from rq.registry import ScheduledJobRegistry
 
@@ -17,7 +19,18 @@ from apps.worker.forges.forgejo import ForgejoClient
 from apps.worker.forges.github import GitHubClient
 from apps.worker.models import Outcome, Run
 from devtools.fake_forge import count_connections
-from tests.receiver_support import AZURE_PROJECT_ID, basic, deliver, make_repository
+from tests.receiver_support import (
+    AZURE_PROJECT_ID,
+    basic,
+    deliver,
+    dumps,
+    github_headers,
+    load,
+    make_repository,
+    post,
+    queued,
+    rule,
+)
 
 MAIN_SHA = "1" * 40
 CREDENTIAL = Credential(token="forge-job-token")
@@ -64,6 +77,28 @@ def test_the_wait_is_bounded_and_absent_when_the_forge_does_not_say(fake_forge, 
 
     fake_forge.routes["/repos/acme/web"] = (502, {})
     assert failure_of(lambda: client.default_branch(RepoRef("acme/web"), CREDENTIAL)).retry_after is None
+
+
+@pytest.mark.django_db
+def test_a_delivery_whose_lookup_the_forge_rate_limits_waits_in_the_inbox_as_long_as_it_asked(
+        client, forges, redis_conn):
+    from apps.receiver.models import Delivery, DeliveryStatus
+
+    rule(position=0, kind="github", on_type="comment", phrase="@pi", flow="triage")
+    forges.routes["/repos/acme/web/collaborators/maintainer-mia/permission"] = (
+        429, {"message": "secondary rate limit"}, {"Retry-After": "900"})
+    payload = load("github/issue_comment_created.json")
+    payload["comment"]["body"] = "@pi please take this one"
+    body = dumps(payload)
+    asked = timezone.now()
+
+    assert post(client, "github", body, github_headers(body, "issue_comment", "d-wait")).json() == {
+        "status": "accepted"}
+
+    delivery = Delivery.objects.get(delivery_id="d-wait")
+    assert (delivery.status, delivery.reason) == (DeliveryStatus.PENDING, "permission-lookup-failed")
+    assert delivery.next_attempt_at >= asked + timedelta(seconds=900)  # not the inbox's own first backoff
+    assert queued(redis_conn) == []
 
 
 # --- one connection per client ----------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from apps.worker.forges.base import (
     Subject,
     TTLCache,
     is_int_like,
+    retry_after,
 )
 
 API_VERSION = "7.1-preview.1"
@@ -86,8 +87,9 @@ def graph_url_for(org_url: str) -> str:
 
 
 class _Undetermined(Exception):
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, retry_after: float | None = None):
         self.reason = reason
+        self.retry_after = retry_after
 
 
 class AzureClient(ForgeClient):
@@ -126,7 +128,7 @@ class AzureClient(ForgeClient):
         if response.status == 404:
             raise LookupError
         if response.status != 200:
-            raise _Undetermined(f"status-{response.status}")
+            raise _Undetermined(f"status-{response.status}", retry_after(response))
         if not isinstance(response.data, dict):
             raise _Undetermined("malformed-answer")
         return response.data, response.headers
@@ -199,7 +201,7 @@ class AzureClient(ForgeClient):
         except LookupError:
             return Authority.no("not-found")
         except _Undetermined as undetermined:
-            return Authority.unknown(undetermined.reason)
+            return Authority.unknown(undetermined.reason, undetermined.retry_after)
 
     def _walk_up(self, actor: str, project_groups: set[str]) -> Authority:
         seen, frontier, requests = {actor}, [actor], 0

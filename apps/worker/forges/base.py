@@ -23,6 +23,7 @@ import base64
 import http.cookiejar
 import json
 import math
+import os
 import re
 import threading
 import time
@@ -45,6 +46,8 @@ class Authority:
 
     allowed: bool | None
     reason: str = ""
+    # "Could not tell" because the forge asked us to wait (a rate limit, an outage): how long, in seconds.
+    retry_after: float | None = field(default=None, compare=False)
 
     @classmethod
     def yes(cls, reason: str = "") -> Authority:
@@ -55,8 +58,13 @@ class Authority:
         return cls(False, reason)
 
     @classmethod
-    def unknown(cls, reason: str) -> Authority:
-        return cls(None, reason)
+    def unknown(cls, reason: str, retry_after: float | None = None) -> Authority:
+        return cls(None, reason, retry_after)
+
+    @classmethod
+    def unanswered(cls, response: Response) -> Authority:
+        """A lookup's answer that is neither yes nor no: could not tell, and how long the forge asked us to wait."""
+        return cls.unknown(f"status-{response.status}", retry_after(response))
 
     @property
     def determinate(self) -> bool:
@@ -186,8 +194,10 @@ def session_for(url: str) -> requests.Session:
     parts = urlsplit(url)
     origin = (parts.scheme, parts.hostname, parts.port)
     known = getattr(_sessions, "by_origin", None)
-    if known is None:
+    if known is None or _sessions.pid != os.getpid():
+        # A forked process (RQ's work horse) starts afresh: its parent's open connections stay its parent's.
         known = _sessions.by_origin = {}
+        _sessions.pid = os.getpid()
     session = known.get(origin)
     if session is None:
         session = known[origin] = requests.Session()
@@ -675,7 +685,7 @@ class ForgeClient:
         if response.status == 404:
             return Authority.no("not-collaborator")
         if response.status != 200:
-            return Authority.unknown(f"status-{response.status}")
+            return Authority.unanswered(response)
         permission = response.data.get("permission") if isinstance(response.data, dict) else None
         if not isinstance(permission, str):
             return Authority.unknown("malformed-answer")

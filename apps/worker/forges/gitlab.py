@@ -70,7 +70,7 @@ class GitLabClient(ForgeClient):
         if response.status == 404:
             return Authority.no("not-member")
         if response.status != 200:
-            return Authority.unknown(f"status-{response.status}")
+            return Authority.unanswered(response)
         level = response.data.get("access_level") if isinstance(response.data, dict) else None
         if not is_int_like(level):
             return Authority.unknown("malformed-answer")

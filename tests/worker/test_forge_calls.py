@@ -216,7 +216,11 @@ def test_a_job_the_forge_rate_limits_is_retried_no_sooner_than_the_forge_asked(
 @pytest.mark.docker
 @pytest.mark.django_db(transaction=True)
 def test_a_refused_request_keeps_the_forges_message_on_the_run_page_and_out_of_the_log(
-        github, post_github, label_trigger, run_worker, admin_client):
+        github, post_github, label_trigger, run_worker, admin_client, client):
+    from django.contrib.auth.models import User
+
+    from apps.access import tokens
+
     said = f"Repository access blocked: the token {PAT} may not read this repository"
     github.routes["/repos/acme/web"] = (451, {"message": said})
     job_id = deliver(post_github, "fc-refused")
@@ -229,3 +233,7 @@ def test_a_refused_request_keeps_the_forges_message_on_the_run_page_and_out_of_t
     page = admin_client.get(f"/admin/worker/run/{run.pk}/change/").content.decode()
     assert "Repository access blocked: the token [scrubbed] may not read this repository" in page
     assert "access blocked" not in result.stdout + result.stderr
+    _, token = tokens.issue(User.objects.create_superuser("reader", password="unused"), name="t", scope="read")
+    listed = client.get(f"/api/v1/runs?job_id={job_id}", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert listed.json()["results"][0]["reason"] == "forge-request-refused"
+    assert "access blocked" not in listed.content.decode()  # the run page's, not the API's

@@ -1144,3 +1144,17 @@ def forges_for_any_repository(root: Path, tokens: dict[str, str], files: dict, a
         {"containerDescriptor": DEMO_GROUP, "memberDescriptor": request["path"].rsplit("/", 1)[1]}]}))
     server.serve_pages()
     return server
+
+
+def count_connections(forge: FakeForge) -> list:
+    """From now on, the client address of every connection `forge` accepts, in order (one per TCP connection, however
+    many requests it carries): how a test sees a client reuse its connections."""
+    accepted = []
+    process_request = forge.server.process_request
+
+    def counted(request, client_address):
+        accepted.append(client_address)
+        return process_request(request, client_address)
+
+    forge.server.process_request = counted
+    return accepted

@@ -4,6 +4,7 @@
     instant(dt)                            -> "2026-12-01 15:04:05 UTC"
     short_id("gh-8f3c...e21")              -> <span title="the whole id">gh-8f3c…e21</span>
     target_link("github", "acme/web#7")    -> <a href="https://github.com/acme/web/issues/7">acme/web#7</a>
+    published_url("github", "acme/web#7", 41, stored) -> "https://github.com/acme/web/pull/41"
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from django.conf import settings
 from django.utils import timezone
 from django.utils.html import format_html
+
+from apps import forge_registry
 
 SHORT_ID_CHARS = 17
 
@@ -52,32 +55,21 @@ def short_id(job_id: str, limit: int = SHORT_ID_CHARS) -> str:
     return format_html('<span class="job-id" title="{}">{}…{}</span>', job_id, job_id[:keep], job_id[-keep:])
 
 
-_TARGET = re.compile(r"^(?P<repo>[^#!\s]+)(?P<sep>[#!])(?P<number>\d+)$")
-
-
-def _web_root(kind: str) -> str:
-    if kind == "github":
-        api = settings.GITHUB_API_URL.rstrip("/")
-        if api == "https://api.github.com":
-            return "https://github.com"
-        return api[:-len("/api/v3")] if api.endswith("/api/v3") else api  # Enterprise, or the local stand-in
-    if kind == "gitlab":
-        return settings.GITLAB_URL.rstrip("/")
-    if kind == "forgejo":
-        return (settings.FORGEJO_URL or "").rstrip("/")
-    return ""  # Azure DevOps: a work item's address needs its project, which the target does not carry
-
-
 def target_url(kind: str, target: str) -> str:
-    """The forge's own page of an issue or pull request, or "" when it cannot be known."""
-    match = _TARGET.match(target or "")
-    root = _web_root(kind)
-    if not match or not root:
+    """The forge's own page of an issue or pull request, or "" when it cannot be known (the forge registry builds
+    every such link from the web root this deployment is configured with)."""
+    return forge_registry.target_url(kind, target)
+
+
+def published_url(kind: str, target: str, pull_request: int | None, publish_url: str, outcome: str = "") -> str:
+    """The page of the pull/merge request a run published to, on the forge as this deployment is configured; the
+    address the record keeps when the registry cannot build one (a forge no longer served). "" when nothing was
+    published to a pull/merge request."""
+    if not publish_url and outcome != "published":
         return ""
-    repo, sep, number = match["repo"], match["sep"], match["number"]
-    if kind == "gitlab":
-        return f"{root}/{repo}/-/{'merge_requests' if sep == '!' else 'issues'}/{number}"
-    return f"{root}/{repo}/issues/{number}"  # GitHub and Forgejo redirect an issue link to its pull request
+    repo = re.split(r"[#!]", target or "", maxsplit=1)[0]
+    built = forge_registry.pull_url(kind, repo, pull_request) if pull_request and kind in forge_registry.NAMES else ""
+    return built or publish_url or ""
 
 
 def target_link(kind: str, target: str) -> str:

@@ -329,6 +329,9 @@ GITHUB_SELF_ID = env("GITHUB_SELF_ID", default="")
 # token forge jobs act with. GITLAB_TOKEN, FORGEJO_TOKEN and AZURE_TOKEN likewise are their forge's job token.
 GITHUB_TOKEN = env("GITHUB_TOKEN", default="")
 GITHUB_API_URL = env("GITHUB_API_URL", default="https://api.github.com")
+# Each forge's web pages' root, for every link to an issue or a pull request (apps/forge_registry.py); unset, it is
+# derived from the forge's API URL (api.github.com: github.com; Enterprise's https://host/api/v3: https://host).
+GITHUB_WEB_URL = env("GITHUB_WEB_URL", default="")
 # The GitHub poller (`manage.py poll_github`, apps/receiver/polling/): for a deployment no webhook can reach.
 # POLL_REPOS: owner/name, comma-separated (unset: the GitHub App installation's repositories).
 POLL_REPOS = env("POLL_REPOS", default="")
@@ -343,15 +346,18 @@ GITLAB_WEBHOOK_MODE = env("GITLAB_WEBHOOK_MODE", default="")  # "token" or "sign
 GITLAB_WEBHOOK_SECRET = env("GITLAB_WEBHOOK_SECRET", default="")
 GITLAB_TOKEN = env("GITLAB_TOKEN", default="")
 GITLAB_URL = env("GITLAB_URL", default="https://gitlab.com")
+GITLAB_WEB_URL = env("GITLAB_WEB_URL", default="")
 GITLAB_SELF_ID = env("GITLAB_SELF_ID", default="")
 FORGEJO_WEBHOOK_SECRET = env("FORGEJO_WEBHOOK_SECRET", default="")
 FORGEJO_TOKEN = env("FORGEJO_TOKEN", default="")
 FORGEJO_URL = env("FORGEJO_URL", default="")
+FORGEJO_WEB_URL = env("FORGEJO_WEB_URL", default="")
 FORGEJO_SELF_ID = env("FORGEJO_SELF_ID", default="")
 AZURE_WEBHOOK_MODE = env("AZURE_WEBHOOK_MODE", default="")  # "basic" or "header"
 AZURE_WEBHOOK_SECRET = env("AZURE_WEBHOOK_SECRET", default="")
 AZURE_WEBHOOK_HEADER = env("AZURE_WEBHOOK_HEADER", default="")
 AZURE_ORG_URL = env("AZURE_ORG_URL", default="")
+AZURE_WEB_URL = env("AZURE_WEB_URL", default="")
 AZURE_GRAPH_URL = env("AZURE_GRAPH_URL", default="")  # derived from AZURE_ORG_URL when unset
 AZURE_TOKEN = env("AZURE_TOKEN", default="")
 AZURE_SELF_ID = env("AZURE_SELF_ID", default="")
@@ -362,6 +368,8 @@ AZURE_WRITER_GROUPS = env.list("AZURE_WRITER_GROUPS", default=["Contributors", "
 # Forge API calls (authority lookups; a job's token, default branch and comments): short, and lookups are
 # cached; "could not tell" keeps the delivery, and a worker-side call that gets no answer is retried.
 PI_FORGE_API_TIMEOUT_SECONDS = env.float("PI_FORGE_API_TIMEOUT_SECONDS", default=3.0)
+# The longest wait a forge's Retry-After (or rate-limit reset) is honoured for: a retried job waits at least that.
+PI_FORGE_RETRY_AFTER_MAX_SECONDS = env.int("PI_FORGE_RETRY_AFTER_MAX_SECONDS", default=3600)
 PI_AUTHORITY_CACHE_SECONDS = env.int("PI_AUTHORITY_CACHE_SECONDS", default=60)
 # A forge job's workspace: the shallow clone of the default branch must finish within this many seconds
 # (then the attempt is retried as an infrastructure fault).

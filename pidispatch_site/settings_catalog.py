@@ -85,6 +85,8 @@ SECTIONS: tuple[Section, ...] = (
         S("PI_INBOX_POLL_SECONDS", "1", "How often the inbox replayer (replay_deliveries --follow) looks."),
         S("PI_INBOX_MAX_BACKOFF_SECONDS", "600", "The longest retry backoff of a pending delivery."),
         S("PI_FORGE_API_TIMEOUT_SECONDS", "3", "Timeout of forge API calls (lookups, tokens, branches, comments)."),
+        S("PI_FORGE_RETRY_AFTER_MAX_SECONDS", "3600", "The longest Retry-After (or rate-limit reset) of a forge that "
+          "is honoured; a job retried after a forge's rate limit waits at least the forge's wait, up to this."),
         S("PI_AUTHORITY_CACHE_SECONDS", "60", "How long a determinate write-access lookup is reused."),
     )),
     Section("GitHub", "every process (served once GITHUB_WEBHOOK_SECRET or GITHUB_SELF_ID is set)", (
@@ -93,6 +95,8 @@ SECTIONS: tuple[Section, ...] = (
           "with GITHUB_TOKEN when unset."),
         S("GITHUB_TOKEN", "", "The token GitHub jobs act with and write-access lookups use, unless an App is set."),
         S("GITHUB_API_URL", "https://api.github.com", "GitHub's API (GitHub Enterprise: https://host/api/v3)."),
+        S("GITHUB_WEB_URL", "", "Where GitHub's pages are, for links to issues and pull requests; unset: from "
+          "GITHUB_API_URL (https://github.com, or the Enterprise host)."),
         S("POLL_REPOS", "", "The GitHub poller's repositories (owner/name, comma-separated); unset: the GitHub "
           "App installation's."),
         S("POLL_INTERVAL_SECONDS", "60", "How often the GitHub poller (poll_github) reads each repository (at "
@@ -107,12 +111,14 @@ SECTIONS: tuple[Section, ...] = (
         S("GITLAB_WEBHOOK_SECRET", "", "That secret."),
         S("GITLAB_TOKEN", "", "Access-level lookups and the token GitLab jobs act with (scope api)."),
         S("GITLAB_URL", "https://gitlab.com", "The GitLab instance."),
+        S("GITLAB_WEB_URL", "", "Where its pages are, for links; unset: GITLAB_URL."),
         S("GITLAB_SELF_ID", "", "This deployment's own GitLab user id; from the API when unset."),
     )),
     Section("Forgejo and Gitea", "every process (served once the secret or self id is set)", (
         S("FORGEJO_WEBHOOK_SECRET", "", "Verifies deliveries."),
         S("FORGEJO_TOKEN", "", "Permission lookups and the token Forgejo jobs act with."),
         S("FORGEJO_URL", "", "The instance, e.g. https://codeberg.org."),
+        S("FORGEJO_WEB_URL", "", "Where its pages are, for links; unset: FORGEJO_URL."),
         S("FORGEJO_SELF_ID", "", "This deployment's own user id; from the API when unset."),
     )),
     Section("Azure DevOps", "every process (served once the mode, secret or self id is set)", (
@@ -120,6 +126,7 @@ SECTIONS: tuple[Section, ...] = (
         S("AZURE_WEBHOOK_SECRET", "", "That credential or value."),
         S("AZURE_WEBHOOK_HEADER", "", "With header: the header's name."),
         S("AZURE_ORG_URL", "", "The organisation, e.g. https://dev.azure.com/acme."),
+        S("AZURE_WEB_URL", "", "Where its pages are, for links; unset: AZURE_ORG_URL."),
         S("AZURE_GRAPH_URL", "", "The Graph API; derived from AZURE_ORG_URL when unset."),
         S("AZURE_TOKEN", "", "The PAT: project-membership lookups (vso.graph) and the token Azure jobs act with."),
         S("AZURE_SELF_ID", "", "This deployment's own identity id."),

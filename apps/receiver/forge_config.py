@@ -69,15 +69,22 @@ class AzureConfig:
     self_email: str
 
 
-@dataclass(frozen=True)
 class ForgeConfig:
-    github: GitHubConfig | None = None
-    gitlab: GitLabConfig | None = None
-    forgejo: ForgejoConfig | None = None
-    azure: AzureConfig | None = None
+    """Each forge's configuration by name (None: not served), read as `config.of("gitlab")` or `config.gitlab`."""
+
+    def __init__(self, configs: dict):
+        self._configs = dict(configs)
+
+    def of(self, forge: str):
+        return self._configs.get(forge)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_") or name not in self._configs:
+            raise AttributeError(name)
+        return self._configs[name]
 
     def served(self) -> list[str]:
-        return [forge for forge in FORGES if getattr(self, forge) is not None]
+        return [forge for forge in forge_registry.NAMES if self._configs.get(forge) is not None]
 
 
 def _setting(name: str) -> str:
@@ -110,7 +117,7 @@ def _self_id(forge_name: str, prefix: str, *, numeric: bool, token_setting: str,
     return ""
 
 
-def _github() -> GitHubConfig | None:
+def github_config() -> GitHubConfig | None:
     if not (_setting("GITHUB_WEBHOOK_SECRET") or _setting("GITHUB_SELF_ID")):
         return None
     secret = _require("GitHub", "GITHUB_WEBHOOK_SECRET",
@@ -133,7 +140,7 @@ def _gitlab_signing_key(secret: str) -> bytes:
     return key
 
 
-def _gitlab() -> GitLabConfig | None:
+def gitlab_config() -> GitLabConfig | None:
     if not (_setting("GITLAB_WEBHOOK_MODE") or _setting("GITLAB_WEBHOOK_SECRET") or _setting("GITLAB_SELF_ID")):
         return None
     mode = _setting("GITLAB_WEBHOOK_MODE")
@@ -152,7 +159,7 @@ def _gitlab() -> GitLabConfig | None:
     return GitLabConfig(mode=mode, token_secret=secret.encode(), signing_key=b"", self_id=self_id)
 
 
-def _forgejo() -> ForgejoConfig | None:
+def forgejo_config() -> ForgejoConfig | None:
     if not (_setting("FORGEJO_WEBHOOK_SECRET") or _setting("FORGEJO_SELF_ID")):
         return None
     secret = _require("Forgejo", "FORGEJO_WEBHOOK_SECRET",
@@ -163,7 +170,7 @@ def _forgejo() -> ForgejoConfig | None:
     return ForgejoConfig(webhook_secret=secret.encode(), self_id=self_id)
 
 
-def _azure() -> AzureConfig | None:
+def azure_config() -> AzureConfig | None:
     if not (_setting("AZURE_WEBHOOK_MODE") or _setting("AZURE_WEBHOOK_SECRET") or _setting("AZURE_SELF_ID")):
         return None
     mode = _setting("AZURE_WEBHOOK_MODE")
@@ -192,7 +199,7 @@ def _azure() -> AzureConfig | None:
 @lru_cache(maxsize=1)
 def forge_settings() -> ForgeConfig:
     """The served forges from settings alone (no network). Raises ForgeConfigError when incomplete."""
-    return ForgeConfig(github=_github(), gitlab=_gitlab(), forgejo=_forgejo(), azure=_azure())
+    return ForgeConfig({name: forge_registry.config(name) for name in forge_registry.NAMES})
 
 
 # --- self identity --------------------------------------------------------------------------------------
@@ -203,7 +210,7 @@ _identity_lock = threading.Lock()
 
 
 def _configured_identity(forge: str) -> Identity | None:
-    config = getattr(forge_settings(), forge)
+    config = forge_settings().of(forge)
     if config is None or not config.self_id:
         return None
     return Identity(id=config.self_id, email=getattr(config, "self_email", ""))
@@ -251,12 +258,12 @@ def _resolve_at_start(config: ForgeConfig) -> None:
                 _identities[forge] = _resolve(forge)
         except IdentityUnavailable as failure:
             if failure.determinate:
-                prefix = forge.upper()
+                entry = forge_registry.get(forge)
                 credential = ("the GitHub App (GITHUB_APP_ID)" if forge == "github" and _setting("GITHUB_APP_ID")
-                              else f"{prefix}_TOKEN")
+                              else entry.token_setting)
                 raise ForgeConfigError(
                     f"cannot learn this deployment's own {forge} account: the API refused {credential} "
-                    f"({failure.reason}). Fix the token, or set {prefix}_SELF_ID to the account's id."
+                    f"({failure.reason}). Fix the token, or set {entry.settings_prefix}SELF_ID to the account's id."
                 ) from None
             _last_failure[forge] = time.monotonic()
             logger.warning("self_identity_deferred forge=%s reason=%s", forge, failure.reason)
@@ -277,6 +284,6 @@ def forget_identities() -> None:
 
 @receiver(setting_changed)
 def _forget_forge_config(setting, **kwargs):
-    if setting.startswith(("GITHUB_", "GITLAB_", "FORGEJO_", "AZURE_")):
+    if setting.startswith(tuple(forge.settings_prefix for forge in forge_registry.FORGES)):
         forge_settings.cache_clear()
         forget_identities()

@@ -215,17 +215,18 @@ def _settle(delivery: Delivery, status: str, reason: str = "", job_ids=None, *, 
            wait_for_disk=not replay_safe)
 
 
-def _backoff(delivery: Delivery, reason: str) -> timedelta:
+def _backoff(delivery: Delivery, reason: str, at_least: float = 0) -> timedelta:
+    """The inbox's own backoff, and never sooner than the forge asked (`at_least`: its Retry-After, bounded)."""
     if reason in (REDIS_UNAVAILABLE, "database-unavailable"):
         return timedelta(0)  # the replayer waits for Redis itself, then goes in arrival order
     seconds = FIRST_BACKOFF_SECONDS * 2 ** max(0, min(delivery.attempts - 1, 16))
-    return timedelta(seconds=min(seconds, settings.PI_INBOX_MAX_BACKOFF_SECONDS))
+    return timedelta(seconds=max(min(seconds, settings.PI_INBOX_MAX_BACKOFF_SECONDS), at_least))
 
 
-def _pend(delivery: Delivery, reason: str) -> Answer:
+def _pend(delivery: Delivery, reason: str, at_least: float = 0) -> Answer:
     delivery.status = DeliveryStatus.PENDING
     delivery.reason = reason
-    delivery.next_attempt_at = timezone.now() + _backoff(delivery, reason)
+    delivery.next_attempt_at = timezone.now() + _backoff(delivery, reason, at_least)
     _write(delivery, ("status", "reason", "next_attempt_at"), wait_for_disk=True)  # before the forge's answer
     logger.warning("delivery_pending forge=%s delivery=%s reason=%s attempts=%s", delivery.forge,
                    delivery_part(delivery.delivery_id), reason, delivery.attempts)
@@ -261,7 +262,7 @@ def process(delivery: Delivery, payload: dict | None = None) -> Answer:
         if verdict.allowed is None:
             logger.warning("authority_lookup_failed forge=%s delivery=%s lookup=%s reason=%s", forge, logged_id,
                            match.authority, verdict.reason)
-            return _pend(delivery, authority.PENDING_REASONS[forge])
+            return _pend(delivery, authority.PENDING_REASONS[forge], at_least=verdict.retry_after or 0)
         if not verdict.allowed:
             return _ignore(delivery, match.refusal)
 

@@ -19,7 +19,7 @@ def _hook(forge: str):
 
     @csrf_exempt
     def view(request):
-        config = getattr(forge_settings(), forge)
+        config = forge_settings().of(forge)
         if config is None:
             return JsonResponse({"error": "forge-not-configured"}, status=404)
         try:

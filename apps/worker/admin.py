@@ -80,6 +80,10 @@ def _attempts_of(job_id):
     return Run.objects.filter(job_id=job_id)
 
 
+def _published_url(run: Run) -> str:
+    return admin_display.published_url(run.kind, run.target, run.pull_request, run.publish_url, run.publish_outcome)
+
+
 @admin.register(Run)
 class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """Run history: read-only, because a run record is append-only evidence.
@@ -109,7 +113,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     # Every recorded field is on the page; numbers, times and targets in their readable form (`*_display`).
     fieldsets = (
         (None, {"fields": ("job_id", "attempt", "attempts_display", "outcome", "reason", "explanation",
-                           "lost_retry_display", "forge_sentence", "exit_code")}),
+                           "forge_message", "lost_retry_display", "forge_sentence", "exit_code")}),
         ("What it did", {"fields": ("publish_outcome", "publish_display", "pull_request", "pushed_commits",
                                     "changed_files", "agent_summary", "summary_chars")}),
         ("What ran", {"fields": ("kind", "target_display", "scope", "flow", "command", "image",
@@ -206,9 +210,9 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     @admin.display(description="published", ordering="publish_outcome")
     def published(self, run: Run) -> str:
-        if run.publish_url:
+        if url := _published_url(run):
             label = f"{run.publish_outcome} #{run.pull_request}" if run.pull_request else run.publish_outcome
-            return format_html('<a href="{}">{}</a>', run.publish_url, label)
+            return format_html('<a href="{}">{}</a>', url, label)
         return run.publish_outcome or "-"
 
     @admin.display(description="tokens", ordering="tokens_total")
@@ -263,9 +267,9 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         if run.kind == "local":
             return "Local run: nothing is posted (the sentence goes to the worker log)."
         text = sentence_for(run)
-        if run.publish_url:
+        if url := _published_url(run):
             return format_html('{} <a href="{}">the pull request or comment</a>',
-                               "The agent's summary, published:" if not text else text, run.publish_url)
+                               "The agent's summary, published:" if not text else text, url)
         if text is None:
             return "Nothing: a failed attempt that is retried, or a completed run, posts no status sentence."
         url = admin_display.target_url(run.kind, run.target)
@@ -312,8 +316,8 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     @admin.display(description="published to")
     def publish_display(self, run: Run) -> str:
-        if run.publish_url:
-            return format_html('<a href="{}">{}</a>', run.publish_url, run.publish_url)
+        if url := _published_url(run):
+            return format_html('<a href="{}">{}</a>', url, url)
         return "-" if not run.publish_outcome else "nothing reached the forge"
 
 

@@ -68,7 +68,8 @@ class RunSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Run
-        fields = "__all__"
+        # The forge's own words stay on the run page (see Run.forge_message): they may name an account.
+        exclude = ("forge_message",)
 
     def get_duration_seconds(self, run: Run) -> float:
         return round(run.duration.total_seconds(), 3)

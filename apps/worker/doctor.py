@@ -23,6 +23,8 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from apps import forge_registry
+
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 GITHUB_BROAD_SCOPES = ("workflow", "admin:org", "admin:repo_hook", "admin:org_hook", "delete_repo",
                        "admin:enterprise", "site_admin", "write:packages", "delete:packages")
@@ -328,16 +330,9 @@ def check_forges(live: bool) -> list[Finding]:
     return found
 
 
-FORGE_SETTINGS = {
-    "github": ("GITHUB_WEBHOOK_SECRET", "GITHUB_TOKEN", "GITHUB_API_URL"),
-    "gitlab": ("GITLAB_WEBHOOK_SECRET", "GITLAB_TOKEN", "GITLAB_URL"),
-    "forgejo": ("FORGEJO_WEBHOOK_SECRET", "FORGEJO_TOKEN", "FORGEJO_URL"),
-    "azure": ("AZURE_WEBHOOK_SECRET", "AZURE_TOKEN", "AZURE_ORG_URL"),
-}
-
-
 def _forge_settings_finding(forge: str, app_problem: str) -> Finding:
-    secret_name, token_name, url_name = FORGE_SETTINGS[forge]
+    entry = forge_registry.get(forge)
+    secret_name, token_name, url_name = entry.secret_setting, entry.token_setting, entry.api_url_setting
     token = str(getattr(settings, token_name, "") or "")
     url = safe_url(str(getattr(settings, url_name, "") or ""))
     described = f"{secret_state(secret_name, getattr(settings, secret_name, ''))}, API {url}"
@@ -364,14 +359,12 @@ def _forge_live(forge: str) -> Finding:
 
     check = f"forge-{forge}-live"
     client = forge_client(forge)
-    token_name = FORGE_SETTINGS[forge][1]
+    token_name = forge_registry.get(forge).token_setting
     try:
         if forge == "github" and client.app is not None:
             slug = client.app.app_slug()
             return Finding(OK, check, f"the App answers as {slug}[bot]")
-        identity_path = {"github": "/user", "gitlab": "/api/v4/user", "forgejo": "/api/v1/user",
-                         "azure": "/_apis/connectionData"}[forge]
-        response = client._get(f"{client.base_url}{identity_path}")
+        response = client._get(f"{client.base_url}{client.identity_path}")
     except Unreachable as error:
         return Finding(FAIL, check, f"{safe_url(client.base_url)} did not answer ({error.reason})",
                        "check this host's route to the forge, or its API URL setting")

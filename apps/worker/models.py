@@ -139,6 +139,12 @@ class Run(models.Model):
     changed_files = models.PositiveIntegerField(null=True, blank=True,
                                                 help_text="Paths the agent's work changed, pushed or not.")
     publish_url = models.URLField(max_length=500, blank=True, help_text="The pull/merge request or the comment.")
+    # The forge's own words when it refused a request the run needed (forge-request-refused, forge-auth-refused, ...),
+    # so the operator sees why. The one forge text a record keeps: the forge's error, not the or a person's,
+    # bounded, and scrubbed of every token this deployment holds (apps/worker/records.py). It can name an account the
+    # forge names (a branch's owner), so it is shown on the run page alone: never logged, posted or notified.
+    forge_message = models.CharField("the forge said", max_length=500, blank=True,
+                                     help_text="The forge's own message when it refused a request (bounded, scrubbed).")
     # Dollar caps (apps/worker/gates/budget.py): what was held in the dollar windows before the container, what the
     # windows were charged after it, and how: `metered` (the gateway's metered cost), `floor` (the cost could
     # not be known: the whole hold stays charged), `refunded` (no container ran), `unreserved` (a per-job cap

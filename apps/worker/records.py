@@ -16,6 +16,7 @@ from apps.worker import run_logs
 from apps.worker.gates.verdicts import Verdict
 from apps.worker.jobs import JobSpec
 from apps.worker.models import Outcome, Run
+from apps.worker.scrubbing import Scrubber
 
 logger = logging.getLogger("pidispatch.runs")
 
@@ -41,12 +42,28 @@ def _create_once(job_id: str, attempt: int, fields: dict) -> tuple[Run, bool]:
         return Run.objects.get(job_id=job_id, attempt=attempt), False
 
 
+def forge_message_field(said: str) -> str:
+    """The forge's own words for a refusal as the run record keeps them: scrubbed of every forge token this deployment
+    holds (the client already cut token-shaped text), within the field's bound."""
+    if not said:
+        return ""
+    from apps import forge_registry
+    from apps.worker.forges import forge_client
+
+    tokens = [token for token in (forge_client(name).token for name in forge_registry.NAMES) if token]
+    scrubbed = Scrubber(tokens).scrub(said) if tokens else said
+    return scrubbed[:Run._meta.get_field("forge_message").max_length]
+
+
 def publication_fields(publication) -> dict:
     if publication is None:
         return {}
-    return {"publish_outcome": publication.outcome, "pull_request": publication.pull_request,
-            "pushed_commits": publication.pushed_commits, "publish_url": publication.url,
-            "changed_files": publication.changed_files}
+    fields = {"publish_outcome": publication.outcome, "pull_request": publication.pull_request,
+              "pushed_commits": publication.pushed_commits, "publish_url": publication.url,
+              "changed_files": publication.changed_files}
+    if publication.forge_message:
+        fields["forge_message"] = forge_message_field(publication.forge_message)
+    return fields
 
 
 def record_publication(run: Run, publication) -> None:
@@ -108,7 +125,7 @@ def record_run(spec: JobSpec, verdict: Verdict, *, attempt: int, host: str, queu
         sandbox_until=verdict.sandbox_until,
         **verdict.dollars,
         **verdict.session,
-        **publication_fields(verdict.publication),
+        **{"forge_message": forge_message_field(verdict.forge_message), **publication_fields(verdict.publication)},
     ))
     if created:
         run_logs.keep(run, verdict.log)

@@ -18,11 +18,10 @@ from django.urls import reverse
 from django.utils.html import format_html
 from redis.exceptions import RedisError
 
-from apps.worker.jobs import FORGE_KINDS
+from apps import forge_registry
 from apps.worker.manual_runs import ManualRunRefused, start_forge_run, start_local_run
 
 PERMISSION = "worker.start_run"
-FORGE_LABELS = {"github": "GitHub", "gitlab": "GitLab", "forgejo": "Forgejo / Gitea", "azure": "Azure DevOps"}
 
 
 class StartRunForm(forms.Form):
@@ -36,7 +35,7 @@ class StartRunForm(forms.Form):
                                                                    "hostA. Empty: this host.")
     force = forms.BooleanField(required=False, label="Run even with uncommitted changes")
     # a forge target
-    forge = forms.ChoiceField(required=False, label="Forge", choices=[(kind, FORGE_LABELS[kind]) for kind in FORGE_KINDS])
+    forge = forms.ChoiceField(required=False, label="Forge", choices=[(forge.name, forge.label) for forge in forge_registry.FORGES])
     repository = forms.CharField(required=False, label="Repository", help_text="As the forge names it, e.g. acme/web")
     number = forms.IntegerField(required=False, min_value=1, label="Issue or PR number", help_text="e.g. 42")
     target_type = forms.ChoiceField(required=False, label="It is", initial="issue",

@@ -1,6 +1,7 @@
 """The function every queued job runs inside the RQ work horse."""
 
 import logging
+import math
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -16,14 +17,16 @@ from apps.worker.records import record_run, record_unreadable_job
 logger = logging.getLogger("pidispatch.worker")
 
 
-def _retry_policy(job_id: str) -> Retry:
+def _retry_policy(job_id: str, at_least: float = 0) -> Retry:
     """PI_RETRY_ATTEMPTS (2) attempts ending in an infrastructure fault, exponential backoff from
-    PI_RETRY_BACKOFF_SECONDS. Attempts run again after a lost worker are their own policy's and do not use these
-    up (RQ counts every attempt, so its ceiling rises by them)."""
+    PI_RETRY_BACKOFF_SECONDS, and never sooner than the forge asked (`at_least`: its Retry-After, bounded). Attempts
+    run again after a lost worker are their own policy's and do not use these up (RQ counts every attempt, so its
+    ceiling rises by them)."""
     base = settings.PI_RETRY_BACKOFF_SECONDS
     retries = settings.PI_RETRY_ATTEMPTS - 1
+    floor = math.ceil(at_least)
     return Retry(max=retries + Run.objects.lost_retries(job_id),
-                 interval=[base * 2**i for i in range(retries)] or [base])
+                 interval=[max(base * 2**i, floor) for i in range(retries)] or [max(base, floor)])
 
 
 def execute_job(payload: dict):
@@ -61,5 +64,5 @@ def execute_job(payload: dict):
         logger.warning("job_record_deferred job=%s reason=%s", spec.job_id, verdict.reason or verdict.outcome)
         return database_unavailable()  # nothing spent: the job climbs again once the database answers
     if verdict.retryable:
-        return _retry_policy(spec.job_id)
+        return _retry_policy(spec.job_id, verdict.retry_after_seconds)
     return {"outcome": verdict.outcome, "reason": verdict.reason}

@@ -63,8 +63,9 @@ def setup(name: str, server, **client_options) -> Forge:
 FORGES = ["github", "gitlab", "forgejo", "azure"]
 FETCH_REFS = {"github": "refs/pull/12/head", "gitlab": "refs/merge-requests/12/head", "forgejo": "refs/pull/12/head",
               "azure": "refs/heads/feature/login"}
-WEB_PAGES = {"github": "https://github.com/acme/web/pull/{n}",
-             "gitlab": "https://gitlab.example.com/group/proj/-/merge_requests/{n}",
+# Built from the web root the client knows the forge by (here the stand-in's own URL), never from the address the
+# answer names (the stand-in answers github.com's and gitlab.example.com's, as a proxy or a stale host would).
+WEB_PAGES = {"github": "{url}/acme/web/pull/{n}", "gitlab": "{url}/group/proj/-/merge_requests/{n}",
              "forgejo": "{url}/kostekIV/test/pulls/{n}", "azure": "{url}/Fabrikam/_git/web/pullrequest/{n}"}
 AUTHORIZATION = {"github": ("authorization", f"Bearer {TOKEN}"), "gitlab": ("private-token", TOKEN),
                  "forgejo": ("authorization", f"token {TOKEN}"),

@@ -27,3 +27,11 @@ def short_id(value):
 def target_link(target, kind):
     """`{{ run.target|target_link:run.kind }}`: the forge's own page of the issue or pull request."""
     return admin_display.target_link(kind, target)
+
+
+@register.filter
+def published_url(run):
+    """`{{ p|published_url }}` of a run's values (kind, target, pull_request, publish_url, publish_outcome): the
+    pull/merge request's page on the forge as this deployment is configured."""
+    return admin_display.published_url(run["kind"], run["target"], run["pull_request"], run["publish_url"],
+                                       run.get("publish_outcome", ""))

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from apps.worker.forges import ForgeFailure, github_app_from_settings
-from apps.worker.forges.base import Response, Unreachable, request_json
+from apps.worker.forges.base import Response, Unreachable, request_json, retry_after
 
 REPO_PATTERN = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 INTERVAL_FLOOR_SECONDS = 30
@@ -145,8 +145,7 @@ def repo_path(repo: str) -> str:
 
 
 def _reset_time(response: Response) -> float:
-    retry_after = response.headers.get("retry-after", "")
-    if retry_after.isdigit():
-        return time.time() + int(retry_after)
-    reset = response.headers.get("x-ratelimit-reset", "")
-    return float(reset) if reset.isdigit() else time.time() + 60
+    """When GitHub said to ask again (the forge clients' one reading of Retry-After and the rate-limit reset), else in
+    a minute."""
+    wait = retry_after(response)
+    return time.time() + (60 if wait is None else wait)

@@ -84,4 +84,5 @@ def forge_client(forge: str) -> ForgeClient:
     except ValueError:
         raise ValueError(f"no API client for forge {forge!r}") from None
     return client_class.from_settings(timeout=settings.PI_FORGE_API_TIMEOUT_SECONDS,
-                                      cache_seconds=settings.PI_AUTHORITY_CACHE_SECONDS)
+                                      cache_seconds=settings.PI_AUTHORITY_CACHE_SECONDS,
+                                      web_root=forge_registry.web_root(forge))

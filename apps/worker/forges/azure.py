@@ -33,6 +33,7 @@ from apps.worker.forges.base import (
     Subject,
     TTLCache,
     is_int_like,
+    retry_after,
 )
 
 API_VERSION = "7.1-preview.1"
@@ -86,8 +87,9 @@ def graph_url_for(org_url: str) -> str:
 
 
 class _Undetermined(Exception):
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, retry_after: float | None = None):
         self.reason = reason
+        self.retry_after = retry_after
 
 
 class AzureClient(ForgeClient):
@@ -96,6 +98,7 @@ class AzureClient(ForgeClient):
     token_variables = ("AZURE_DEVOPS_EXT_PAT",)  # the az devops CLI's name
     url_variable = "SYSTEM_COLLECTIONURI"  # the organisation URL, as Azure Pipelines names it
     git_user = ""  # a PAT goes with an empty user name
+    identity_path = "/_apis/connectionData"
     # Pull request thread comments: 150,000 characters (not confirmed in Microsoft's docs; work item comments,
     # a long-text field, take 1M, learn.microsoft.com ".../settings/work/object-limits").
     max_comment_chars = 150_000
@@ -125,7 +128,7 @@ class AzureClient(ForgeClient):
         if response.status == 404:
             raise LookupError
         if response.status != 200:
-            raise _Undetermined(f"status-{response.status}")
+            raise _Undetermined(f"status-{response.status}", retry_after(response))
         if not isinstance(response.data, dict):
             raise _Undetermined("malformed-answer")
         return response.data, response.headers
@@ -198,7 +201,7 @@ class AzureClient(ForgeClient):
         except LookupError:
             return Authority.no("not-found")
         except _Undetermined as undetermined:
-            return Authority.unknown(undetermined.reason)
+            return Authority.unknown(undetermined.reason, undetermined.retry_after)
 
     def _walk_up(self, actor: str, project_groups: set[str]) -> Authority:
         seen, frontier, requests = {actor}, [actor], 0
@@ -217,7 +220,7 @@ class AzureClient(ForgeClient):
         return Authority.no("not-member")
 
     def _lookup_identity(self) -> Identity:
-        response = self._get(f"{self.base_url}/_apis/connectionData")
+        response = self._get(f"{self.base_url}{self.identity_path}")
         if response.status != 200:
             raise self.identity_failure(response)
         user = response.data.get("authenticatedUser") if isinstance(response.data, dict) else None
@@ -330,16 +333,13 @@ class AzureClient(ForgeClient):
                           credential.token)
 
     def _opened(self, ref: RepoRef, data: dict) -> PullRequest:
-        """The pull request's web page, `<org>/<project>/_git/<repository>/pullrequest/<id>` (its `url` is the
-        API's), by the names the answer gives."""
+        """The pull request and its web page (its `url` is the API's), by the names the answer gives."""
         repository = data.get("repository") if isinstance(data.get("repository"), dict) else {}
         project = repository.get("project") if isinstance(repository.get("project"), dict) else {}
         names = project.get("name"), repository.get("name")
         if not all(isinstance(name, str) and name for name in names):
-            names = self._project_and_repository(ref)
-        number = data.get("pullRequestId")
-        page = f"{self.base_url}/{quote(names[0], safe='')}/_git/{quote(names[1], safe='')}/pullrequest/{number}"
-        return self._pull_request_of(number, page)
+            return self._pull_request_of(ref, data.get("pullRequestId"))
+        return self._pull_request_of(RepoRef(f"{names[0]}/{names[1]}"), data.get("pullRequestId"))
 
     def _already_exists(self, response: Response) -> bool:
         # 409 {"message": "TF401179: An active pull request for the source and target branch already exists.",

@@ -2,7 +2,14 @@
 
 Every answer distinguishes "no" from "could not tell": an authority lookup that fails for any reason
 other than a determinate refusal is `Authority.unknown(...)`, never a silent `False`. Reasons are fixed
-tokens or `status-<n>`; a response body is never logged or carried (it can echo the token).
+tokens or `status-<n>`; a response body is never logged. A refusal keeps the forge's own message (`ForgeFailure.
+forge_message`, bounded, token-shaped text cut out) for the run record alone, scrubbed again there of the deployment's
+tokens: the operator reads why the forge said no on the run page.
+
+Calls go through one `requests` session per forge origin and thread (connections are reused across pages, lookups and
+steps), never follow a redirect, and read at most MAX_RESPONSE_BYTES of an answer. A rate limit or an unavailable forge
+says how long to wait (`Retry-After`, the reset of the forge's rate-limit headers): `ForgeFailure.retry_after`, bounded
+by PI_FORGE_RETRY_AFTER_MAX_SECONDS, which a retried job waits at least.
 
 The worker's calls (a job's token, the default branch, a comment, a pull request's head, finding and
 opening a pull request) fail with `ForgeFailure`: `transient` (no answer, 5xx, a rate limit, an answer we
@@ -13,17 +20,24 @@ configuration refusal with its reason token.
 from __future__ import annotations
 
 import base64
+import http.cookiejar
 import json
+import math
+import os
 import re
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+import requests
+from django.conf import settings
+
+from apps import forge_registry
 
 
 @dataclass(frozen=True)
@@ -32,6 +46,8 @@ class Authority:
 
     allowed: bool | None
     reason: str = ""
+    # "Could not tell" because the forge asked us to wait (a rate limit, an outage): how long, in seconds.
+    retry_after: float | None = field(default=None, compare=False)
 
     @classmethod
     def yes(cls, reason: str = "") -> Authority:
@@ -42,8 +58,13 @@ class Authority:
         return cls(False, reason)
 
     @classmethod
-    def unknown(cls, reason: str) -> Authority:
-        return cls(None, reason)
+    def unknown(cls, reason: str, retry_after: float | None = None) -> Authority:
+        return cls(None, reason, retry_after)
+
+    @classmethod
+    def unanswered(cls, response: Response) -> Authority:
+        """A lookup's answer that is neither yes nor no: could not tell, and how long the forge asked us to wait."""
+        return cls.unknown(f"status-{response.status}", retry_after(response))
 
     @property
     def determinate(self) -> bool:
@@ -132,10 +153,14 @@ class ForgeFailure(Exception):
     """A worker-side forge call that did not succeed. `transient` = retry later; otherwise the reason
     token is a determinate refusal (configuration, permission, a repository that is not there)."""
 
-    def __init__(self, reason: str, *, transient: bool):
+    def __init__(self, reason: str, *, transient: bool, retry_after: float | None = None, forge_message: str = ""):
         super().__init__(reason)
         self.reason = reason
         self.transient = transient
+        self.retry_after = retry_after  # seconds the forge asked us to wait before asking again (None: it did not say)
+        # The forge's own words for a refusal, bounded and cut of token-shaped text: for the run record only (its
+        # recorder scrubs it of the deployment's tokens too), never a log line or a forge comment.
+        self.forge_message = forge_message
 
 
 @dataclass(frozen=True)
@@ -153,45 +178,75 @@ class Unreachable(Exception):
         self.reason = reason
 
 
-class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
-    # A redirect could carry the token to another host: never follow one.
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        raise Unreachable("redirect")
-
-
-_opener = urllib.request.build_opener(_RefuseRedirects())
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+_READ_CHUNK = 64 * 1024
+_sessions = threading.local()
+
+
+class _NoCookies(http.cookiejar.DefaultCookiePolicy):
+    # A forge's cookies are not ours to send back: each call stands on its own credential, as it did before sessions.
+    def set_ok(self, cookie, request):
+        return False
+
+
+def session_for(url: str) -> requests.Session:
+    """This thread's session for the forge at `url`'s origin: its connections are kept open and reused."""
+    parts = urlsplit(url)
+    origin = (parts.scheme, parts.hostname, parts.port)
+    known = getattr(_sessions, "by_origin", None)
+    if known is None or _sessions.pid != os.getpid():
+        # A forked process (RQ's work horse) starts afresh: its parent's open connections stay its parent's.
+        known = _sessions.by_origin = {}
+        _sessions.pid = os.getpid()
+    session = known.get(origin)
+    if session is None:
+        session = known[origin] = requests.Session()
+        session.cookies.set_policy(_NoCookies())
+    return session
+
+
+def _bounded_body(reply: requests.Response) -> bytes:
+    """At most MAX_RESPONSE_BYTES of the answer; a longer one is cut, its connection closed rather than drained."""
+    body = bytearray()
+    for chunk in reply.iter_content(_READ_CHUNK):
+        body += chunk
+        if len(body) > MAX_RESPONSE_BYTES:
+            reply.raw.close()
+            break
+    return bytes(body[:MAX_RESPONSE_BYTES])
 
 
 def request_json(method: str, url: str, headers: dict[str, str], timeout: float, body: Any = None) -> Response:
     """One HTTP call with a JSON answer. HTTP error statuses are answers (a Response); no answer raises
     Unreachable. `body`, when given, is sent as JSON."""
     data = json.dumps(body).encode() if body is not None else None
-    all_headers = {"Accept": "application/json", **headers}
+    # Uncompressed: the bound holds for what is read off the wire and what is kept alike (no gzip bomb).
+    all_headers = {"Accept": "application/json", "Accept-Encoding": "identity", **headers}
     if data is not None:
         all_headers["Content-Type"] = "application/json"
-    request = urllib.request.Request(url, data=data, headers=all_headers, method=method)
     try:
-        with _opener.open(request, timeout=timeout) as reply:
-            status, raw, reply_headers = reply.status, reply.read(MAX_RESPONSE_BYTES), dict(reply.headers)
-    except urllib.error.HTTPError as error:
-        status, raw, reply_headers = error.code, b"", dict(error.headers or {})
-        try:
-            raw = error.read(MAX_RESPONSE_BYTES)
-        except OSError:
-            pass
-    except Unreachable:
-        raise
-    except TimeoutError:
+        reply = session_for(url).request(method, url, data=data, headers=all_headers, timeout=timeout,
+                                         allow_redirects=False, stream=True)
+    except requests.Timeout:
         raise Unreachable("timeout") from None
-    except (urllib.error.URLError, OSError, ValueError) as error:
-        reason = getattr(error, "reason", None)
-        raise Unreachable("timeout" if isinstance(reason, TimeoutError) else "network") from None
+    except (requests.RequestException, OSError, ValueError):
+        raise Unreachable("network") from None
+    try:
+        if reply.is_redirect:
+            # A redirect could carry the token to another host: never follow one.
+            raise Unreachable("redirect")
+        raw = _bounded_body(reply)
+    except requests.Timeout:
+        raise Unreachable("timeout") from None
+    except (requests.RequestException, OSError):
+        raise Unreachable("network") from None
+    finally:
+        reply.close()
     try:
         parsed = json.loads(raw) if raw else None
     except ValueError:
         parsed = None
-    return Response(status=status, data=parsed, headers={k.lower(): v for k, v in reply_headers.items()})
+    return Response(status=reply.status_code, data=parsed, headers={k.lower(): v for k, v in reply.headers.items()})
 
 
 def get_json(url: str, headers: dict[str, str], timeout: float) -> Response:
@@ -199,21 +254,74 @@ def get_json(url: str, headers: dict[str, str], timeout: float) -> Response:
     return request_json("GET", url, headers, timeout)
 
 
+def retry_after(response: Response, now: float | None = None) -> float | None:
+    """How long the forge asked us to wait, in seconds, bounded by PI_FORGE_RETRY_AFTER_MAX_SECONDS; None when it did
+    not say. `Retry-After` (seconds or an HTTP date; every forge), else the reset instant of an exhausted rate limit:
+    GitHub's and Azure DevOps' `X-RateLimit-Reset`, GitLab's `RateLimit-Reset` (epoch seconds; a small number is
+    read as seconds from now, as the IETF draft writes it)."""
+    now = time.time() if now is None else now
+    headers = response.headers
+    seconds = None
+    given = headers.get("retry-after", "").strip()
+    if given:
+        if given.isdigit():
+            seconds = float(given)
+        else:
+            try:
+                seconds = parsedate_to_datetime(given).timestamp() - now
+            except (TypeError, ValueError, OverflowError):
+                seconds = None
+    if seconds is None:
+        remaining = headers.get("x-ratelimit-remaining", headers.get("ratelimit-remaining", "")).strip()
+        reset = headers.get("x-ratelimit-reset", headers.get("ratelimit-reset", "")).strip()
+        if remaining == "0" and reset.isdigit():
+            seconds = float(reset) - now if int(reset) > 1_000_000_000 else float(reset)
+    if seconds is None:
+        return None
+    return float(min(max(math.ceil(seconds), 0), settings.PI_FORGE_RETRY_AFTER_MAX_SECONDS))
+
+
+MAX_FORGE_MESSAGE_CHARS = 500
+# Token-shaped text a forge might echo (GitHub's ghp_/gho_/ghs_/github_pat_, GitLab's glpat-, a bearer credential).
+_TOKEN_SHAPED = re.compile(r"(?:\b(?:gh[pousr]_|github_pat_|glpat-|glptt-|gldt-)[A-Za-z0-9_\-]{8,}"
+                           r"|(?i:bearer|token|basic)\s+[A-Za-z0-9._~+/=\-]{16,})")
+
+
+def forge_message(data) -> str:
+    """The forge's own explanation in a refusal's JSON (`message`, GitHub's `errors[].message`, GitLab's `error`),
+    one line, at most MAX_FORGE_MESSAGE_CHARS, token-shaped text cut out; "" when it gave none."""
+    if not isinstance(data, dict):
+        return ""
+    said = []
+    for key in ("message", "error", "error_description"):
+        value = data.get(key)
+        values = value if isinstance(value, list) else [value]
+        said += [text for text in values if isinstance(text, str)]
+        if isinstance(value, dict):
+            said += [f"{name}: {text}" for name, texts in value.items()
+                     for text in (texts if isinstance(texts, list) else [texts]) if isinstance(text, str)]
+    said += [error.get("message") for error in data.get("errors") or []
+             if isinstance(error, dict) and isinstance(error.get("message"), str)]
+    text = " ".join(" ".join(said).split())
+    return fit(_TOKEN_SHAPED.sub("[scrubbed]", text), MAX_FORGE_MESSAGE_CHARS, "…")
+
+
 def failure_for(response: Response) -> ForgeFailure:
-    """An unexpected answer to a worker-side call, as a reason token and whether to retry."""
+    """An unexpected answer to a worker-side call, as a reason token and whether to retry (and after how long)."""
     status = response.status
     rate_limited = status == 429 or (
         status == 403 and (response.headers.get("x-ratelimit-remaining") == "0" or "retry-after" in response.headers)
     )
     if rate_limited:
-        return ForgeFailure("forge-rate-limited", transient=True)
+        return ForgeFailure("forge-rate-limited", transient=True, retry_after=retry_after(response))
     if status >= 500:
-        return ForgeFailure("forge-unavailable", transient=True)
+        return ForgeFailure("forge-unavailable", transient=True, retry_after=retry_after(response))
+    said = forge_message(response.data)
     if status in (401, 403):
-        return ForgeFailure("forge-auth-refused", transient=False)
+        return ForgeFailure("forge-auth-refused", transient=False, forge_message=said)
     if status == 404:
-        return ForgeFailure("forge-repo-not-found", transient=False)
-    return ForgeFailure("forge-request-refused", transient=False)
+        return ForgeFailure("forge-repo-not-found", transient=False, forge_message=said)
+    return ForgeFailure("forge-request-refused", transient=False, forge_message=said)
 
 
 def failure_for_unreachable(error: Unreachable) -> ForgeFailure:
@@ -290,14 +398,18 @@ class ForgeClient:
     max_title_chars = 255
     max_description_chars = 65_535
     draft_prefix = ""  # prepended to a draft's title where the forge marks drafts by their title
+    identity_path = "/user"  # under base_url: who the token is (self_identity, and `doctor --live`)
 
     @classmethod
     def from_settings(cls, **common) -> ForgeClient:
         """The client this deployment's settings configure (`common`: timeout, cache_seconds)."""
         raise NotImplementedError
 
-    def __init__(self, *, base_url: str, token: str, timeout: float = 3.0, cache_seconds: float = 60.0):
+    def __init__(self, *, base_url: str, token: str, timeout: float = 3.0, cache_seconds: float = 60.0,
+                 web_root: str | None = None):
         self.base_url = base_url.rstrip("/")
+        # Where its pages are (links to pull requests); forge_client passes the configured one.
+        self.web_root = forge_registry.web_root_of_api(self.base_url) if web_root is None else web_root.rstrip("/")
         self.token = token
         self.timeout = timeout
         self.cache_seconds = cache_seconds
@@ -499,12 +611,11 @@ class ForgeClient:
                 and part(pull, "head").get("ref") == head_branch and part(pull, "base").get("ref") == base_branch
                 and same_repository(part(pull, "head"), part(pull, "base")) and is_int_like(pull.get("number"))]
 
-    def _oldest(self, found: list[dict], number_key: str, url_key: str) -> PullRequest | None:
+    def _oldest(self, ref: RepoRef, found: list[dict], number_key: str) -> PullRequest | None:
         """The lowest-numbered of the matching pull requests (a forge keeps one open; a race can make two)."""
         if not found:
             return None
-        first = min(found, key=lambda pull: pull[number_key])
-        return self._pull_request_of(first[number_key], first.get(url_key))
+        return self._pull_request_of(ref, min(found, key=lambda pull: pull[number_key])[number_key])
 
     @staticmethod
     def _pull_head_of(number, *, asked: int, sha, branch, same_repository: bool, fetch_ref: str,
@@ -515,13 +626,13 @@ class ForgeClient:
         return PullHead(number=asked, sha=sha.lower(), branch=branch, same_repository=same_repository is True,
                         fetch_ref=fetch_ref, open=open is True)
 
-    @staticmethod
-    def _pull_request_of(number, url) -> PullRequest:
-        parts = urlsplit(url) if isinstance(url, str) else None
-        if not is_int_like(number) or number < 1 or parts is None or parts.scheme not in ("https", "http") \
-                or not parts.hostname:
+    def _pull_request_of(self, ref: RepoRef, number) -> PullRequest:
+        """The pull request `number` and its page, built from the web root this deployment knows the forge by
+        (never the address an answer names: a stand-in or a proxy answers with another host's)."""
+        if not is_int_like(number) or number < 1:
             raise ForgeFailure("forge-malformed-answer", transient=True)
-        return PullRequest(number=number, url=url)
+        return PullRequest(number=number, url=forge_registry.pull_url(self.forge, ref.repo, number,
+                                                                      root=self.web_root))
 
     def _branch(self, url: str, credential: Credential) -> tuple[dict, dict]:
         """A branch object and its `commit` (GitHub, GitLab and Forgejo answer alike); 404 = the default
@@ -574,7 +685,7 @@ class ForgeClient:
         if response.status == 404:
             return Authority.no("not-collaborator")
         if response.status != 200:
-            return Authority.unknown(f"status-{response.status}")
+            return Authority.unanswered(response)
         permission = response.data.get("permission") if isinstance(response.data, dict) else None
         if not isinstance(permission, str):
             return Authority.unknown("malformed-answer")

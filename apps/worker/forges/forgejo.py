@@ -38,6 +38,7 @@ class ForgejoClient(ForgeClient):
     def from_settings(cls, **common) -> ForgejoClient:
         return cls(base_url=settings.FORGEJO_URL, token=settings.FORGEJO_TOKEN, **common)
     token_variables = ("FORGEJO_TOKEN",)
+    identity_path = "/api/v1/user"
     url_variable = "FORGEJO_URL"
     git_user = "pidispatch"  # Forgejo reads the token from the password; the user name is not checked
     # Comments and descriptions are LONGTEXT columns with no limit in the API (models/issues/comment.go):
@@ -62,7 +63,7 @@ class ForgejoClient(ForgeClient):
                                            subject, WRITE_PERMISSIONS)
 
     def _lookup_identity(self) -> Identity:
-        return self._numeric_user_identity(f"{self.base_url}/api/v1/user")
+        return self._numeric_user_identity(f"{self.base_url}{self.identity_path}")
 
     # --- worker ---
 
@@ -108,7 +109,7 @@ class ForgejoClient(ForgeClient):
         else:
             # Not among the first pages: "none" could open a second one, so it is a refusal instead.
             raise ForgeFailure("forge-listing-too-large", transient=False)
-        return self._oldest(found, "number", "html_url")
+        return self._oldest(ref, found, "number")
 
     def _open_pull_request(self, ref: RepoRef, head_branch: str, base_branch: str, title: str, body: str,
                            draft: bool, issue_number: int | None, credential: Credential) -> Response:
@@ -116,7 +117,7 @@ class ForgejoClient(ForgeClient):
                                                           "body": body}, credential.token)
 
     def _opened(self, ref: RepoRef, data: dict) -> PullRequest:
-        return self._pull_request_of(data.get("number"), data.get("html_url"))
+        return self._pull_request_of(ref, data.get("number"))
 
     def _already_exists(self, response: Response) -> bool:
         # 409 "pull request already exists for these targets [...]"

@@ -98,7 +98,7 @@ class GitHubClient(ForgeClient):
             raise IdentityUnavailable(error.reason, determinate=False) from None
 
     def _lookup_identity(self) -> Identity:
-        return self._numeric_user_identity(f"{self.base_url}/user")
+        return self._numeric_user_identity(f"{self.base_url}{self.identity_path}")
 
     def _headers(self, token: str | None = None) -> dict[str, str]:
         headers = super()._headers(token)
@@ -167,8 +167,7 @@ class GitHubClient(ForgeClient):
         # `head` is `owner:branch`: the branch of this repository (a fork's has its owner's name).
         query = urlencode({"state": "open", "head": f"{owner}:{head_branch}", "base": base_branch, "per_page": 100})
         pulls = self._answer(self._get(f"{self._pulls_url(ref)}?{query}", credential.token), list)
-        return self._oldest(self._shared_shape_open(pulls, head_branch, base_branch, _same_repository), "number",
-                            "html_url")
+        return self._oldest(ref, self._shared_shape_open(pulls, head_branch, base_branch, _same_repository), "number")
 
     def _open_pull_request(self, ref: RepoRef, head_branch: str, base_branch: str, title: str, body: str,
                            draft: bool, issue_number: int | None, credential: Credential) -> Response:
@@ -176,7 +175,7 @@ class GitHubClient(ForgeClient):
                                                           "body": body, "draft": draft}, credential.token)
 
     def _opened(self, ref: RepoRef, data: dict) -> PullRequest:
-        return self._pull_request_of(data.get("number"), data.get("html_url"))
+        return self._pull_request_of(ref, data.get("number"))
 
     def _already_exists(self, response: Response) -> bool:
         # 422 {"message": "Validation Failed", "errors": [{"code": "custom", "message": "A pull request already

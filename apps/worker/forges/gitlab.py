@@ -42,6 +42,7 @@ class GitLabClient(ForgeClient):
     def from_settings(cls, **common) -> GitLabClient:
         return cls(base_url=settings.GITLAB_URL, token=settings.GITLAB_TOKEN, **common)
     token_variables = ("GITLAB_TOKEN",)
+    identity_path = "/api/v4/user"
     url_variable = "GITLAB_HOST"  # glab's name for the instance
     git_user = "oauth2"
     # Notes and descriptions are validated to Gitlab::Database::MAX_TEXT_SIZE_LIMIT, 1,000,000 characters
@@ -69,14 +70,14 @@ class GitLabClient(ForgeClient):
         if response.status == 404:
             return Authority.no("not-member")
         if response.status != 200:
-            return Authority.unknown(f"status-{response.status}")
+            return Authority.unanswered(response)
         level = response.data.get("access_level") if isinstance(response.data, dict) else None
         if not is_int_like(level):
             return Authority.unknown("malformed-answer")
         return Authority.yes(f"access-{level}") if level >= DEVELOPER_ACCESS else Authority.no(f"access-{level}")
 
     def _lookup_identity(self) -> Identity:
-        return self._numeric_user_identity(f"{self.base_url}/api/v4/user")
+        return self._numeric_user_identity(f"{self.base_url}{self.identity_path}")
 
     # --- worker ---
 
@@ -126,7 +127,7 @@ class GitLabClient(ForgeClient):
                  and request.get("source_project_id") == request.get("target_project_id")
                  and (not ref.project_id.isdigit() or request.get("target_project_id") == int(ref.project_id))
                  and is_int_like(request.get("iid"))]
-        return self._oldest(found, "iid", "web_url")
+        return self._oldest(ref, found, "iid")
 
     def _open_pull_request(self, ref: RepoRef, head_branch: str, base_branch: str, title: str, body: str,
                            draft: bool, issue_number: int | None, credential: Credential) -> Response:
@@ -135,7 +136,7 @@ class GitLabClient(ForgeClient):
                            "description": body}, credential.token)
 
     def _opened(self, ref: RepoRef, data: dict) -> PullRequest:
-        return self._pull_request_of(data.get("iid"), data.get("web_url"))
+        return self._pull_request_of(ref, data.get("iid"))
 
     def _already_exists(self, response: Response) -> bool:
         # 409 {"message": ["Another open merge request already exists for this source branch: !<iid>"]}; other

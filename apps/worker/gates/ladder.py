@@ -391,10 +391,11 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             return Verdict.refused(refused.reason)
         except ForgeFailure as failure:
             if failure.transient:
-                logger.warning("workspace_forge_fault job=%s reason=%s", spec.job_id, failure.reason)
-                return Verdict.infrastructure_fault(failure.reason)
+                logger.warning("workspace_forge_fault job=%s reason=%s retry_after=%s", spec.job_id, failure.reason,
+                               failure.retry_after if failure.retry_after is not None else "-")
+                return Verdict.infrastructure_fault(failure.reason, retry_after_seconds=failure.retry_after or 0)
             logger.info("workspace_refused job=%s reason=%s", spec.job_id, failure.reason)
-            return Verdict.refused(failure.reason)
+            return Verdict.refused(failure.reason, forge_message=failure.forge_message)
 
     # The workspace's size, measured again while the container runs.
     watch = disk.WorkspaceWatch(spec.job_id, dirs.workspace, counts_whole=workspace_folder is None,

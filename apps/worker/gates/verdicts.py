@@ -25,6 +25,7 @@ class Publication:
     pushed_commits: int | None = None
     url: str = ""
     changed_files: int | None = None  # paths the agent's work changed (pushed or not)
+    forge_message: str = field(default="", repr=False)  # the forge's own words when it refused (ForgeFailure)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,10 @@ class Verdict:
     chain_refusals: dict = field(default_factory=dict)
     # Until when the run's folder stays on its host for a sandbox (apps/worker/sandbox/sandboxes.py), else None.
     sandbox_until: datetime | None = None
+    # A forge that said how long to wait (Retry-After, a rate limit's reset): the retry waits at least that long.
+    retry_after_seconds: float = 0
+    # The forge's own words when it refused a request (ForgeFailure.forge_message), for the run record alone.
+    forge_message: str = field(default="", repr=False)
 
     @classmethod
     def refused(cls, reason: str, **fields) -> Verdict:

@@ -72,16 +72,18 @@ class Destination:
 
 
 class PublishRefused(Exception):
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, forge_message: str = ""):
         super().__init__(reason)
         self.reason = reason
+        self.forge_message = forge_message  # the forge's own words, for the run record (ForgeFailure.forge_message)
 
 
 class PublishDeferred(Exception):
     """A transient forge error: this step may be tried again, the agent never."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, retry_after: float | None = None):
         super().__init__(reason)
+        self.retry_after = retry_after
         self.reason = reason
 
 
@@ -155,11 +157,16 @@ def _with_retries(spec, destination, work, client, credential, summary) -> tuple
         try:
             return _publish(spec, destination, work, client, credential, summary), ""
         except PublishRefused as refused:
-            return Publication(refused.reason, pushed_commits=0), refused.reason
+            return Publication(refused.reason, pushed_commits=0, forge_message=refused.forge_message), refused.reason
         except PublishDeferred as deferred:
-            logger.warning("publish_retry job=%s attempt=%d reason=%s", spec.job_id, attempt, deferred.reason)
+            logger.warning("publish_retry job=%s attempt=%d reason=%s retry_after=%s", spec.job_id, attempt,
+                           deferred.reason, deferred.retry_after if deferred.retry_after is not None else "-")
             if attempt < settings.PI_PUBLISH_ATTEMPTS:
-                time.sleep(delay)
+                # Never sooner than the forge asked; a wait longer than this step's whole backoff would hold the
+                # worker: the step gives up instead (the work is kept for Publish again).
+                if (deferred.retry_after or 0) > delay * 2 ** (settings.PI_PUBLISH_ATTEMPTS - attempt):
+                    break
+                time.sleep(max(delay, deferred.retry_after or 0))
                 delay *= 2
     return Publication(UNAVAILABLE, pushed_commits=0), UNAVAILABLE
 
@@ -168,7 +175,9 @@ def _forge_call(function, *args, **kwargs):
     try:
         return function(*args, **kwargs)
     except ForgeFailure as failure:
-        raise (PublishDeferred if failure.transient else PublishRefused)(failure.reason) from None
+        if failure.transient:
+            raise PublishDeferred(failure.reason, failure.retry_after) from None
+        raise PublishRefused(failure.reason, failure.forge_message) from None
 
 
 def _publish(spec, destination: Destination, work: Work, client, credential, summary) -> Publication:

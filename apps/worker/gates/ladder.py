@@ -41,6 +41,7 @@ from apps.worker.sandbox import (
     agent_config,
     container,
     disk,
+    folder_forge,
     forge_workspace,
     gateway,
     jobfiles,
@@ -381,6 +382,15 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             return Verdict.refused(refused.reason)
         attempt.workspace_seconds = time.perf_counter() - workspace_started
         workspace_folder, user = local.folder, local.owner
+        if spec.github:  # a cron job whose work the worker publishes to its folder's GitHub repository
+            try:
+                attempt.forge = folder_forge.prepare(local.folder, local.head)
+            except WorkspaceRefused as refused:
+                logger.info("workspace_refused job=%s reason=%s", spec.job_id, refused.reason)
+                return Verdict.refused(refused.reason)
+            except ForgeFailure as failure:
+                logger.warning("workspace_forge_fault job=%s reason=%s", spec.job_id, failure.reason)
+                return (Verdict.infrastructure_fault if failure.transient else Verdict.refused)(failure.reason)
         if spec.trigger_type == "cron":
             previous = Run.objects.previous_cron_run_at(spec.job_id, spec.trigger_id)
             cron = jobfiles.cron_document(spec, local.head, previous)
@@ -568,7 +578,10 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
 
     # 14. Publish: the worker, not the agent, takes the work to the forge (never a credential in what it posts).
     if verdict.outcome == Outcome.COMPLETED and attempt.forge is not None:
-        publication, reason = publishing.publish_run(spec, attempt.forge, dirs.root, dirs.workspace,
+        # A cron job's folder on GitHub is published as a job on that repository (folder_forge.py says how).
+        published_as = replace(spec, kind="github", repo=attempt.forge.repo) \
+            if isinstance(attempt.forge, folder_forge.FolderOnGitHub) else spec
+        publication, reason = publishing.publish_run(published_as, attempt.forge, dirs.root, dirs.workspace,
                                                      summary, result.ended_at, credentials=[credential[1]],
                                                      job_secrets=list(secret_values.values()))
         verdict = replace(verdict, publication=publication)

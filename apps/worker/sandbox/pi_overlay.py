@@ -118,7 +118,7 @@ def copy_skills_folder(source: Path, destination: Path) -> int:
         raise WorkspaceRefused("skills-dir-missing", "run.skillsDir is not a folder on this host")
     entries = repo_skills.select(list_folder(source), prefix="", label="run.skillsDir", reason_prefix="skills-dir")
     root = destination
-    root.mkdir(mode=0o755, exist_ok=True)
+    root.mkdir(mode=0o755, parents=True, exist_ok=True)
     for entry in entries:
         target = root / entry.path
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)

@@ -98,21 +98,25 @@ def overlay_with_package(root: Path) -> Path:
     return root
 
 
+def resources(job: Path) -> dict:
+    return json.loads((job / "pi-resources.json").read_text())
+
+
 def test_the_job_loads_the_overlay_and_its_packages_unless_the_trigger_opts_out(tmp_path, settings):
     settings.PI_GLOBAL_PI_DIR = str(overlay_with_package(tmp_path / "overlay"))
     job = tmp_path / "job"
     job.mkdir()
 
     loaded = pi_overlay.prepare(job, packages=True, skills_dir="")
-    document = json.loads((job / "pi-agent" / "settings.json").read_text())
-    assert document == {"skills": ["/opt/pi-global/skills"], "extensions": ["/opt/pi-global/extensions"],
-                        "packages": ["/opt/pi-global/packages/demo-pack"]}
+    # Both as pi packages (-e): the overlay's own skills/, prompts/ and extensions/, and the staged package.
+    assert resources(job) == {"extensions": ["/opt/pi-global", "/opt/pi-global/packages/demo-pack"], "skills": [],
+                              "promptTemplates": []}
     assert loaded.environment() == {"PI_PACKAGES": "/opt/pi-global/packages/demo-pack"}
     assert loaded.mounts() == [(str(tmp_path / "overlay"), "/opt/pi-global")]
     assert (job / "pi-agent" / "APPEND_SYSTEM.md").read_text() == "Be brief.\n"
 
     opted_out = pi_overlay.prepare(job, packages=False, skills_dir="")
-    assert "packages" not in json.loads((job / "pi-agent" / "settings.json").read_text())
+    assert resources(job)["extensions"] == ["/opt/pi-global"]
     assert opted_out.environment() == {}  # PI_PACKAGES unset in the job
 
 
@@ -121,10 +125,29 @@ def test_extensions_stay_out_when_the_host_does_not_allow_them(tmp_path, setting
     settings.PI_GLOBAL_ALLOW_EXTENSIONS = False
     job = tmp_path / "job"
     job.mkdir()
-    pi_overlay.prepare(job, packages=True, skills_dir="")
-    document = json.loads((job / "pi-agent" / "settings.json").read_text())
-    assert "extensions" not in document
-    assert document["packages"] == [{"source": "/opt/pi-global/packages/demo-pack", "extensions": []}]
+    pi_overlay.prepare(job, packages=True, skills_dir=str(tmp_path / "overlay" / "skills"))
+    assert resources(job) == {"extensions": [], "promptTemplates": [], "skills": [
+        "/opt/pi-global/skills", "/opt/pi-global/packages/demo-pack/skills", "/job/trigger-skills"]}
+
+
+def test_without_an_overlay_the_job_gets_only_its_triggers_skills(tmp_path, settings):
+    settings.PI_GLOBAL_PI_DIR = str(tmp_path / "not-there")
+    skill(tmp_path / "skills", "review", "Reviews.")
+    job = tmp_path / "job"
+    job.mkdir()
+    loaded = pi_overlay.prepare(job, packages=True, skills_dir=str(tmp_path / "skills"))
+    assert resources(job) == {"extensions": [], "skills": ["/job/trigger-skills"], "promptTemplates": []}
+    assert (loaded.mounts(), loaded.environment()) == ([], {})
+    assert (job / "trigger-skills" / "review" / "SKILL.md").exists()
+
+
+def test_a_chained_child_loads_what_its_parent_loaded():
+    from apps.worker.chaining import outbox
+    from apps.worker.chaining.service import child_spec
+
+    parent = local_spec("run-parent", "/srv/app", skills_dir="/srv/skills", packages=False, backend="local")
+    child = child_spec(parent, outbox.Request(name="request-1.json", flow="review", task="Review it."))
+    assert (child.skills_dir, child.packages, child.backend) == ("/srv/skills", False, "local")
 
 
 # --- manage.py import_pi ---------------------------------------------------------------------------------------------

@@ -77,7 +77,8 @@ def prepare(folder: Path, start_sha: str) -> FolderOnGitHub:
     credential = client.job_credential(ref)
     try:
         head = client.default_branch(ref, credential)
-        if repository_address(head.clone_url) != address:
+        answered = repository_address(head.clone_url)
+        if answered is None or (answered[0], answered[1].lower()) != (address[0], address[1].lower()):
             raise WorkspaceRefused("github-remote-mismatch", "the folder's origin is not this deployment's GitHub "
                                                              "repository of that name")
         if _git(folder, "merge-base", "--is-ancestor", start_sha, head.sha) is None:

@@ -12,9 +12,12 @@
                                    8 MiB in all, 4 levels; dot-files and symlinks skipped, executables copied as
                                    plain files. Refused `skills-dir-missing` when it is not a folder.
 
-pi finds all of it through the `settings.json` written here into its agent folder (PI_CODING_AGENT_DIR,
-/job/pi-agent), beside the worker's own models.json: the overlay never brings a models.json or a key into the job
-(the gateway adds the provider's key outside the container).
+pi is told about all of it by flags: the runner (image/runner/runner.mjs) reads /job/pi-resources.json, written
+here, and passes each entry as `-e` (a package, loaded by pi's package rules: its extensions, skills, prompts and
+themes), `--skill` or `--prompt-template`. Not a settings.json in pi's agent folder: pi locks that file
+(`settings.json.lock` beside it) before reading it, which fails on the read-only /job, and pi then loads nothing
+of it. The overlay never brings a models.json or a key into the job (the worker writes the job's models.json;
+the gateway adds the provider's key outside the container).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from apps.worker.sandbox.workspace import WorkspaceRefused
 
 MOUNT = "/opt/pi-global"
 TRIGGER_SKILLS = "trigger-skills"  # under the job's /job folder
+RESOURCES_FILE = "pi-resources.json"  # under /job: what the runner passes to pi as -e, --skill, --prompt-template
 PERSONA_FILES = ("AGENTS.md", "APPEND_SYSTEM.md")
 PERSONA_MAX_BYTES = 256 * 1024
 
@@ -69,31 +73,52 @@ def staged_packages(folder: Path) -> list[str]:
 
 
 def prepare(job_folder: Path, *, packages: bool, skills_dir: str) -> Overlay:
-    """Copy a trigger's skills folder and the overlay's persona into the job's folder and write pi's settings.json;
-    the mount and environment the container needs. WorkspaceRefused (skills-dir-*) for a bad skills folder."""
+    """Copy a trigger's skills folder and the overlay's persona into the job's folder and write the resources file
+    the runner turns into pi's flags; the mount and environment the container needs. WorkspaceRefused
+    (skills-dir-*) for a bad skills folder."""
     agent = job_folder / image_contract.AGENT_DIR.rsplit("/", 1)[1]
     agent.mkdir(mode=0o755, exist_ok=True)
-    document: dict = {}
-    if skills_dir:
-        copy_skills_folder(Path(skills_dir), job_folder / TRIGGER_SKILLS)
-        document.setdefault("skills", []).append(f"/job/{TRIGGER_SKILLS}")
+    resources: dict[str, list[str]] = {"extensions": [], "skills": [], "promptTemplates": []}
     folder = overlay_folder()
     staged: list[str] = []
     if folder is not None:
-        for name, key in (("skills", "skills"), ("prompts", "prompts")):
-            if (folder / name).is_dir():
-                document.setdefault(key, []).insert(0, f"{MOUNT}/{name}")
-        if settings.PI_GLOBAL_ALLOW_EXTENSIONS and (folder / "extensions").is_dir():
-            document["extensions"] = [f"{MOUNT}/extensions"]
-        if packages:
-            staged = staged_packages(folder)
-            document["packages"] = staged if settings.PI_GLOBAL_ALLOW_EXTENSIONS else \
-                [{"source": path, "extensions": []} for path in staged]
+        staged = staged_packages(folder) if packages else []
+        for root in [folder, *(folder / "packages" / Path(path).name for path in staged)]:
+            inside = MOUNT if root == folder else f"{MOUNT}/packages/{root.name}"
+            _add_package(resources, root, inside)
         _copy_persona(folder, agent)
-    path = agent / "settings.json"
-    path.write_text(json.dumps(document, indent=2) + "\n")
+    if skills_dir:
+        copy_skills_folder(Path(skills_dir), job_folder / TRIGGER_SKILLS)
+        resources["skills"].append(f"/job/{TRIGGER_SKILLS}")
+    path = job_folder / RESOURCES_FILE
+    path.write_text(json.dumps(resources, indent=2) + "\n")
     path.chmod(0o644)
     return Overlay(folder=folder, packages=tuple(staged))
+
+
+def _add_package(resources: dict[str, list[str]], root: Path, inside: str) -> None:
+    """A pi package (the overlay's own folder is one: skills/, prompts/, extensions/) as the runner's flags: whole
+    (`-e`, pi's package rules) while extensions are allowed, else only its skills and prompt templates."""
+    if settings.PI_GLOBAL_ALLOW_EXTENSIONS:
+        if any((root / kind).is_dir() for kind in ("skills", "prompts", "extensions", "themes")) or \
+                (root / "package.json").is_file():
+            resources["extensions"].append(inside)
+        return
+    manifest = _pi_manifest(root)
+    for kind, key in (("skills", "skills"), ("prompts", "promptTemplates")):
+        for entry in manifest.get(kind) or [kind]:
+            relative = entry.removeprefix("./") if isinstance(entry, str) else ""
+            if relative and not relative.startswith(("/", "..", "!", "+", "-")) and "*" not in relative \
+                    and (root / relative).exists():
+                resources[key].append(f"{inside}/{relative}".rstrip("/"))
+
+
+def _pi_manifest(root: Path) -> dict:
+    try:
+        manifest = json.loads((root / "package.json").read_text()).get("pi")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
 
 
 def _copy_persona(folder: Path, agent: Path) -> None:

@@ -41,3 +41,13 @@ def test_a_job_on_the_blessed_local_venue_runs(repo, run_worker):
     job_id = enqueue_spec(local_spec("run-venue-ok", str(repo), backend="local"))
     run_worker("pi-jobs", env_overrides={"PI_BACKENDS": "local,podman"})
     assert Run.objects.get(job_id=job_id).outcome == Outcome.COMPLETED
+
+
+def test_manage_py_check_names_an_unknown_venue_and_a_missing_overlay(settings, tmp_path):
+    from apps.worker.gates.checks import overlay_and_venue_settings
+
+    settings.PI_BACKENDS, settings.PI_GLOBAL_PI_DIR = ("local", "dockr"), str(tmp_path / "absent")
+    found = {problem.id: problem.msg for problem in overlay_and_venue_settings(None)}
+    assert "dockr" in found["worker.E013"] and "jobs here run without the overlay" in found["worker.W004"]
+    settings.PI_BACKENDS, settings.PI_GLOBAL_PI_DIR = ("local", "podman"), str(tmp_path)
+    assert overlay_and_venue_settings(None) == []

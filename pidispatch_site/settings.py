@@ -5,6 +5,7 @@ An optional `.env` beside manage.py is read first; real environment variables wi
 """
 
 import os
+import re
 from pathlib import Path
 
 import environ
@@ -222,6 +223,15 @@ PI_EGRESS_ALLOW = env("PI_EGRESS_ALLOW", default="")
 PI_EGRESS_SOCKET_DIR = env("PI_EGRESS_SOCKET_DIR", default="")
 # The operator's dollar prices per model (JSON), over pi's list prices.
 PI_MODEL_PRICES = env("PI_MODEL_PRICES", default="")
+
+# The operator's pi overlay on each worker host (skills, persona, extensions, staged packages; `manage.py import_pi`
+# fills it), mounted read-only at /opt/pi-global in every job; extensions in it load unless switched off.
+PI_GLOBAL_PI_DIR = env("PI_GLOBAL_PI_DIR", default="")
+PI_GLOBAL_ALLOW_EXTENSIONS = env.bool("PI_GLOBAL_ALLOW_EXTENSIONS", default=True)
+# The venues this host runs jobs on (apps/worker/sandbox/venues.py); a trigger's run.backend picks among them.
+PI_BACKENDS = tuple(name.strip() for name in env("PI_BACKENDS", default="local").split(",") if name.strip())
+if not PI_BACKENDS or any(not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", name) for name in PI_BACKENDS):
+    raise ImproperlyConfigured("PI_BACKENDS must be a comma list of venue names, e.g. `local` or `local,podman`.")
 
 # Publishing a completed forge run (apps/worker/forges/publishing/): the worker pushes and opens the pull request.
 PI_PR_DRAFT = env.bool("PI_PR_DRAFT", default=True)

@@ -154,6 +154,12 @@ SECTIONS: tuple[Section, ...] = (
           "sandbox <job id>` (0: off)."),
         S("PI_SANDBOX_PIN_DAYS", "7", "Days `manage.py sandbox --pin <job id>` adds to a kept run folder."),
         S("PI_SANDBOX_IDLE_MINUTES", "30", "A sandbox's shell logs out after this many minutes without input."),
+        S("PI_GLOBAL_PI_DIR", "", "The operator's pi overlay on this host (skills, persona, extensions, staged "
+          "packages; `manage.py import_pi` fills it), mounted read-only at /opt/pi-global in every job."),
+        S("PI_GLOBAL_ALLOW_EXTENSIONS", "true", "Load the overlay's extensions (and its packages' extensions) in "
+          "jobs; false: skills, prompts and persona only."),
+        S("PI_BACKENDS", "local", "The venues this host runs jobs on (comma list); a trigger's run.backend picks "
+          "among them, others are refused backend-unblessed. podman is known but not run yet (backend-unavailable)."),
     )),
     Section("The job's container", "the workers", (
         S("PI_JOB_MEMORY", "4g", "Memory limit per container."),

@@ -74,6 +74,7 @@ def _spec(trigger: Trigger, occurrence: datetime) -> JobSpec:
         command=trigger.command,
         task=trigger.task,
         resume=trigger.resume,  # a cron trigger's session is its own (apps/worker/sessions/)
+        github=trigger.github,  # the worker publishes its commits to the folder's GitHub repository
         **execution_fields(trigger),
         context={"event": "cron", "cronId": trigger.cron_id, "pattern": trigger.cron_pattern,
                  "scheduledFor": occurrence.isoformat(),

@@ -54,6 +54,9 @@ def execution_fields(rule) -> dict:
         exclude_tools=tuple(rule.exclude_tools),
         secrets=dict(rule.secrets),
         secrets_profile=rule.secrets_profile,
+        packages=rule.packages,
+        skills_dir=rule.skills_dir,
+        backend=rule.backend,
         trigger_id=rule.pk,
         trigger_type=rule.on_type,
     )

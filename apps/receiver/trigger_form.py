@@ -34,10 +34,11 @@ FIRES = {
 }
 RUNS = {"cron": ("kind", "folder", "flow", "command", "task"),
         "forge": ("kind", "flow", "command", "instructions", "repository")}
-LIMITS = {"cron": ("provider", "model", "max_turns", "max_cost_usd", "resume", "image", "exclude_tools", "secrets",
-                   "secrets_profile"),
+LIMITS = {"cron": ("provider", "model", "max_turns", "max_cost_usd", "resume", "github", "image", "backend", "packages",
+                   "skills_dir", "exclude_tools", "secrets", "secrets_profile"),
           "forge": ("provider", "model", "max_turns", "max_cost_usd", "replicas", "wait_for", "resume",
-                    "allow_ci_changes", "image", "exclude_tools", "secrets", "secrets_profile")}
+                    "allow_ci_changes", "image", "backend", "packages", "skills_dir", "exclude_tools", "secrets",
+                    "secrets_profile")}
 # Kept as they are when not on the form.
 NEVER_RESET = {"position", "enabled", "note", "on_type"}
 
@@ -83,6 +84,14 @@ WORDS = {
     "allow_ci_changes": ("May change CI files", "Off: a change to .github/workflows/, .gitlab-ci.yml, ... is not "
                                                 "pushed, and the work is kept for you to review."),
     "image": ("Job image", "Empty: PI_JOB_IMAGE. e.g. pi-job:latest"),
+    "backend": ("Venue", "Where the container runs, among the host's PI_BACKENDS. Empty: local (the host's Docker)."),
+    "packages": ("Load staged pi packages", "Off: the job runs without the packages staged in the host's pi "
+                                            "overlay (PI_GLOBAL_PI_DIR)."),
+    "skills_dir": ("Extra skills folder", "A folder of skills on the worker host, copied into each job, "
+                                          "e.g. /srv/pi-skills/review"),
+    "github": ("Publish to GitHub", "The worker pushes the run's commits to a branch of the folder's GitHub "
+                                    "repository (its origin) and opens a pull request. The agent never holds a "
+                                    "token."),
     "exclude_tools": ("Tools the agent may not use", f"Comma-separated, from {', '.join(EXCLUDABLE_TOOLS)}. "
                                                      "e.g. bash, write"),
     "secrets": ("Secrets, by reference", "NAME=reference, comma-separated, e.g. NPM_TOKEN=npm/ci. The host's "

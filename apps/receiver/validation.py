@@ -24,6 +24,7 @@ from apps import forge_registry
 from apps.worker.gates.money import MoneyError, parse_usd, to_usd
 from apps.worker.gates.secrets import is_reserved as secret_name_is_reserved
 from apps.worker.name_patterns import FLOW_PATTERN, MODEL_PATTERN, PROVIDER_PATTERN
+from apps.worker.sandbox import venues
 
 # --- vocabulary ------------------------------------------------------------------------------------------
 
@@ -50,6 +51,7 @@ MIN_REPLICAS, MAX_REPLICAS = 2, 3
 MAX_PHRASE = 100
 MAX_COMMAND = 200
 MAX_IMAGE = 300
+MAX_SKILLS_DIR = 500
 
 # A secret reference may not shadow what the runtime itself sets in the container.
 
@@ -59,7 +61,7 @@ ON_KEYS = ("type", "id", "pattern", "any", "all", "none", "phrase", "action", "r
            "disarmed")
 RUN_KEYS = ("kind", "flow", "command", "task", "folder", "image", "instructions", "replicas", "waitFor",
             "secrets", "secretsProfile", "repository", "excludeTools", "provider", "model", "maxTurns", "maxCostUsd",
-            "resume", "allowCiChanges")
+            "resume", "allowCiChanges", "packages", "skillsDir", "github", "backend")
 ON_KEYS_BY_TYPE = {
     "cron": {"type", "id", "pattern"},
     "label": {"type", "any", "all", "none"},
@@ -67,10 +69,10 @@ ON_KEYS_BY_TYPE = {
     "pull_request": {"type", "action", "any", "all", "none", "reviewState", "number", "once", "disarmed"},
     "issue": {"type", "action", "number", "once", "disarmed"},
 }
-CRON_ONLY_RUN_KEYS = {"task", "folder"}
+CRON_ONLY_RUN_KEYS = {"task", "folder", "github"}
 FORGE_ONLY_RUN_KEYS = {"instructions", "replicas", "waitFor", "repository", "allowCiChanges"}
 # Part of the ancestor's language, not implemented here: refused rather than silently ignored.
-UNSUPPORTED_RUN_KEYS = ("packages", "skillsDir", "backend", "models", "github", "portfolio")
+UNSUPPORTED_RUN_KEYS = ("models", "portfolio")
 NEAR_MISS_SUGGESTIONS = {
     "providerid": "run.provider", "providers": "run.provider", "modelid": "run.model", "modelname": "run.model",
     "maxturn": "run.maxTurns", "allowedmodels": "run.models", "maxcost": "run.maxCostUsd", "backends": "run.backend",
@@ -91,7 +93,8 @@ FIELD_PATHS = {
     "run.waitFor": "wait_for", "run.secrets": "secrets", "run.secretsProfile": "secrets_profile",
     "run.repository": "repository", "run.excludeTools": "exclude_tools", "run.provider": "provider",
     "run.model": "model", "run.maxTurns": "max_turns", "run.maxCostUsd": "max_cost_usd", "run.resume": "resume",
-    "run.allowCiChanges": "allow_ci_changes",
+    "run.allowCiChanges": "allow_ci_changes", "run.packages": "packages", "run.skillsDir": "skills_dir",
+    "run.github": "github", "run.backend": "backend",
 }
 
 
@@ -393,6 +396,18 @@ def _check_run(on_type, kind, on, run, problems: _Problems) -> None:
                                              "no prompt).")
     if "allowCiChanges" in run and not isinstance(run["allowCiChanges"], bool):
         problems.add("run.allowCiChanges", "run.allowCiChanges must be true or false.")
+    for key in ("packages", "github"):
+        if key in run and not isinstance(run[key], bool):
+            problems.add(f"run.{key}", f"run.{key} must be true or false.")
+    if "skillsDir" in run:
+        skills_dir = run["skillsDir"]
+        if not _trimmed_nonempty(skills_dir) or len(skills_dir) > MAX_SKILLS_DIR or not skills_dir.startswith("/"):
+            problems.add("run.skillsDir", f"run.skillsDir must be an absolute folder on the worker host, without "
+                                          f"surrounding spaces (at most {MAX_SKILLS_DIR} characters).")
+    if "backend" in run:
+        problem = venues.trigger_problem(run["backend"], local_folder=kind == "local")
+        if problem:
+            problems.add("run.backend", f"run.backend {problem}")
     resume = run.get("resume")
     if "resume" in run and not isinstance(resume, bool):
         problems.add("run.resume", "run.resume must be true or false.")
@@ -584,6 +599,14 @@ def entry_from_trigger(trigger) -> dict:
         run["resume"] = True
     if trigger.allow_ci_changes:
         run["allowCiChanges"] = True
+    if not trigger.packages:
+        run["packages"] = False
+    if trigger.skills_dir:
+        run["skillsDir"] = trigger.skills_dir
+    if trigger.github:
+        run["github"] = True
+    if trigger.backend:
+        run["backend"] = trigger.backend
     return {"on": on, "run": run}
 
 
@@ -642,6 +665,10 @@ def fields_from_entry(entry: dict) -> dict:
         "max_cost_usd": to_usd(parse_usd(run.get("maxCostUsd"))),
         "resume": run.get("resume") is True,
         "allow_ci_changes": run.get("allowCiChanges") is True,
+        "packages": run.get("packages") is not False,
+        "skills_dir": run.get("skillsDir", ""),
+        "github": run.get("github") is True,
+        "backend": run.get("backend", ""),
     }
 
 

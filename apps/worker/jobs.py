@@ -121,6 +121,10 @@ class JobSpec:
     secrets_profile: str = ""
     resume: bool = False
     allow_ci_changes: bool = False  # the trigger lets the published work change CI definitions
+    packages: bool = True  # load the overlay's staged pi packages (a trigger's `run.packages: false` opts out)
+    skills_dir: str = ""  # a host folder of skills copied into the job (`run.skillsDir`)
+    github: bool = False  # a cron job whose commits the worker publishes to its folder's GitHub repository
+    backend: str = ""  # the venue (`run.backend`); "" = local
     once: bool = False  # the matched rule is a one-shot close rule
     once_armed_at: str = ""  # ISO instant the one-shot rule was (re-)armed; older runs do not spend it
     # Ids for the record.
@@ -172,6 +176,10 @@ class JobSpec:
         payload = {name: getattr(self, name) for name in _FIELD_NAMES}
         if not self.chain_depth:
             del payload["chain_depth"]  # only a chained child carries it: other payloads stay as older workers read them
+        # Likewise the overlay and venue fields, unless a trigger set them.
+        for name, default in _OPTIONAL_DEFAULTS.items():
+            if payload[name] == default:
+                del payload[name]
         return payload
 
     @classmethod
@@ -196,6 +204,7 @@ class JobSpec:
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(JobSpec))
+_OPTIONAL_DEFAULTS = {"packages": True, "skills_dir": "", "github": False, "backend": ""}
 # What only the container reads: the texts, and the event context (it copies comment and review text).
 CONTAINER_ONLY_FIELDS = ("title", "body", "comment", "instructions", "task", "context")
 

@@ -137,6 +137,22 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
     "pi-too-large": ("The .pi/ folder is too large.", "Trim .pi/ in the repository."),
     "pi-unreadable": ("The .pi/ folder could not be read at the cloned commit.", _CHECK_LOG),
     "pi-path-refused": ("A path in .pi/ is not allowed (a link out, or an odd name).", "Fix the path in .pi/."),
+    "skills-dir-missing": ("The trigger's skills folder (run.skillsDir) is not a folder on this host.",
+                           "Create it on the host, or fix run.skillsDir."),
+    "skills-dir-too-deep": ("The trigger's skills folder nests too deep.", "Flatten the skills folder."),
+    "skills-dir-file-too-large": ("A file in the trigger's skills folder is too large for a job.", "Shrink it."),
+    "skills-dir-too-many-files": ("The trigger's skills folder has too many files.", "Trim the skills folder."),
+    "skills-dir-too-large": ("The trigger's skills folder is too large.", "Trim the skills folder."),
+    "backend-unblessed": ("The job asks for a venue (run.backend) this host does not bless in PI_BACKENDS.",
+                          "Bless it in the host's environment, or change the trigger's run.backend."),
+    "backend-unavailable": ("The job's venue is blessed but this worker cannot run jobs on it (podman is not "
+                            "implemented yet).", "Use run.backend local (or leave it empty)."),
+    "github-remote-missing": ("The cron job's folder (run.github) has no GitHub repository as its origin.",
+                              "Set the folder's origin to its GitHub repository, or turn run.github off."),
+    "github-remote-mismatch": ("The folder's origin is not the repository of that name on this deployment's GitHub.",
+                               "Point the origin at this deployment's GitHub (GITHUB_API_URL), or fix the folder."),
+    "github-start-unpublished": ("The folder's HEAD is not on its GitHub default branch, so publishing would push "
+                                 "commits nobody published.", "Push or drop the folder's own commits, then run again."),
     "folder-not-allowed": ("The host runs no job in this folder: it is not under a root the host declares "
                            "(PI_LOCAL_ROOTS), or it is or holds pidispatch's own files.",
                            "Read the worker log on the run's host; move the repository under a declared root, or "
@@ -258,6 +274,14 @@ REFUSED = {
     "pi-too-many-files": "Refused: the repository's .pi/ folder has more files than a job may carry. Not run.",
     "pi-too-large": "Refused: the repository's .pi/ folder is larger than a job may carry. Not run.",
     "pi-unreadable": "Refused: the repository's .pi/ folder could not be read at the cloned commit. Not run.",
+    "skills-dir-missing": "Refused: the trigger's skills folder is not on the worker. Not run.",
+    "skills-dir-too-deep": "Refused: the trigger's skills folder nests deeper than a job may carry. Not run.",
+    "skills-dir-file-too-large": "Refused: a file in the trigger's skills folder is larger than a job may carry. "
+                                 "Not run.",
+    "skills-dir-too-many-files": "Refused: the trigger's skills folder has more files than a job may carry. Not run.",
+    "skills-dir-too-large": "Refused: the trigger's skills folder is larger than a job may carry. Not run.",
+    "backend-unblessed": "Refused: the worker does not run jobs on the venue this trigger asks for. Not run.",
+    "backend-unavailable": "Refused: the venue this trigger asks for is not available on the worker. Not run.",
     "folder-not-allowed": "Refused: the worker does not run jobs in this folder. Not run.",
     "workspace-missing": "Refused: the job's folder does not exist on the worker. Not run.",
     "workspace-not-a-repo": "Refused: the job's folder is not a usable git repository. Not run.",

@@ -156,11 +156,34 @@ function piArguments() {
   if (excluded.size) args.push("--tools", BUILTIN_TOOLS.filter((name) => !excluded.has(name)).join(","));
   const skills = join(jobDir, "pi", "skills");
   if (existsSync(skills)) args.push("--skill", skills);
+  args.push(...resourceArguments());
   const persona = join(jobDir, "pi", "APPEND_SYSTEM.md");
   if (existsSync(persona)) args.push("--append-system-prompt", persona);
   // The prompt travels as a file reference: an issue body can be larger than one argv string may be.
   args.push(`@${join(jobDir, "prompt.md")}`);
   if (env.PI_COMMAND) args.push(`/${env.PI_COMMAND}`);
+  return args;
+}
+
+// What the worker wrote into /job/pi-resources.json (the operator's overlay at /opt/pi-global, its staged packages,
+// a trigger's skills folder): pi packages as -e, skill folders as --skill, prompt folders as --prompt-template.
+// Flags, not a settings.json: pi locks its settings file before reading it, which fails on the read-only /job.
+const RESOURCE_FLAGS = { extensions: "-e", skills: "--skill", promptTemplates: "--prompt-template" };
+
+function resourceArguments() {
+  let resources;
+  try {
+    resources = JSON.parse(readFileSync(join(jobDir, "pi-resources.json"), "utf8"));
+  } catch {
+    return []; // none written (an older worker), or unreadable: pi runs with what it finds itself
+  }
+  const args = [];
+  for (const [key, flag] of Object.entries(RESOURCE_FLAGS)) {
+    const paths = Array.isArray(resources?.[key]) ? resources[key] : [];
+    for (const path of paths) {
+      if (typeof path === "string" && path.startsWith("/") && existsSync(path)) args.push(flag, path);
+    }
+  }
   return args;
 }
 

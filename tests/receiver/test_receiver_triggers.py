@@ -154,12 +154,13 @@ def test_resume_is_a_flows_continuation_on_any_target_a_cron_triggers_too():
     ("noTools", "run.noTools", "did you mean run.excludeTools"),
     ("modelId", "run.modelId", "did you mean run.model"),
     ("maxTurn", "run.maxTurn", "did you mean run.maxTurns"),
-    ("backend", "run.backend", "does not implement it"),
+    ("backEnd", "run.backEnd", "looks like run.backend"),
     ("maxCost", "run.maxCost", "did you mean run.maxCostUsd"),
     ("max_cost_usd", "run.max_cost_usd", "looks like run.maxCostUsd"),
     ("models", "run.models", "does not implement it"),
-    ("packages", "run.packages", "does not implement it"),
-    ("Backends", "run.Backends", "does not implement it"),
+    ("portfolio", "run.portfolio", "does not implement it"),
+    ("skills_dir", "run.skills_dir", "looks like run.skillsDir"),
+    ("Backends", "run.Backends", "did you mean run.backend"),
 ])
 def test_near_misses_that_would_silently_do_nothing_are_refused(key, path, fragment):
     assert_refused(LABEL, {**GITHUB, key: 1}, path, fragment)

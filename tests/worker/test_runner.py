@@ -67,6 +67,25 @@ def test_pi_is_invoked_in_json_print_mode_with_the_prompt_as_a_file(job_dir, tmp
     assert args[-1] == f"@{job_dir / 'prompt.md'}"
 
 
+def test_the_overlay_packages_and_skill_folders_the_worker_lists_become_pis_flags(job_dir, tmp_path):
+    """/job/pi-resources.json (apps/worker/sandbox/pi_overlay.py): packages as -e, folders as --skill and
+    --prompt-template; a path that is not there, not absolute or not a string is left out."""
+    for name in ("overlay", "pack", "skills", "prompts"):
+        (tmp_path / name).mkdir()
+    (job_dir / "pi-resources.json").write_text(json.dumps({
+        "extensions": [str(tmp_path / "overlay"), str(tmp_path / "pack"), "relative/pack", str(tmp_path / "gone")],
+        "skills": [str(tmp_path / "skills"), 7], "promptTemplates": [str(tmp_path / "prompts")]}))
+    run_runner(job_dir, tmp_path)
+    args = (tmp_path / "pi-args").read_text().splitlines()
+    flags = args[args.index("fake-coder") + 1:-1]
+    assert flags == ["-e", str(tmp_path / "overlay"), "-e", str(tmp_path / "pack"), "--skill", str(tmp_path / "skills"),
+                     "--prompt-template", str(tmp_path / "prompts")]
+
+    (job_dir / "pi-resources.json").write_text("not json")
+    assert run_runner(job_dir, tmp_path).returncode == 0  # an unreadable file: pi runs without it
+    assert "-e" not in (tmp_path / "pi-args").read_text().splitlines()
+
+
 def test_a_resume_job_continues_the_session_in_its_mounted_folder(job_dir, tmp_path):
     """The worker mounts /session only for a `run.resume` job: pi then keeps its transcript there."""
     sessions = tmp_path / "session"

@@ -143,3 +143,21 @@ def failure_hook_settings(app_configs, **kwargs):
         found.append(Error("PI_ON_FAILURE_TIMEOUT_MS must be at least 1, PI_CHAIN_MAX_PER_JOB and PI_CHAIN_DEPTH_MAX "
                            "at least 0.", hint="Unset them for the defaults.", id="worker.E012"))
     return found
+
+
+@register()
+def overlay_and_venue_settings(app_configs, **kwargs):
+    """An overlay that is not there would run every job without it, quietly; a venue nobody knows is a typo."""
+    from apps.worker.sandbox import venues
+
+    found = []
+    overlay = settings.PI_GLOBAL_PI_DIR
+    if overlay and not (os.path.isabs(overlay) and os.path.isdir(overlay)):
+        found.append(CheckWarning(f"PI_GLOBAL_PI_DIR={overlay!r} is not an absolute folder on this host; jobs here run "
+                                  "without the overlay.", hint="Create it (`manage.py import_pi`), or unset it.",
+                                  id="worker.W004"))
+    unknown = [name for name in settings.PI_BACKENDS if name not in venues.VENUES]
+    if unknown:
+        found.append(Error(f"PI_BACKENDS names unknown venues: {', '.join(unknown)}.",
+                           hint=f"Known: {', '.join(venues.VENUES)}.", id="worker.E013"))
+    return found

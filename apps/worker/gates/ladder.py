@@ -41,12 +41,15 @@ from apps.worker.sandbox import (
     agent_config,
     container,
     disk,
+    folder_forge,
     forge_workspace,
     gateway,
     jobfiles,
+    pi_overlay,
     prices,
     providers,
     sandboxes,
+    venues,
 )
 from apps.worker.sandbox.egress_policy import parse_allowlist
 from apps.worker.sandbox.exitline import Telemetry, parse_exit_line, parse_summary
@@ -329,6 +332,14 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         if Run.objects.spent_by_trigger(spec.trigger_id, other_than=spec.job_id, since=armed):
             return Verdict.refused("once-already-spent")
 
+    # 6b. The venue: one this host's environment blesses, and one this worker can run.
+    refused_venue = venues.refusal(spec.backend)
+    if refused_venue is not None:
+        reason, why = refused_venue
+        logger.info("backend_refused job=%s backend=%s reason=%s why=%s", spec.job_id, spec.backend or venues.DEFAULT,
+                    reason, why)
+        return Verdict.refused(reason)
+
     # 7. The image, never pulled.
     try:
         client = container.engine()
@@ -371,6 +382,15 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             return Verdict.refused(refused.reason)
         attempt.workspace_seconds = time.perf_counter() - workspace_started
         workspace_folder, user = local.folder, local.owner
+        if spec.github:  # a cron job whose work the worker publishes to its folder's GitHub repository
+            try:
+                attempt.forge = folder_forge.prepare(local.folder, local.head)
+            except WorkspaceRefused as refused:
+                logger.info("workspace_refused job=%s reason=%s", spec.job_id, refused.reason)
+                return Verdict.refused(refused.reason)
+            except ForgeFailure as failure:
+                logger.warning("workspace_forge_fault job=%s reason=%s", spec.job_id, failure.reason)
+                return (Verdict.infrastructure_fault if failure.transient else Verdict.refused)(failure.reason)
         if spec.trigger_type == "cron":
             previous = Run.objects.previous_cron_run_at(spec.job_id, spec.trigger_id)
             cron = jobfiles.cron_document(spec, local.head, previous)
@@ -379,6 +399,11 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     dirs = attempt.dirs = jobfiles.prepare(spec, settings.PI_JOB_ROOT, owner=user, workspace=workspace_folder,
                                            cron=cron, outbox=chaining.enabled_for(spec))
     agent_config.write(dirs.job, upstream, job_model(spec))
+    try:  # the operator's overlay, the trigger's skills folder, and the settings.json that makes pi load them
+        overlay = pi_overlay.prepare(dirs.job, packages=spec.packages, skills_dir=spec.skills_dir)
+    except WorkspaceRefused as refused:
+        logger.info("workspace_refused job=%s reason=%s", spec.job_id, refused.reason)
+        return Verdict.refused(refused.reason)
     if spec.kind in FORGE_KINDS:
         workspace_started = time.perf_counter()
         try:
@@ -483,13 +508,15 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             image=attempt.image,
             job_dir=dirs.job,
             workspace=dirs.workspace,
-            environment=container_environment(spec, runtime, provider, egress.container_environment(),
+            environment=container_environment(spec, runtime, provider,
+                                              {**egress.container_environment(), **overlay.environment()},
                                               secret_values),
             timeout_seconds=settings.PI_JOB_TIMEOUT_SECONDS,
             user=user,
             memory=runtime.job_memory,
             cpus=runtime.job_cpus,
             egress_mounts=egress.mounts(),
+            overlay_mounts=overlay.mounts(),
             log_bytes=settings.PI_JOB_LOG_MAX_BYTES if settings.PI_CAPTURE_JOB_LOGS else 0,
             session_folder=resume.folder if resume is not None else None,
             outbox=dirs.outbox,
@@ -552,7 +579,10 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
 
     # 14. Publish: the worker, not the agent, takes the work to the forge (never a credential in what it posts).
     if verdict.outcome == Outcome.COMPLETED and attempt.forge is not None:
-        publication, reason = publishing.publish_run(spec, attempt.forge, dirs.root, dirs.workspace,
+        # A cron job's folder on GitHub is published as a job on that repository (folder_forge.py says how).
+        published_as = replace(spec, kind="github", repo=attempt.forge.repo) \
+            if isinstance(attempt.forge, folder_forge.FolderOnGitHub) else spec
+        publication, reason = publishing.publish_run(published_as, attempt.forge, dirs.root, dirs.workspace,
                                                      summary, result.ended_at, credentials=[credential[1]],
                                                      job_secrets=list(secret_values.values()))
         verdict = replace(verdict, publication=publication)

@@ -153,6 +153,7 @@ def run_container(
     memory: str,
     cpus: float,
     egress_mounts: list[tuple[str, str]] = (),
+    overlay_mounts: list[tuple[str, str]] = (),
     log_bytes: int = 0,
     session_folder: Path | None = None,
     outbox: Path | None = None,
@@ -173,6 +174,8 @@ def run_container(
                 *([Mount("/outbox", str(outbox), type="bind", read_only=False)] if outbox is not None else []),
                 # The gateway's sockets: the container's only way out (network_mode none).
                 *(Mount(target, source, type="bind", read_only=True) for source, target in egress_mounts),
+                # The operator's pi overlay (apps/worker/sandbox/pi_overlay.py): read-only, the same for every job.
+                *(Mount(target, source, type="bind", read_only=True) for source, target in overlay_mounts),
                 # A `run.resume` job's session folder (apps/worker/sessions/): pi reads and appends its transcript.
                 *([Mount(SESSION_MOUNT, str(session_folder), type="bind", read_only=False)] if session_folder else []),
             ],

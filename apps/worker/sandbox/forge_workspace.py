@@ -56,6 +56,11 @@ class ForgeWorkspace:
     def start_sha(self) -> str:
         return self.pull.sha if self.pull is not None else self.head.sha
 
+    @property
+    def origin_url(self) -> str:
+        """The `origin` the workspace's own git config names (the clone's: the forge's clone URL)."""
+        return self.head.clone_url
+
     def release(self) -> None:
         self.client.release_credential(self.credential)
 

@@ -64,26 +64,28 @@ def list_tree(repo: Path, sha: str) -> list[tuple[str, str, str, str, str]]:
     return rows
 
 
-def select(rows) -> list[Entry]:
-    """What is copied, checked against the bounds in a fixed order (so a repo always gets the same reason)."""
+def select(rows, *, prefix: str = PREFIX, label: str = ".pi/", reason_prefix: str = "pi") -> list[Entry]:
+    """What is copied, checked against the bounds in a fixed order (so a repo always gets the same reason).
+    `rows` are (mode, type, oid, size, path) as git lists them; a host folder's copy (apps/worker/sandbox/pi_overlay.py)
+    lists its files the same way and is held to the same bounds, with its own label and reason prefix."""
     entries = []
     for mode, kind, oid, size, path in rows:
-        if not path.startswith(PREFIX):
+        if not path.startswith(prefix):
             continue
-        segments = path[len(PREFIX):].split("/")
+        segments = path[len(prefix):].split("/")
         if any(not segment or segment.startswith(".") for segment in segments):
             continue  # dot-files and dot-folders (and `.`/`..`, which git never stores anyway)
         if kind != "blob" or mode not in REGULAR_FILES:
             continue  # symlinks and submodules
         if len(segments) > MAX_DEPTH:
-            raise WorkspaceRefused("pi-too-deep", f".pi/ nests deeper than {MAX_DEPTH} levels")
+            raise WorkspaceRefused(f"{reason_prefix}-too-deep", f"{label} nests deeper than {MAX_DEPTH} levels")
         entries.append(Entry(oid=oid, size=int(size), path="/".join(segments)))
     if any(entry.size > MAX_FILE_BYTES for entry in entries):
-        raise WorkspaceRefused("pi-file-too-large", "a file in .pi/ is larger than 1 MiB")
+        raise WorkspaceRefused(f"{reason_prefix}-file-too-large", f"a file in {label} is larger than 1 MiB")
     if len(entries) > MAX_FILES:
-        raise WorkspaceRefused("pi-too-many-files", f".pi/ holds more than {MAX_FILES} files")
+        raise WorkspaceRefused(f"{reason_prefix}-too-many-files", f"{label} holds more than {MAX_FILES} files")
     if sum(entry.size for entry in entries) > MAX_TOTAL_BYTES:
-        raise WorkspaceRefused("pi-too-large", ".pi/ holds more than 8 MiB")
+        raise WorkspaceRefused(f"{reason_prefix}-too-large", f"{label} holds more than 8 MiB")
     return entries
 
 

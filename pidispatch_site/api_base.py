@@ -159,7 +159,8 @@ class NamedFieldsModelSerializer(serializers.ModelSerializer):
 # --- brief mode -------------------------------------------------------------------------------------------------
 
 BRIEF = OpenApiParameter("brief", OpenApiTypes.BOOL, description="true: each item's small representation (NetBox's "
-                         "brief mode: ids, outcome and times, no ledgers); false or absent: the whole record")
+                         "brief mode: the fields of the item's `...Brief` schema, no ledgers); false or absent: the "
+                         "whole record")
 
 
 @functools.cache
@@ -173,17 +174,20 @@ def brief_serializer(full: type[NamedFieldsModelSerializer]) -> type[NamedFields
 
 def brief_or_full(full: type[NamedFieldsModelSerializer]) -> PolymorphicProxySerializer:
     """A list's items in the schema: the whole record, or with `?brief=true` the brief one (closed to other
-    properties by `close_brief_components`, so an item is exactly one of the two)."""
+    properties by `close_brief_components`)."""
     return PolymorphicProxySerializer(component_name=full.__name__.removesuffix("Serializer") + "OrBrief",
                                       serializers=[full, brief_serializer(full)], resource_type_field_name=None,
                                       many=True)
 
 
 def close_brief_components(result, generator, request, public):
-    """drf-spectacular postprocessing hook: a brief component holds its properties and no others."""
+    """drf-spectacular postprocessing hook: a brief component holds its properties and no others, and a list item
+    is any of the two forms (`anyOf`: a brief item may also be a whole record whose other fields are optional)."""
     for name, component in result.get("components", {}).get("schemas", {}).items():
         if name.endswith("Brief") and component.get("type") == "object":
             component["additionalProperties"] = False
+        if name.endswith("OrBrief") and "oneOf" in component:
+            component["anyOf"] = component.pop("oneOf")
     return result
 
 

@@ -33,6 +33,7 @@ from apps.worker.manual_runs import FOLDER_PERMISSION, ManualRunRefused, start_f
 from apps.worker.models import DispatchSettings, Outcome, PauseWindow, Run, ScopedLimit
 from apps.worker.sandbox.workspace import FOLDER_NOT_ALLOWED
 from pidispatch_site.api_base import (
+    BRIEF,
     BriefMode,
     NamedFieldsModelSerializer,
     QueryFilter,
@@ -266,12 +267,14 @@ class ScopedLimitSerializer(StrictModelSerializer):
     class Meta:
         model = ScopedLimit
         fields = ["id", "scope", "day", "week", "month", "day_usd", "week_usd", "month_usd", "concurrent", "note"]
+        brief_fields = ["id", "scope", "note"]
 
 
 class PauseWindowSerializer(StrictModelSerializer):
     class Meta:
         model = PauseWindow
         fields = ["id", "scope", "starts", "ends", "tz", "days", "date_from", "date_to", "enabled", "note"]
+        brief_fields = ["id", "scope", "enabled", "note"]
 
 
 class DispatchSettingsSerializer(StrictModelSerializer):
@@ -284,23 +287,33 @@ class DispatchSettingsSerializer(StrictModelSerializer):
         extra_kwargs = {"updated_at": {"allow_null": True}}  # null until the row is first saved
 
 
-class ScopedLimitViewSet(WholeNumberIds, viewsets.ModelViewSet):
+class SmallTable(BriefMode, WholeNumberIds, viewsets.ModelViewSet):
+    """A whole small table in one answer (no pages), brief on request, no filters: any other parameter is a 400."""
+
+    pagination_class = None
+
+    def get_queryset(self):
+        rows = super().get_queryset()
+        return filter_list(rows, self.request.query_params, []) if self.action == "list" else rows
+
+
+@extend_schema_view(list=extend_schema(parameters=[BRIEF], responses={200: brief_or_full(ScopedLimitSerializer)}))
+class ScopedLimitViewSet(SmallTable):
     """Caps and concurrency for one repository or folder (what `import_limits` reads)."""
 
     queryset = ScopedLimit.objects.all()
     serializer_class = ScopedLimitSerializer
-    pagination_class = None
     scopes = {action: "admin" for action in ("create", "update", "partial_update", "destroy")}
     required_permissions = {"list": ("worker.view_scopedlimit",), "retrieve": ("worker.view_scopedlimit",),
                             **{action: ("worker.manage_limits",) for action in scopes}}
 
 
-class PauseWindowViewSet(WholeNumberIds, viewsets.ModelViewSet):
+@extend_schema_view(list=extend_schema(parameters=[BRIEF], responses={200: brief_or_full(PauseWindowSerializer)}))
+class PauseWindowViewSet(SmallTable):
     """Quiet hours: jobs in scope wait until the window ends."""
 
     queryset = PauseWindow.objects.all()
     serializer_class = PauseWindowSerializer
-    pagination_class = None
     scopes = {action: "admin" for action in ("create", "update", "partial_update", "destroy")}
     required_permissions = {"list": ("worker.view_pausewindow",), "retrieve": ("worker.view_pausewindow",),
                             "create": ("worker.add_pausewindow",), "update": ("worker.change_pausewindow",),

@@ -120,6 +120,15 @@ def test_brief_takes_true_or_false_only(client, headers, value):
     assert answer.status_code == 400 and "brief" in answer.json()["fields"]
 
 
+def test_the_small_tables_answer_brief_and_refuse_a_parameter_they_do_not_take(client, headers):
+    limit = ScopedLimit.objects.create(scope="acme/web", day=3, note="busy repository")
+    assert client.get("/api/v1/limits?brief=true", **headers).json() == \
+        [{"id": limit.pk, "scope": "acme/web", "note": "busy repository"}]
+    assert client.get("/api/v1/limits", **headers).json()[0]["day"] == 3
+    refused = client.get("/api/v1/pause-windows?scope=acme/web", **headers)
+    assert refused.status_code == 400 and "scope" in refused.json()["fields"]
+
+
 # --- filters --------------------------------------------------------------------------------------------------
 
 def test_a_filter_given_several_times_matches_any_of_its_values(client, headers):

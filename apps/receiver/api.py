@@ -126,10 +126,10 @@ class TriggerViewSet(viewsets.ViewSet):
         return trigger
 
     def list(self, request):
-        return Response([trigger_document(trigger) for trigger in Trigger.objects.order_by("position", "id")])
+        return Response(TriggerSerializer(Trigger.objects.order_by("position", "id"), many=True).data)
 
     def retrieve(self, request, pk=None):
-        return Response(trigger_document(self._get(pk)))
+        return Response(TriggerSerializer(self._get(pk)).data)
 
     def create(self, request):
         return self._write(request, None, status.HTTP_201_CREATED)
@@ -155,14 +155,14 @@ class TriggerViewSet(viewsets.ViewSet):
     def enable(self, request, pk=None):
         trigger = self._get(pk)
         triggers.set_enabled(Trigger.objects.filter(pk=trigger.pk), True)
-        return Response(trigger_document(self._get(pk)))
+        return Response(TriggerSerializer(self._get(pk)).data)
 
     @extend_schema(request=None, responses={200: TriggerSerializer})
     @action(detail=True, methods=["post"])
     def disable(self, request, pk=None):
         trigger = self._get(pk)
         triggers.set_enabled(Trigger.objects.filter(pk=trigger.pk), False)
-        return Response(trigger_document(self._get(pk)))
+        return Response(TriggerSerializer(self._get(pk)).data)
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     @action(detail=False, methods=["get"])

@@ -33,7 +33,7 @@ urlpatterns = [
     path("fleet/queues", fleet.QueuesView.as_view(), name="fleet-queues"),
     path("fleet/queues/<str:name>/pause", fleet.PauseView.as_view(), name="queue-pause"),
     path("fleet/queues/<str:name>/resume", fleet.ResumeView.as_view(), name="queue-resume"),
-    path("fleet/pause-all", fleet.PauseView.as_view(every_queue=True), name="pause-all"),
+    path("fleet/pause-all", fleet.PauseAllView.as_view(), name="pause-all"),
     path("fleet/resume-all", fleet.ResumeView.as_view(every_queue=True), name="resume-all"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),

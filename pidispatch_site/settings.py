@@ -437,7 +437,8 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
-                             "pidispatch_site.api_errors.document_errors"],
+                             "pidispatch_site.api_errors.document_errors",
+                             "pidispatch_site.api_base.close_brief_components"],
 }
 CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},

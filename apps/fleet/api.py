@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from django.core.validators import RegexValidator
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from redis.exceptions import RedisError
 from rest_framework import serializers, status
@@ -36,9 +37,12 @@ def api_actor(request) -> str:
     return f"api:{request.user.get_username()}" + (f"({token})" if token else "")
 
 
+SAYS_SOMETHING = RegexValidator(r"\S", "a note that says why (not blank)")
+
+
 class PauseSerializer(StrictSerializer):
-    note = TextField(required=False, allow_blank=True, max_length=pauses.NOTE_MAX, default="",
-                                 trim_whitespace=False)
+    note = TextField(required=False, allow_blank=True, max_length=pauses.NOTE_MAX, default="", trim_whitespace=False,
+                     help_text="Why, for the other operators (shown beside the pause flag).")
     until = serializers.DateTimeField(required=False, allow_null=True, default=None,
                                       help_text="Resume by itself at this instant (ISO 8601 with a zone).")
 
@@ -47,6 +51,13 @@ class PauseSerializer(StrictSerializer):
             return pauses.parse_until(until.isoformat()) if until is not None else None
         except ValueError as error:
             raise serializers.ValidationError(str(error).replace("--until ", "")) from None
+
+
+class PauseAllSerializer(PauseSerializer):
+    """Pausing every queue must say why, as the panel's dialog requires."""
+
+    note = TextField(max_length=pauses.NOTE_MAX, trim_whitespace=False, validators=[SAYS_SOMETHING],
+                     help_text="Required: why every queue stops, for the other operators.")
 
 
 SWITCH_RESULT = inline_serializer("SwitchResult", {
@@ -187,14 +198,26 @@ class SwitchView(APIView):
 
 
 class PauseView(SwitchView):
+    serializer_class = PauseSerializer
+
     def switch(self, redis, queues, degraded, request):
-        serializer = PauseSerializer(data=request.data)
+        serializer = self.serializer_class(data=request.data)
         serializer.is_valid(raise_exception=True)
         values = serializer.validated_data
         return pauses.pause(redis, queues, by=api_actor(request), note=values["note"], until=values["until"],
                             degraded=degraded)
 
     @extend_schema(request=PauseSerializer, responses={200: SWITCH_RESULT, 207: SWITCH_RESULT})
+    def post(self, request, name: str | None = None):
+        return super().post(request, name)
+
+
+class PauseAllView(PauseView):
+    every_queue = True
+    serializer_class = PauseAllSerializer
+
+    @extend_schema(request=PauseAllSerializer, responses={200: SWITCH_RESULT, 207: SWITCH_RESULT},
+                   operation_id="fleet_pause_all")
     def post(self, request, name: str | None = None):
         return super().post(request, name)
 

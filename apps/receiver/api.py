@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view, inline_serializer
@@ -17,22 +18,30 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
-from pidispatch_site.api_base import MAX_ID, StrictCursorPagination, WholeNumberIds, whole_number
+from pidispatch_site.api_base import (
+    MAX_ID,
+    BriefMode,
+    NamedFieldsModelSerializer,
+    QueryFilter,
+    StrictCursorPagination,
+    StrictSerializer,
+    TextField,
+    TrueFalseField,
+    WholeNumberField,
+    WholeNumberIds,
+    brief_or_full,
+    filter_list,
+    filter_parameters,
+    time_range,
+    whole_number,
+)
 
 from . import intake, triggerfile, triggers
 from .models import Delivery, DeliveryStatus, Trigger
 from .validation import entry_from_trigger, entry_problems, fields_from_entry
 
 MANAGE, VIEW = ("receiver.manage_triggers",), ("receiver.view_trigger",)
-TRIGGER_DOCUMENT = inline_serializer("Trigger", {
-    "id": serializers.IntegerField(read_only=True), "position": serializers.IntegerField(),
-    "enabled": serializers.BooleanField(), "note": serializers.CharField(allow_blank=True),
-    "on": serializers.DictField(), "run": serializers.DictField()})
-TRIGGER_WRITE = inline_serializer("TriggerWrite", {
-    "on": serializers.DictField(), "run": serializers.DictField(),
-    "position": serializers.IntegerField(required=False), "enabled": serializers.BooleanField(required=False),
-    "note": serializers.CharField(required=False, allow_blank=True)})
-EXTRA_KEYS = {"position", "enabled", "note"}
+POSITION_MAX = 2**31 - 1  # the column's range (a PositiveIntegerField)
 
 
 def trigger_document(trigger: Trigger) -> dict:
@@ -47,49 +56,58 @@ def _problems_as_errors(problems) -> dict:
     return errors
 
 
-def _validated(data, partial_of: Trigger | None = None) -> tuple[dict, dict]:
-    """(model fields of the rule, position/enabled/note) or a 400 naming each problem."""
-    if not isinstance(data, dict):
-        raise ValidationError({"non_field_errors": ['a trigger is an object {"on": {...}, "run": {...}}']})
-    unknown = sorted(set(data) - {"on", "run"} - EXTRA_KEYS)
-    if unknown:
-        raise ValidationError({name: ["unknown field"] for name in unknown})
-    entry = {"on": data.get("on"), "run": data.get("run")}
-    if partial_of is not None:
-        current = entry_from_trigger(partial_of)
-        entry = {key: entry[key] if entry[key] is not None else current[key] for key in ("on", "run")}
-    problems, _ = entry_problems(entry)
-    if problems:
-        raise ValidationError(_problems_as_errors(problems))
-    extra = {key: data[key] for key in EXTRA_KEYS if key in data}
-    if "position" in extra and (not isinstance(extra["position"], int) or isinstance(extra["position"], bool)
-                                or extra["position"] < 0):
-        raise ValidationError({"position": ["a whole number >= 0 (rules are tried in this order)"]})
-    if "enabled" in extra and not isinstance(extra["enabled"], bool):
-        raise ValidationError({"enabled": ["true or false"]})
-    if "note" in extra and (not isinstance(extra["note"], str) or len(extra["note"]) > 200):
-        raise ValidationError({"note": ["text of at most 200 characters"]})
-    return fields_from_entry(entry), extra
+class TriggerSerializer(StrictSerializer):
+    """A trigger in the language of `triggers.json` (`on` and `run` as the importer reads them, checked by
+    apps/receiver/validation.py), with its place in the table, its switch and the operator's note."""
 
+    id = serializers.IntegerField(read_only=True)
+    position = WholeNumberField(required=False, min_value=0, max_value=POSITION_MAX,
+                                help_text="Rules are tried in this order; a new rule goes last unless given.")
+    enabled = TrueFalseField(required=False)
+    note = TextField(required=False, allow_blank=True, max_length=200, trim_whitespace=False,
+                     help_text="The operator's note; never shown to the agent.")
+    on = serializers.DictField(help_text="When the rule fires: `type` (label, comment, cron, ...) and its keys, as "
+                                         "in triggers.json.")
+    run = serializers.DictField(help_text="What it runs: `kind`, `flow` or `command`, and the rest of triggers.json's "
+                                          "`run` keys.")
 
-def _save(trigger: Trigger, fields: dict, extra: dict) -> Trigger:
-    for name, value in {**fields, **extra}.items():
-        setattr(trigger, name, value)
-    try:
-        trigger.full_clean()
-    except Exception as error:  # the model's cross-rule checks (one comment rule per forge, unique cron ids)
-        messages = getattr(error, "message_dict", {"non_field_errors": [str(error)]})
-        raise ValidationError(messages) from None
-    trigger.save()
-    return trigger
+    def to_representation(self, trigger: Trigger) -> dict:
+        return trigger_document(trigger)
+
+    def validate(self, attrs):
+        entry = {"on": attrs.get("on"), "run": attrs.get("run")}
+        if self.partial and self.instance is not None:  # PATCH: the rule's other half is the stored one
+            current = entry_from_trigger(self.instance)
+            entry = {key: entry[key] if entry[key] is not None else current[key] for key in ("on", "run")}
+        problems, _ = entry_problems(entry)
+        if problems:
+            raise ValidationError(_problems_as_errors(problems))
+        return {**fields_from_entry(entry), **{key: attrs[key] for key in ("position", "enabled", "note")
+                                               if key in attrs}}
+
+    def create(self, validated_data) -> Trigger:
+        validated_data.setdefault("position", (Trigger.objects.order_by("-position")
+                                               .values_list("position", flat=True).first() or -1) + 1)
+        return self.update(Trigger(), validated_data)
+
+    def update(self, trigger: Trigger, validated_data) -> Trigger:
+        for name, value in validated_data.items():
+            setattr(trigger, name, value)
+        try:
+            trigger.full_clean()
+        except DjangoValidationError as error:  # the model's cross-rule checks (one comment rule per forge, ...)
+            raise ValidationError(error.message_dict if hasattr(error, "error_dict") else
+                                  {"non_field_errors": error.messages}) from None
+        trigger.save()
+        return trigger
 
 
 @extend_schema_view(
-    list=extend_schema(responses={200: TRIGGER_DOCUMENT}),
-    retrieve=extend_schema(responses={200: TRIGGER_DOCUMENT}),
-    create=extend_schema(request=TRIGGER_WRITE, responses={201: TRIGGER_DOCUMENT}),
-    update=extend_schema(request=TRIGGER_WRITE, responses={200: TRIGGER_DOCUMENT}),
-    partial_update=extend_schema(request=TRIGGER_WRITE, responses={200: TRIGGER_DOCUMENT}),
+    list=extend_schema(responses={200: TriggerSerializer(many=True)}),
+    retrieve=extend_schema(responses={200: TriggerSerializer}),
+    create=extend_schema(request=TriggerSerializer, responses={201: TriggerSerializer}),
+    update=extend_schema(request=TriggerSerializer, responses={200: TriggerSerializer}),
+    partial_update=extend_schema(request=TriggerSerializer, responses={200: TriggerSerializer}),
     destroy=extend_schema(responses={204: None}),
 )
 class TriggerViewSet(viewsets.ViewSet):
@@ -108,44 +126,43 @@ class TriggerViewSet(viewsets.ViewSet):
         return trigger
 
     def list(self, request):
-        return Response([trigger_document(trigger) for trigger in Trigger.objects.order_by("position", "id")])
+        return Response(TriggerSerializer(Trigger.objects.order_by("position", "id"), many=True).data)
 
     def retrieve(self, request, pk=None):
-        return Response(trigger_document(self._get(pk)))
+        return Response(TriggerSerializer(self._get(pk)).data)
 
     def create(self, request):
-        fields, extra = _validated(request.data)
-        extra.setdefault("position", (Trigger.objects.order_by("-position").values_list("position", flat=True)
-                                      .first() or -1) + 1)
-        return Response(trigger_document(_save(Trigger(), fields, extra)), status=status.HTTP_201_CREATED)
+        return self._write(request, None, status.HTTP_201_CREATED)
 
     def update(self, request, pk=None):
-        trigger = self._get(pk)
-        fields, extra = _validated(request.data)
-        return Response(trigger_document(_save(trigger, fields, extra)))
+        return self._write(request, self._get(pk))
 
     def partial_update(self, request, pk=None):
-        trigger = self._get(pk)
-        fields, extra = _validated(request.data, partial_of=trigger)
-        return Response(trigger_document(_save(trigger, fields, extra)))
+        return self._write(request, self._get(pk), partial=True)
+
+    def _write(self, request, trigger: Trigger | None, answer=status.HTTP_200_OK, partial=False):
+        serializer = TriggerSerializer(trigger, data=request.data, partial=partial)
+        serializer.is_valid(raise_exception=True)
+        serializer.save()
+        return Response(serializer.data, status=answer)
 
     def destroy(self, request, pk=None):
         self._get(pk).delete()
         return Response(status=status.HTTP_204_NO_CONTENT)
 
-    @extend_schema(request=None, responses={200: TRIGGER_DOCUMENT})
+    @extend_schema(request=None, responses={200: TriggerSerializer})
     @action(detail=True, methods=["post"])
     def enable(self, request, pk=None):
         trigger = self._get(pk)
         triggers.set_enabled(Trigger.objects.filter(pk=trigger.pk), True)
-        return Response(trigger_document(self._get(pk)))
+        return Response(TriggerSerializer(self._get(pk)).data)
 
-    @extend_schema(request=None, responses={200: TRIGGER_DOCUMENT})
+    @extend_schema(request=None, responses={200: TriggerSerializer})
     @action(detail=True, methods=["post"])
     def disable(self, request, pk=None):
         trigger = self._get(pk)
         triggers.set_enabled(Trigger.objects.filter(pk=trigger.pk), False)
-        return Response(trigger_document(self._get(pk)))
+        return Response(TriggerSerializer(self._get(pk)).data)
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     @action(detail=False, methods=["get"])
@@ -176,12 +193,17 @@ class TriggerViewSet(viewsets.ViewSet):
         return Response(report)
 
 
-class DeliverySerializer(serializers.ModelSerializer):
-    holds_payload = serializers.SerializerMethodField()
+class DeliverySerializer(NamedFieldsModelSerializer):
+    """A verified delivery in the inbox: its ids, outcome and job ids, never its payload."""
+
+    holds_payload = serializers.SerializerMethodField(help_text="Whether the payload is kept (its text never is shown).")
 
     class Meta:
         model = Delivery
-        exclude = ["payload"]
+        # Named, never "__all__" or an exclude: the payload holds issue text and logins (the PII rule).
+        fields = ["id", "forge", "delivery_id", "event", "received_at", "processed_at", "status", "reason", "job_ids",
+                  "attempts", "attempted_at", "next_attempt_at", "holds_payload"]
+        brief_fields = ["id", "forge", "delivery_id", "status", "reason", "job_ids", "received_at"]
 
     def get_holds_payload(self, delivery: Delivery) -> bool:
         return delivery.payload is not None
@@ -196,9 +218,17 @@ INBOX = ("receiver.view_delivery",)
 INBOX_CHANGE = ("receiver.change_delivery",)
 
 
-@extend_schema_view(list=extend_schema(parameters=[
-    OpenApiParameter("status", str, enum=list(DeliveryStatus.values)), OpenApiParameter("forge", str)]))
-class DeliveryViewSet(WholeNumberIds, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+DELIVERY_FILTERS = [
+    QueryFilter("status", "status", "any of these statuses", choices=tuple(DeliveryStatus.values)),
+    *(QueryFilter(name, name, f"any of these {name} values") for name in ("forge", "event", "reason",
+                                                                          "delivery_id")),
+    *time_range("received_at", "received"), *time_range("processed_at", "processed"),
+]
+
+
+@extend_schema_view(list=extend_schema(parameters=filter_parameters(DELIVERY_FILTERS),
+                                       responses={200: brief_or_full(DeliverySerializer)}))
+class DeliveryViewSet(BriefMode, WholeNumberIds, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """The inbox: every verified delivery, its outcome and job ids (never its payload)."""
 
     serializer_class = DeliverySerializer
@@ -209,16 +239,7 @@ class DeliveryViewSet(WholeNumberIds, mixins.ListModelMixin, mixins.RetrieveMode
     def get_queryset(self):
         deliveries = Delivery.objects.defer("payload")
         if self.action == "list":
-            query = self.request.query_params
-            unknown = sorted(set(query) - {"status", "forge", "cursor", "page_size", "format"})
-            if unknown:
-                raise ValidationError({name: ["unknown filter"] for name in unknown})
-            if "status" in query:
-                if query["status"] not in DeliveryStatus.values:
-                    raise ValidationError({"status": [f"one of {', '.join(DeliveryStatus.values)}"]})
-                deliveries = deliveries.filter(status=query["status"])
-            if "forge" in query:
-                deliveries = deliveries.filter(forge=query["forge"])
+            return filter_list(deliveries, self.request.query_params, DELIVERY_FILTERS)
         return deliveries
 
     @extend_schema(request=None, responses={200: inline_serializer("ReplayAnswer", {

@@ -5,14 +5,13 @@ CRUD resources validate as their admin forms do (each model's `clean`)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
-    OpenApiParameter,
     extend_schema,
     extend_schema_field,
     extend_schema_view,
@@ -31,13 +30,28 @@ from apps.fleet.api import RedisUnavailable
 from apps.fleet.connection import get_redis
 from apps.worker import reasons, run_logs
 from apps.worker.manual_runs import FOLDER_PERMISSION, ManualRunRefused, start_forge_run, start_local_run
-from apps.worker.models import DispatchSettings, PauseWindow, Run, ScopedLimit
+from apps.worker.models import DispatchSettings, Outcome, PauseWindow, Run, ScopedLimit
 from apps.worker.sandbox.workspace import FOLDER_NOT_ALLOWED
-from pidispatch_site.api_base import MAX_ID, StrictCursorPagination, StrictSerializer, WholeNumberIds, whole_number
+from pidispatch_site.api_base import (
+    BRIEF,
+    BriefMode,
+    NamedFieldsModelSerializer,
+    QueryFilter,
+    StrictCursorPagination,
+    StrictSerializer,
+    WholeNumberIds,
+    brief_or_full,
+    filter_list,
+    filter_parameters,
+    instant,
+    money_text,
+    record_id,
+    time_range,
+)
 
 
-class StrictModelSerializer(StrictSerializer, serializers.ModelSerializer):
-    """A model's fields, validated by the model's own `clean` (the admin form's rules)."""
+class StrictModelSerializer(StrictSerializer, NamedFieldsModelSerializer):
+    """A model's named fields, validated by the model's own `clean` (the admin form's rules)."""
 
     def validate(self, attrs):
         instance = self.instance or self.Meta.model()
@@ -57,8 +71,32 @@ REASON_FIELDS = {"token": serializers.CharField(), "means": serializers.CharFiel
 REASONS = inline_serializer("Reason", REASON_FIELDS, many=True)
 
 
-class RunSerializer(serializers.ModelSerializer):
+@extend_schema_field({"type": "object", "nullable": True, "additionalProperties": True,
+                     "description": "The per-model usage ledger (`models`: provider, model, calls, tokens, cost as a "
+                                    "decimal string) and where it came from (`source`)."})
+class UsageLedgerField(serializers.JSONField):
+    """The ledger as recorded, each row's cost written as all money in the API is."""
+
+    def to_representation(self, value):
+        if isinstance(value, dict) and isinstance(value.get("models"), list):
+            value = {**value, "models": [{**row, "cost": money_text(row["cost"])}
+                                         if isinstance(row, dict) and isinstance(row.get("cost"), (str, int, float))
+                                         and _is_amount(row["cost"]) else row for row in value["models"]]}
+        return super().to_representation(value)
+
+
+def _is_amount(value) -> bool:
+    try:
+        return Decimal(str(value)).is_finite()
+    except InvalidOperation:
+        return False
+
+
+class RunSerializer(NamedFieldsModelSerializer):
+    """One attempt of one job: ids, names, numbers and outcomes (never issue text), money as decimal strings."""
+
     trigger = serializers.IntegerField(source="trigger_id", allow_null=True, read_only=True)
+    usage = UsageLedgerField(read_only=True)
     duration_seconds = serializers.SerializerMethodField()
     reason_explained = serializers.SerializerMethodField(
         help_text="What the reason means and what to do next (the table of GET /api/v1/reasons).")
@@ -68,8 +106,17 @@ class RunSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Run
-        # The forge's own words stay on the run page (see Run.forge_message): they may name an account.
-        exclude = ("forge_message",)
+        # Named, never "__all__": a new column is public only once it is added here (the PII rule). Not
+        # forge_message: the forge's own words stay on the run page (they may name an account).
+        fields = ["id", "job_id", "attempt", "kind", "target", "scope", "flow", "command", "trigger", "trigger_type",
+                  "delivery_id", "host", "queue", "image", "started_at", "ended_at", "duration_seconds", "outcome",
+                  "reason", "reason_explained", "exit_code", "turns", "tokens_in", "tokens_out", "tokens_total",
+                  "cost", "usage", "budget_reserved", "replica", "replicas", "parent_job_id", "chain_depth",
+                  "chain_children", "chain_refusals", "publish_outcome", "pull_request", "pushed_commits",
+                  "changed_files", "publish_url", "dollars_reserved", "dollars_charged", "dollar_basis",
+                  "summary_chars", "lost_retry", "lost_retry_explained", "resumed", "resume_reason", "session_bytes",
+                  "sandbox_until"]
+        brief_fields = ["id", "job_id", "attempt", "outcome", "reason", "target", "ended_at"]
 
     def get_duration_seconds(self, run: Run) -> float:
         return round(run.duration.total_seconds(), 3)
@@ -100,9 +147,17 @@ class NewestFirst(StrictCursorPagination):
         return super().get_page_size(request)
 
 
-RUN_FILTERS = {"outcome": "outcome", "reason": "reason", "kind": "kind", "host": "host", "trigger": "trigger_id",
-               "target": "target", "flow": "flow", "job_id": "job_id"}
-PAGINATION_PARAMETERS = {"cursor", "page_size", "format"}
+RUN_FILTERS = [
+    QueryFilter("outcome", "outcome", "any of these outcomes", choices=tuple(Outcome.values)),
+    *(QueryFilter(name, name, f"any of these {name} values") for name in ("reason", "kind", "host", "target", "flow",
+                                                                          "job_id")),
+    QueryFilter("trigger", "trigger_id", "any of these trigger ids", record_id, kind=int),
+    QueryFilter("since", "started_at__gte", "started at or after (as started_at__gte)", instant, many=False,
+                kind=OpenApiTypes.DATETIME),
+    QueryFilter("until", "started_at__lt", "started before (as started_at__lt)", instant, many=False,
+                kind=OpenApiTypes.DATETIME),
+    *time_range("started_at", "started"), *time_range("ended_at", "ended"),
+]
 
 
 class StartRunSerializer(StrictSerializer):
@@ -144,13 +199,10 @@ QUEUED_RUN = inline_serializer("QueuedRun", {"job_id": serializers.CharField(), 
 
 
 @extend_schema_view(
-    list=extend_schema(parameters=[OpenApiParameter(name, str, description=f"exactly this {name}")
-                                   for name in RUN_FILTERS] + [
-        OpenApiParameter("since", OpenApiTypes.DATETIME, description="started at or after"),
-        OpenApiParameter("until", OpenApiTypes.DATETIME, description="started before")]),
+    list=extend_schema(parameters=filter_parameters(RUN_FILTERS), responses={200: brief_or_full(RunSerializer)}),
     create=extend_schema(request=StartRunSerializer, responses={202: QUEUED_RUN}),
 )
-class RunViewSet(WholeNumberIds, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+class RunViewSet(BriefMode, WholeNumberIds, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
                  viewsets.GenericViewSet):
     """Run records (newest first, cursor pages) and starting a manual run. A run on a folder lets the agent rewrite
     that folder of a worker host: it takes the admin scope and `worker.start_folder_run` besides the operate
@@ -181,20 +233,7 @@ class RunViewSet(WholeNumberIds, mixins.ListModelMixin, mixins.RetrieveModelMixi
         runs = Run.objects.all()
         if self.action != "list":
             return runs
-        query = self.request.query_params
-        unknown = sorted(set(query) - set(RUN_FILTERS) - {"since", "until"} - PAGINATION_PARAMETERS)
-        if unknown:
-            raise ValidationError({name: ["unknown filter"] for name in unknown})
-        for name, field in RUN_FILTERS.items():
-            if name in query:
-                value = query[name]
-                if name == "trigger" and whole_number(value, 1, MAX_ID) is None:
-                    raise ValidationError({"trigger": ["a trigger id: ASCII digits, at least 1"]})
-                runs = runs.filter(**{field: value})
-        for name, lookup in (("since", "started_at__gte"), ("until", "started_at__lt")):
-            if name in query:
-                runs = runs.filter(**{lookup: _instant(name, query[name])})
-        return runs
+        return filter_list(runs, self.request.query_params, RUN_FILTERS)
 
     def create(self, request, *args, **kwargs):
         serializer = StartRunSerializer(data=request.data)
@@ -223,55 +262,59 @@ class RunViewSet(WholeNumberIds, mixins.ListModelMixin, mixins.RetrieveModelMixi
                          "job_url": f"/api/v1/jobs/{queued.job_id}"}, status=status.HTTP_202_ACCEPTED)
 
 
-def _instant(name: str, text: str) -> datetime:
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
-        raise ValidationError({name: ["an ISO 8601 instant with a zone, e.g. 2026-12-01T00:00:00Z"]})
-    return moment
-
-
 # --- limits, pause windows, settings ----------------------------------------------------------------------------
 
 class ScopedLimitSerializer(StrictModelSerializer):
     class Meta:
         model = ScopedLimit
         fields = ["id", "scope", "day", "week", "month", "day_usd", "week_usd", "month_usd", "concurrent", "note"]
+        brief_fields = ["id", "scope", "note"]
 
 
 class PauseWindowSerializer(StrictModelSerializer):
     class Meta:
         model = PauseWindow
         fields = ["id", "scope", "starts", "ends", "tz", "days", "date_from", "date_to", "enabled", "note"]
+        brief_fields = ["id", "scope", "enabled", "note"]
 
 
 class DispatchSettingsSerializer(StrictModelSerializer):
     class Meta:
         model = DispatchSettings
-        exclude = ["id"]
+        fields = ["daily_cap", "weekly_cap", "monthly_cap", "soft_hold_pct", "max_turns", "max_tokens",
+                  "daily_token_cap", "job_memory", "job_cpus", "concurrency", "max_cost_usd", "daily_cost_usd",
+                  "weekly_cost_usd", "monthly_cost_usd", "lost_retries", "updated_at"]
         read_only_fields = ["updated_at"]
         extra_kwargs = {"updated_at": {"allow_null": True}}  # null until the row is first saved
 
 
-class ScopedLimitViewSet(WholeNumberIds, viewsets.ModelViewSet):
+class SmallTable(BriefMode, WholeNumberIds, viewsets.ModelViewSet):
+    """A whole small table in one answer (no pages), brief on request, no filters: any other parameter is a 400."""
+
+    pagination_class = None
+
+    def get_queryset(self):
+        rows = super().get_queryset()
+        return filter_list(rows, self.request.query_params, []) if self.action == "list" else rows
+
+
+@extend_schema_view(list=extend_schema(parameters=[BRIEF], responses={200: brief_or_full(ScopedLimitSerializer)}))
+class ScopedLimitViewSet(SmallTable):
     """Caps and concurrency for one repository or folder (what `import_limits` reads)."""
 
     queryset = ScopedLimit.objects.all()
     serializer_class = ScopedLimitSerializer
-    pagination_class = None
     scopes = {action: "admin" for action in ("create", "update", "partial_update", "destroy")}
     required_permissions = {"list": ("worker.view_scopedlimit",), "retrieve": ("worker.view_scopedlimit",),
                             **{action: ("worker.manage_limits",) for action in scopes}}
 
 
-class PauseWindowViewSet(WholeNumberIds, viewsets.ModelViewSet):
+@extend_schema_view(list=extend_schema(parameters=[BRIEF], responses={200: brief_or_full(PauseWindowSerializer)}))
+class PauseWindowViewSet(SmallTable):
     """Quiet hours: jobs in scope wait until the window ends."""
 
     queryset = PauseWindow.objects.all()
     serializer_class = PauseWindowSerializer
-    pagination_class = None
     scopes = {action: "admin" for action in ("create", "update", "partial_update", "destroy")}
     required_permissions = {"list": ("worker.view_pausewindow",), "retrieve": ("worker.view_pausewindow",),
                             "create": ("worker.add_pausewindow",), "update": ("worker.change_pausewindow",),
@@ -330,13 +373,15 @@ class SpendView(APIView):
 
     @extend_schema(responses={200: inline_serializer("Spend", {
         "windows": serializers.ListField(child=serializers.DictField()), "tokens_today": serializers.IntegerField(),
-        "token_cap": serializers.IntegerField(allow_null=True), "cost_today": serializers.CharField(),
+        "token_cap": serializers.IntegerField(allow_null=True),
+        "cost_today": serializers.CharField(help_text="dollars, a decimal string of six places at most"),
         "caps_error": serializers.CharField(),
         "budget": serializers.ListField(child=inline_serializer("BudgetLine", {
             "ledger": serializers.CharField(help_text="jobs, tokens or dollars"), "window": serializers.CharField(),
             "scope": serializers.CharField(help_text="a scoped limit's repository or folder; empty: the deployment"),
-            "used": serializers.CharField(), "held": serializers.CharField(),
-            "cap": serializers.CharField(allow_null=True), "state": serializers.CharField()}))})},
+            "used": serializers.CharField(help_text="a decimal string (dollars: six places at most)"),
+            "held": serializers.CharField(), "cap": serializers.CharField(allow_null=True),
+            "state": serializers.CharField()}))})},
         operation_id="spend")
     def get(self, request):
         from apps.worker.spend import budget_in_force, spend
@@ -350,9 +395,9 @@ class SpendView(APIView):
             "windows": [{"window": meter.window, "used": meter.used, "cap": meter.cap, "state": meter.state}
                         for meter in current.meters],
             "tokens_today": current.tokens_today, "token_cap": current.token_cap,
-            "cost_today": str(current.cost_today), "caps_error": current.caps_error,
+            "cost_today": money_text(current.cost_today), "caps_error": current.caps_error,
             # Every window in force on one footing (what the cost page shows): job counts, tokens, dollars.
-            "budget": [{"ledger": line.ledger, "window": line.window, "scope": line.scope, "used": str(line.used),
-                        "held": str(line.held), "cap": None if line.cap is None else str(line.cap),
-                        "state": line.state} for line in in_force.lines],
+            "budget": [{"ledger": line.ledger, "window": line.window, "scope": line.scope, "used": money_text(line.used),
+                        "held": money_text(line.held), "cap": money_text(line.cap), "state": line.state}
+                       for line in in_force.lines],
         })

@@ -31,7 +31,7 @@ from apps.fleet.api import RedisUnavailable
 from apps.fleet.connection import get_redis
 from apps.worker import reasons, run_logs
 from apps.worker.manual_runs import FOLDER_PERMISSION, ManualRunRefused, start_forge_run, start_local_run
-from apps.worker.models import DispatchSettings, PauseWindow, Run, ScopedLimit
+from apps.worker.models import DispatchSettings, PauseWindow, Project, Run, ScopedLimit
 from apps.worker.sandbox.workspace import FOLDER_NOT_ALLOWED
 from pidispatch_site.api_base import MAX_ID, StrictCursorPagination, StrictSerializer, WholeNumberIds, whole_number
 
@@ -48,7 +48,7 @@ class StrictModelSerializer(StrictSerializer, serializers.ModelSerializer):
         except DjangoValidationError as error:
             raise ValidationError(error.message_dict if hasattr(error, "error_dict") else
                                   {"non_field_errors": error.messages}) from None
-        return attrs
+        return {name: getattr(instance, name) for name in attrs}  # as `clean` wrote them (canonical forms)
 
 
 # --- runs ------------------------------------------------------------------------------------------------------
@@ -237,7 +237,14 @@ def _instant(name: str, text: str) -> datetime:
 class ScopedLimitSerializer(StrictModelSerializer):
     class Meta:
         model = ScopedLimit
-        fields = ["id", "scope", "day", "week", "month", "day_usd", "week_usd", "month_usd", "concurrent", "note"]
+        fields = ["id", "scope", "day", "week", "month", "day_usd", "week_usd", "month_usd", "concurrent", "memory",
+                  "cpus", "host_share", "min_jobs", "note"]
+
+
+class ProjectSerializer(StrictModelSerializer):
+    class Meta:
+        model = Project
+        fields = ["id", "slug", "name", "members"]
 
 
 class PauseWindowSerializer(StrictModelSerializer):
@@ -263,6 +270,17 @@ class ScopedLimitViewSet(WholeNumberIds, viewsets.ModelViewSet):
     scopes = {action: "admin" for action in ("create", "update", "partial_update", "destroy")}
     required_permissions = {"list": ("worker.view_scopedlimit",), "retrieve": ("worker.view_scopedlimit",),
                             **{action: ("worker.manage_limits",) for action in scopes}}
+
+
+class ProjectViewSet(WholeNumberIds, viewsets.ModelViewSet):
+    """Repositories and folders grouped: `project:<id>` limits cap them together (what `import_projects` reads)."""
+
+    queryset = Project.objects.all()
+    serializer_class = ProjectSerializer
+    pagination_class = None
+    scopes = {action: "admin" for action in ("create", "update", "partial_update", "destroy")}
+    required_permissions = {"list": ("worker.view_project",), "retrieve": ("worker.view_project",),
+                            **{action: ("worker.manage_projects",) for action in scopes}}
 
 
 class PauseWindowViewSet(WholeNumberIds, viewsets.ModelViewSet):

@@ -437,7 +437,8 @@ class MembersField(forms.CharField):
 
 class ProjectForm(forms.ModelForm):
     members = MembersField(help_text="One a line: github:owner/repo (any forge's prefix) or an absolute folder. A "
-                                     "repository or folder belongs to one project.")
+                                     "repository or folder belongs to one project.",
+                           error_messages={"required": Project._meta.get_field("members").error_messages["blank"]})
 
     class Meta:
         model = Project

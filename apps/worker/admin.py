@@ -114,7 +114,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                            "lost_retry_display", "forge_sentence", "exit_code")}),
         ("What it did", {"fields": ("publish_outcome", "publish_display", "pull_request", "pushed_commits",
                                     "changed_files", "agent_summary", "summary_chars")}),
-        ("What ran", {"fields": ("kind", "target_display", "scope", "flow", "command", "image",
+        ("What ran", {"fields": ("kind", "target_display", "scope", "project", "flow", "command", "image",
                                  "replica", "replicas")}),
         # Chaining (apps/worker/chaining/): the job that asked for this one, and the jobs this one asked for.
         ("Chain", {"fields": ("chain_depth", "parent_job_display", "chain_children_display",

@@ -458,6 +458,12 @@ class ProjectAdmin(ManagedChangesAdmin, admin.ModelAdmin):
     def member_count(self, project: Project) -> int:
         return len(project.members)
 
+    def get_deleted_objects(self, objs, request):
+        # A project a `project:` scoped limit names is protected, as a row another row points at would be.
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        protected += [f"Scoped limit: {limit.scope}" for project in objs for limit in project.limits_naming_it()]
+        return deleted, counts, perms_needed, protected
+
 
 @admin.register(ScopedLimit)
 class ScopedLimitAdmin(ManagedChangesAdmin, admin.ModelAdmin):

@@ -282,6 +282,13 @@ class ProjectViewSet(WholeNumberIds, viewsets.ModelViewSet):
     required_permissions = {"list": ("worker.view_project",), "retrieve": ("worker.view_project",),
                             **{action: ("worker.manage_projects",) for action in scopes}}
 
+    def perform_destroy(self, instance):
+        naming = instance.limits_naming_it().first()
+        if naming is not None:
+            raise ValidationError({"non_field_errors": [f"the scoped limit {naming.scope} names this project: "
+                                                        "change or delete that row first."]})
+        instance.delete()
+
 
 class PauseWindowViewSet(WholeNumberIds, viewsets.ModelViewSet):
     """Quiet hours: jobs in scope wait until the window ends."""

@@ -285,6 +285,12 @@ class Project(models.Model):
     def clean(self):
         validators.validate_project(self)
 
+    def limits_naming_it(self):
+        """The `project:<id>` scoped limits that name it: while any does, it may be neither deleted nor renamed
+        (the cap would go on, capping nothing)."""
+        slug = Project.objects.filter(pk=self.pk).values_list("slug", flat=True).first() or self.slug
+        return ScopedLimit.objects.filter(scope=f"project:{slug}")
+
 
 class ScopedLimit(models.Model):
     """Caps for one repository or folder: runs per UTC day/week/month, and how many of a repository's at once

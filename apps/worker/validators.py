@@ -105,6 +105,11 @@ def validate_project(project, others=None) -> None:
     from apps.worker.gates.scopes import ScopeError, parse_member
     from apps.worker.models import Project
 
+    if project.pk is not None and Project.objects.filter(pk=project.pk).exclude(slug=project.slug).exists():
+        naming = project.limits_naming_it().first()
+        if naming is not None:
+            raise ValidationError({"slug": f"the scoped limit {naming.scope} names this project: change or delete "
+                                           "that row before renaming it."})
     if not isinstance(project.members, list) or not project.members:
         return  # the field's own validator says so
     try:

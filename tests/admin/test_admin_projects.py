@@ -78,3 +78,23 @@ def test_the_api_reads_and_changes_projects_under_their_own_permission(client):
     unknown = client.post("/api/v1/limits", {"scope": "project:nowhere", "day": 1},
                           content_type="application/json", **bearer(manager, "admin"))
     assert unknown.status_code == 400 and "no project 'nowhere'" in unknown.json()["fields"]["scope"][0]
+
+
+def test_a_project_a_limit_names_is_neither_deleted_nor_renamed(admin_client, client):
+    project = Project.objects.create(slug="storefront", members=["github:acme/web"])
+    ScopedLimit.objects.create(scope="project:storefront", day=3)
+
+    confirm = admin_client.post(f"/admin/worker/project/{project.pk}/delete/", {"post": "yes"})
+    assert "Scoped limit: project:storefront" in confirm.content.decode() and Project.objects.exists()
+    renamed = admin_client.post(f"/admin/worker/project/{project.pk}/change/",
+                                {"slug": "shop", "name": "", "members": "github:acme/web"})
+    assert "the scoped limit project:storefront names this project" in renamed.content.decode()
+    assert Project.objects.get().slug == "storefront"
+
+    manager = user_with("manager", "view_project", "manage_projects")
+    refused = client.delete(f"/api/v1/projects/{project.pk}", **bearer(manager, "admin"))
+    assert refused.status_code == 400 and "project:storefront" in str(refused.json())
+    assert Project.objects.exists()
+
+    ScopedLimit.objects.all().delete()
+    assert client.delete(f"/api/v1/projects/{project.pk}", **bearer(manager, "admin")).status_code == 204

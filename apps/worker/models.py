@@ -323,7 +323,9 @@ class ScopedLimit(models.Model):
                                     validators=[validators.dollar_amount], help_text="Dollars per UTC calendar month.")
     # Version 3, project rows only: the project's containers' size (over PI_JOB_MEMORY / PI_JOB_CPUS), and its
     # share of a host's budget and the runs it keeps room for (kept and exported; this build has no host budget).
-    memory = models.CharField(max_length=16, blank=True, validators=[validators.project_memory],
+    # db_default: a worker of the release before writes rows without it while the hosts roll.
+    memory = models.CharField(max_length=16, blank=True, default="", db_default="",
+                              validators=[validators.project_memory],
                               help_text="Project rows: each container's memory, 512m to 1024g (over PI_JOB_MEMORY).")
     cpus = models.DecimalField(max_digits=6, decimal_places=2, null=True, blank=True,
                                validators=[validators.project_cpus],

@@ -16,6 +16,7 @@ from apps.worker.models import Outcome, Project, Run, ScopedLimit
 from apps.worker.sandbox import providers
 from tests.conftest import wait_for
 from tests.jobspecs import enqueue_spec, forge_spec, local_spec
+from tests.process_support import ContainerLifetimes, assert_no_overlap
 
 pytestmark = pytest.mark.django_db(transaction=True)
 NOW = datetime(2026, 3, 4, 12, 0, tzinfo=timezone.utc)
@@ -148,3 +149,26 @@ def test_a_projects_dollar_window_refuses_the_second_job_and_its_size_reaches_th
 
     assert seen[first]["Memory"] == 512 * 1024**2 and seen[first]["NanoCpus"] == 5 * 10**8
     assert seen[outside]["Memory"] == 256 * 1024**2 and seen[outside]["NanoCpus"] == 2 * 10**9  # the test env's
+
+
+@pytest.mark.docker
+def test_a_projects_concurrent_one_holds_its_members_to_one_at_a_time(storefront, start_worker):
+    """Two repositories of one project, each with no limit of its own: `concurrent: 1` on the project row makes
+    them wait for each other (deferred, never refused) across two worker processes."""
+    storefront.members = ["github:acme/web", "github:acme/other"]
+    storefront.save()
+    ScopedLimit.objects.create(scope="project:storefront", concurrent=1)
+    lifetimes = ContainerLifetimes()
+    jobs = [enqueue_spec(forge_spec("gh-pcc1", body="fake-agent:sleep=2")),
+            enqueue_spec(forge_spec("gh-pcc2", repo="acme/other", body="fake-agent:sleep=2")),
+            enqueue_spec(forge_spec("gh-pcc3", number=9, body="fake-agent:sleep=2"))]
+
+    for _ in range(2):
+        start_worker("pi-jobs", env={"PI_SCOPE_BUSY_RECHECK_SECONDS": "1"})
+
+    wait_for(lambda: Run.objects.count() == 3, timeout=120, interval=0.5, what="three runs")
+    wait_for(lambda: len(lifetimes.intervals()) == 3, timeout=10, what="container events")
+    lifetimes.close()
+    assert set(Run.objects.values_list("outcome", "project")) == {(Outcome.COMPLETED, "storefront")}
+    assert set(lifetimes.intervals()) == set(jobs)
+    assert_no_overlap(lifetimes.intervals())

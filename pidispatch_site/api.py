@@ -15,6 +15,7 @@ from apps.worker import api as worker
 router = DefaultRouter(trailing_slash=False)
 router.register("runs", worker.RunViewSet, basename="run")
 router.register("limits", worker.ScopedLimitViewSet, basename="limit")
+router.register("projects", worker.ProjectViewSet, basename="project")
 router.register("pause-windows", worker.PauseWindowViewSet, basename="pause-window")
 router.register("triggers", receiver.TriggerViewSet, basename="trigger")
 router.register("deliveries", receiver.DeliveryViewSet, basename="delivery")

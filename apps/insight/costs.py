@@ -157,12 +157,12 @@ def _top(name: str, rows: list[Row]) -> Breakdown:
 # after a prune, where the cost page's count only the runs still kept.
 
 GROUPINGS = {"day": (), "flow": ("flow", "command"), "trigger": ("trigger_id", "trigger_type"),
-             "scope": ("scope",), "host": ("host",), "outcome": ("outcome",)}
-# /metrics keeps partials of its own, runs by outcome and reason over the whole history: one cheap grouping, so
-# reading a year of days afresh costs one GROUP BY, not the page's seven.
-KINDS = {"page": GROUPINGS, "reasons": {"reason": ("reason", "outcome")}}
+             "scope": ("scope",), "project": ("project",), "host": ("host",), "outcome": ("outcome",)}
+# /metrics keeps partials of its own, runs by outcome, reason and project over the whole history: one cheap
+# grouping, so reading a year of days afresh costs one GROUP BY, not the page's eight.
+KINDS = {"page": GROUPINGS, "reasons": {"reason": ("reason", "outcome", "project")}}
 MEASURES = ("runs", "completed", "spend", "tokens", "estimated")
-PARTIAL_PREFIX = "pidispatch:insight:day:v2:"
+PARTIAL_PREFIX = "pidispatch:insight:day:v3:"  # v3: partials carry the project
 PARTIAL_TTL_SECONDS = 24 * 3600
 
 
@@ -336,9 +336,10 @@ def keep_pruned(sender, runs, **kwargs) -> None:
     from .models import PrunedRuns
 
     groups = list(runs.order_by().annotate(day=TruncDate("started_at", tzinfo=UTC))
-                  .values("day", "outcome", "reason").annotate(**_measures()))
+                  .values("day", "outcome", "reason", "project").annotate(**_measures()))
     PrunedRuns.objects.bulk_create(
-        PrunedRuns(day=group["day"], outcome=group["outcome"], reason=group["reason"], runs=group["runs"],
+        PrunedRuns(day=group["day"], outcome=group["outcome"], reason=group["reason"], project=group["project"],
+                   runs=group["runs"],
                    completed=group["completed"], spend=group["spend"] or 0, tokens=group["tokens"] or 0,
                    estimated=group["estimated"] or 0) for group in groups)
     days = sorted({group["day"] for group in groups})
@@ -520,6 +521,7 @@ def summary(key: str = DEFAULT_WINDOW, now: datetime | None = None) -> CostSumma
         _by_flow(win, grouped["flow"]), _by_trigger(win, grouped["trigger"]),
         _by_model(win, _merged(partials, "model", ("name",))),
         _by_field(win, grouped["scope"], "repository / folder", "scope", "(no scope)", "scope__exact"),
+        _by_field(win, grouped["project"], "project", "project", "(no project)", "project__exact"),
         _by_field(win, grouped["host"], "host", "host", "(no host)", "host__exact"),
         _by_field(win, grouped["outcome"], "outcome", "outcome", "(none)", "outcome__exact"),
     ]

@@ -92,14 +92,24 @@ class DispatchCollector:
         refusals = CounterMetricFamily("pidispatch_gateway_refusals",
                                        "Runs the job's egress gateway stopped or refused, by reason.", labels=["reason"])
         cost = CounterMetricFamily("pidispatch_run_cost_dollars", "Dollars the run records cost (priced runs).")
+        project_cost = CounterMetricFamily("pidispatch_project_cost_dollars",
+                                           "Dollars the run records cost, by the project each run was enqueued "
+                                           "under (\"\": none).", labels=["project"])
         tokens = CounterMetricFamily("pidispatch_run_tokens", "Tokens the run records used.")
         total_cost, total_tokens, refused = 0, 0, dict.fromkeys(GATEWAY_REASONS, 0)
+        by_reason, by_project = {}, {}
         for row in _runs_by_reason():
-            runs.add_metric([row["outcome"], row["reason"]], row["runs"])
+            key = (row["outcome"], row["reason"])
+            by_reason[key] = by_reason.get(key, 0) + row["runs"]
+            by_project[row["project"]] = by_project.get(row["project"], 0) + row["spend"]
             total_cost += row["spend"]
             total_tokens += row["tokens"]
             if row["reason"] in refused:
                 refused[row["reason"]] += row["runs"]
+        for (outcome, reason), count in by_reason.items():
+            runs.add_metric([outcome, reason], count)
+        for project, spend in sorted(by_project.items()):
+            project_cost.add_metric([project], float(spend))
         cost.add_metric([], float(total_cost))
         tokens.add_metric([], float(total_tokens))
         for reason, n in refused.items():
@@ -120,7 +130,7 @@ class DispatchCollector:
                                        labels=["forge", "status"])
         for row in Delivery.objects.order_by().values("forge", "status").annotate(n=Count("id")):
             deliveries.add_metric([row["forge"], row["status"]], row["n"])
-        return [runs, refusals, cost, tokens, calls, deliveries]
+        return [runs, refusals, cost, project_cost, tokens, calls, deliveries]
 
     # --- Redis: queues, pauses, hosts ---------------------------------------------------------------
 

@@ -13,13 +13,15 @@ class Spend(models.Model):
 
 
 class PrunedRuns(models.Model):
-    """Run records housekeeping deleted (apps/worker/housekeeping.py), summed per batch, UTC day, outcome and reason:
+    """Run records housekeeping deleted (apps/worker/housekeeping.py), summed per batch, UTC day, outcome, reason and
+project:
     /metrics goes on counting them, since a Prometheus counter never goes down, while the cost page shows the runs
     still kept. Append-only (one row per batch and group), so pruners never contend for a row; read as sums."""
 
     day = models.DateField()
     outcome = models.CharField(max_length=16)
     reason = models.CharField(max_length=64, blank=True)
+    project = models.CharField(max_length=32, blank=True, default="", db_default="")
     runs = models.PositiveBigIntegerField()
     completed = models.PositiveBigIntegerField()
     spend = models.DecimalField(max_digits=20, decimal_places=6)

@@ -73,6 +73,10 @@ CRON_ONLY_RUN_KEYS = {"task", "folder", "github"}
 FORGE_ONLY_RUN_KEYS = {"instructions", "replicas", "waitFor", "repository", "allowCiChanges"}
 # Part of the ancestor's language, not implemented here: refused rather than silently ignored.
 UNSUPPORTED_RUN_KEYS = ("models", "portfolio")
+# Of those, the ones whose feature is planned: the refusal names it.
+NOT_BUILT_YET_RUN_KEYS = {
+    "portfolio": "portfolio jobs (a run that plans the envelope's allocation across projects) are not built yet",
+}
 NEAR_MISS_SUGGESTIONS = {
     "providerid": "run.provider", "providers": "run.provider", "modelid": "run.model", "modelname": "run.model",
     "maxturn": "run.maxTurns", "allowedmodels": "run.models", "maxcost": "run.maxCostUsd", "backends": "run.backend",
@@ -133,6 +137,8 @@ def key_problems(section: dict, where: str) -> tuple[list[RuleProblem], list[str
         unsupported = where == "run" and (key in UNSUPPORTED_RUN_KEYS or (suggestion or "")[4:] in UNSUPPORTED_RUN_KEYS)
         if where == "on" and normal == "waitfor":
             problems.append(RuleProblem(path, f"{path}: waitFor belongs under run (run.waitFor), not under on."))
+        elif where == "run" and key in NOT_BUILT_YET_RUN_KEYS:
+            problems.append(RuleProblem(path, f"{path}: {NOT_BUILT_YET_RUN_KEYS[key]}; remove it."))
         elif unsupported:
             problems.append(RuleProblem(path, (
                 f"{path} is part of the ancestor's trigger language ({suggestion or path}) but pidispatch does not "

@@ -1,8 +1,10 @@
-"""The worker's records in the admin: runs (explained, attempts grouped, Publish again), scoped limits, quiet hours, settings."""
+"""The worker's records in the admin: runs (explained, attempts grouped, Publish again), projects, scoped limits, quiet
+hours, settings."""
 
 from datetime import timedelta
 from urllib.parse import urlencode
 
+from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
@@ -19,7 +21,7 @@ from apps.worker import reasons, run_logs
 from apps.worker.forges.publishing import kept
 from apps.worker.gates import runtime_settings
 from apps.worker.jobs import KINDS
-from apps.worker.models import AgentSession, DispatchSettings, PauseWindow, Run, ScopedLimit
+from apps.worker.models import AgentSession, DispatchSettings, PauseWindow, Project, Run, ScopedLimit
 from pidispatch_site import admin_display
 from pidispatch_site.admin_mixins import ManagedChangesAdmin, ReadOnlyAdminMixin
 
@@ -99,7 +101,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     actions = ["publish_again"]
     list_filter = (
         "outcome", recent_values_filter("reason", "reason"), KindFilter, recent_values_filter("host", "host"),
-        recent_values_filter("trigger_type", "trigger type"), "started_at",
+        recent_values_filter("trigger_type", "trigger type"), recent_values_filter("project", "project"), "started_at",
     )
     search_fields = ("job_id", "target", "delivery_id", "scope")
     paginator = EstimatedCountPaginator
@@ -116,7 +118,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                            "forge_message", "lost_retry_display", "forge_sentence", "exit_code")}),
         ("What it did", {"fields": ("publish_outcome", "publish_display", "pull_request", "pushed_commits",
                                     "changed_files", "agent_summary", "summary_chars")}),
-        ("What ran", {"fields": ("kind", "target_display", "scope", "flow", "command", "image",
+        ("What ran", {"fields": ("kind", "target_display", "scope", "project", "flow", "command", "image",
                                  "replica", "replicas")}),
         # Chaining (apps/worker/chaining/): the job that asked for this one, and the jobs this one asked for.
         ("Chain", {"fields": ("chain_depth", "parent_job_display", "chain_children_display",
@@ -425,11 +427,60 @@ class PauseWindowAdmin(admin.ModelAdmin):
         return f"{window.date_from or '…'} to {window.date_to or '…'}"
 
 
+class MembersField(forms.CharField):
+    """A project's members, one a line (stored as a list)."""
+
+    widget = forms.Textarea(attrs={"rows": 6, "cols": 60})
+
+    def prepare_value(self, value):
+        return "\n".join(value) if isinstance(value, list) else value
+
+    def to_python(self, value):
+        return [line.strip() for line in (value or "").splitlines() if line.strip()]
+
+
+class ProjectForm(forms.ModelForm):
+    members = MembersField(help_text="One a line: github:owner/repo (any forge's prefix) or an absolute folder. A "
+                                     "repository or folder belongs to one project.",
+                           error_messages={"required": Project._meta.get_field("members").error_messages["blank"]})
+
+    class Meta:
+        model = Project
+        fields = ("slug", "name", "members")
+
+
+@admin.register(Project)
+class ProjectAdmin(ManagedChangesAdmin, admin.ModelAdmin):
+    """What `import_projects` reads: runs are stamped with their project when enqueued."""
+
+    manage_permission = "worker.manage_projects"
+    form = ProjectForm
+    list_display = ("slug", "name", "member_count")
+    search_fields = ("slug", "name")
+
+    @admin.display(description="members")
+    def member_count(self, project: Project) -> int:
+        return len(project.members)
+
+    def get_deleted_objects(self, objs, request):
+        # A project a `project:` scoped limit names is protected, as a row another row points at would be.
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        protected += [f"Scoped limit: {limit.scope}" for project in objs for limit in project.limits_naming_it()]
+        return deleted, counts, perms_needed, protected
+
+
 @admin.register(ScopedLimit)
 class ScopedLimitAdmin(ManagedChangesAdmin, admin.ModelAdmin):
     manage_permission = "worker.manage_limits"
-    list_display = ("scope", "day", "week", "month", "concurrent", "note")
+    list_display = ("scope", "day", "week", "month", "concurrent", "day_usd", "week_usd", "month_usd", "memory",
+                    "cpus", "note")
     search_fields = ("scope", "note")
+    fieldsets = (
+        (None, {"fields": ("scope", "note")}),
+        ("Runs (UTC day, Monday week, calendar month) and at once", {"fields": ("day", "week", "month", "concurrent")}),
+        ("Dollars (need a per-run cap)", {"fields": ("day_usd", "week_usd", "month_usd")}),
+        ("Project rows: container size", {"fields": ("memory", "cpus", "host_share", "min_jobs")}),
+    )
 
 
 @admin.register(DispatchSettings)

@@ -30,7 +30,7 @@ from apps.fleet.api import RedisUnavailable
 from apps.fleet.connection import get_redis
 from apps.worker import reasons, run_logs
 from apps.worker.manual_runs import FOLDER_PERMISSION, ManualRunRefused, start_forge_run, start_local_run
-from apps.worker.models import DispatchSettings, Outcome, PauseWindow, Run, ScopedLimit
+from apps.worker.models import DispatchSettings, Outcome, PauseWindow, Project, Run, ScopedLimit
 from apps.worker.sandbox.workspace import FOLDER_NOT_ALLOWED
 from pidispatch_site.api_base import (
     BRIEF,
@@ -62,7 +62,7 @@ class StrictModelSerializer(StrictSerializer, NamedFieldsModelSerializer):
         except DjangoValidationError as error:
             raise ValidationError(error.message_dict if hasattr(error, "error_dict") else
                                   {"non_field_errors": error.messages}) from None
-        return attrs
+        return {name: getattr(instance, name) for name in attrs}  # as `clean` wrote them (canonical forms)
 
 
 # --- runs ------------------------------------------------------------------------------------------------------
@@ -267,8 +267,16 @@ class RunViewSet(BriefMode, WholeNumberIds, mixins.ListModelMixin, mixins.Retrie
 class ScopedLimitSerializer(StrictModelSerializer):
     class Meta:
         model = ScopedLimit
-        fields = ["id", "scope", "day", "week", "month", "day_usd", "week_usd", "month_usd", "concurrent", "note"]
+        fields = ["id", "scope", "day", "week", "month", "day_usd", "week_usd", "month_usd", "concurrent", "memory",
+                  "cpus", "host_share", "min_jobs", "note"]
         brief_fields = ["id", "scope", "note"]
+
+
+class ProjectSerializer(StrictModelSerializer):
+    class Meta:
+        model = Project
+        fields = ["id", "slug", "name", "members"]
+        brief_fields = ["id", "slug", "name"]
 
 
 class PauseWindowSerializer(StrictModelSerializer):
@@ -307,6 +315,24 @@ class ScopedLimitViewSet(SmallTable):
     scopes = {action: "admin" for action in ("create", "update", "partial_update", "destroy")}
     required_permissions = {"list": ("worker.view_scopedlimit",), "retrieve": ("worker.view_scopedlimit",),
                             **{action: ("worker.manage_limits",) for action in scopes}}
+
+
+@extend_schema_view(list=extend_schema(parameters=[BRIEF], responses={200: brief_or_full(ProjectSerializer)}))
+class ProjectViewSet(SmallTable):
+    """Repositories and folders grouped: `project:<id>` limits cap them together (what `import_projects` reads)."""
+
+    queryset = Project.objects.all()
+    serializer_class = ProjectSerializer
+    scopes = {action: "admin" for action in ("create", "update", "partial_update", "destroy")}
+    required_permissions = {"list": ("worker.view_project",), "retrieve": ("worker.view_project",),
+                            **{action: ("worker.manage_projects",) for action in scopes}}
+
+    def perform_destroy(self, instance):
+        naming = instance.limits_naming_it().first()
+        if naming is not None:
+            raise ValidationError({"non_field_errors": [f"the scoped limit {naming.scope} names this project: "
+                                                        "change or delete that row first."]})
+        instance.delete()
 
 
 @extend_schema_view(list=extend_schema(parameters=[BRIEF], responses={200: brief_or_full(PauseWindowSerializer)}))

@@ -135,6 +135,10 @@ class JobSpec:
     replicas: int | None = None
     parent_job_id: str = ""
     chain_depth: int = 0  # a chained child's distance from the job that started the chain (apps/worker/chaining/)
+    # The project (Project.slug) the job's target belonged to when it was enqueued: stamped once by enqueue(), so
+    # the project row it reserves in, the container size it gets and the project its run records are one answer
+    # whatever projects.json says by the time it runs (or is retried). Blank: none.
+    project: str = ""
     # Descriptive context for /job/event.json: event, action, sender id, what matched.
     context: dict[str, Any] = field(default_factory=dict)
     version: int = JOB_SPEC_VERSION
@@ -180,6 +184,8 @@ class JobSpec:
         for name, default in _OPTIONAL_DEFAULTS.items():
             if payload[name] == default:
                 del payload[name]
+        if not self.project:
+            del payload["project"]  # likewise: only a project's job carries it
         return payload
 
     @classmethod
@@ -291,11 +297,23 @@ def _enqueue_script(connection):
     return connection.register_script(_ENQUEUE_SCRIPT)
 
 
+def project_of(spec: JobSpec) -> str:
+    """The project the job's target is a member of now (a forge repository forge-qualified, a folder normalised)."""
+    from apps.worker.gates.scopes import job_scopes
+    from apps.worker.models import Project
+
+    project = Project.objects.containing(job_scopes(spec))
+    return project.slug if project is not None else ""
+
+
 def enqueue(spec: JobSpec, queue_name: str, claims: tuple[Claim, ...] = ()) -> Enqueued:
-    """Enqueue one job, atomically unique on its id (and on each of `claims`, checked in order).
+    """Enqueue one job, atomically unique on its id (and on each of `claims`, checked in order), stamped with
+    its project (project_of).
 
     Redis errors propagate: the caller decides whether the work is kept for later (the inbox) or lost.
     """
+    if not spec.project:
+        spec = dataclasses.replace(spec, project=project_of(spec))
     connection = get_redis()
     queue = Queue(queue_name, connection=connection)
     job = queue.create_job(

@@ -125,6 +125,9 @@ class Run(models.Model):
     replica = models.PositiveSmallIntegerField(null=True, blank=True)
     replicas = models.PositiveSmallIntegerField(null=True, blank=True)
     parent_job_id = models.CharField(max_length=200, blank=True)
+    # The project (Project.slug) the job was stamped with when it was enqueued, blank for none. Kept as text: a
+    # project renamed or deleted later leaves its past runs where they were counted.
+    project = models.CharField(max_length=32, blank=True, default="", db_default="")
     # Chaining (apps/worker/chaining/): how far below the job that started its chain this job is (0: it started
     # one), the children its completed run enqueued (job ids), and its refused requests ({reason token: count}).
     chain_depth = models.PositiveSmallIntegerField(default=0, db_default=0)
@@ -183,6 +186,7 @@ class Run(models.Model):
             models.Index(fields=["outcome", "-started_at"], name="run_outcome_idx"),
             models.Index(fields=["reason"], name="run_reason_idx"),
             models.Index(fields=["scope", "-started_at"], name="run_scope_idx"),
+            models.Index(fields=["project", "-started_at"], name="run_project_idx", condition=~models.Q(project="")),
             models.Index(fields=["host", "-started_at"], name="run_host_idx"),
             models.Index(fields=["job_id"], name="run_job_idx"),
             models.Index(fields=["publish_outcome", "-started_at"], name="run_published_idx"),
@@ -251,13 +255,59 @@ class PauseWindow(models.Model):
         validate_window(self)
 
 
+class ProjectQuerySet(models.QuerySet):
+    def containing(self, scopes: list[str]):
+        """The project one of `scopes` (a job's candidate scopes, narrowest first) is a member of, or None."""
+        for project in self.order_by("slug"):
+            if any(scope in project.members for scope in scopes):
+                return project
+        return None
+
+
+class Project(models.Model):
+    """A group of forge repositories and local folders whose runs are counted, capped (`project:<id>` scoped
+    limits) and costed together. Each run records the project its job was enqueued under (Run.project)."""
+
+    slug = models.CharField("id", max_length=32, unique=True, validators=[validators.project_slug],
+                            help_text="1-32 lowercase letters, digits and '-'; scoped limits name it project:<id>.")
+    name = models.CharField(max_length=200, blank=True)
+    members = models.JSONField(
+        default=list, validators=[validators.project_members],
+        error_messages={"blank": "list at least one member: a forge-qualified repository or an absolute folder."},
+        help_text="Forge-qualified repositories (github:owner/repo) and absolute folders; each in one project only.",
+    )
+
+    objects = ProjectQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["slug"]
+        default_permissions = ("view",)  # changes are a permission of their own (admin_mixins.py)
+        permissions = [("manage_projects", "Can add, change and delete projects (which repositories and folders a "
+                                           "project:<id> limit caps)")]
+
+    def __str__(self):
+        return self.slug
+
+    def clean(self):
+        validators.validate_project(self)
+
+    def limits_naming_it(self):
+        """The `project:<id>` scoped limits that name it: while any does, it may be neither deleted nor renamed
+        (the cap would go on, capping nothing)."""
+        slug = Project.objects.filter(pk=self.pk).values_list("slug", flat=True).first() or self.slug
+        return ScopedLimit.objects.filter(scope=f"project:{slug}")
+
+
 class ScopedLimit(models.Model):
     """Caps for one repository or folder: runs per UTC day/week/month, and how many of a repository's at once
-    (fleet-wide; a folder's path names no repository across hosts, so a folder runs one at a time per host)."""
+    (fleet-wide; a folder's path names no repository across hosts, so a folder runs one at a time per host).
+    A `project:<id>` row caps every member of a project together (and may size its containers); a
+    `model:<provider>/<model>` row caps the dollars of every run that may call that model."""
 
     scope = models.CharField(
         max_length=500, unique=True,
-        help_text="owner/repo (shared by every forge), github:owner/repo (one forge), or an absolute folder.",
+        help_text="owner/repo (shared by every forge), github:owner/repo (one forge), an absolute folder, "
+                  "project:<id> or model:<provider>/<model> (dollar windows only).",
     )
     day = models.PositiveIntegerField(null=True, blank=True, validators=[validators.limit_count],
                                       help_text="Runs per UTC day.")
@@ -277,6 +327,21 @@ class ScopedLimit(models.Model):
                                    validators=[validators.dollar_amount], help_text="Dollars per UTC week (from Monday).")
     month_usd = models.DecimalField("month $", max_digits=13, decimal_places=6, null=True, blank=True,
                                     validators=[validators.dollar_amount], help_text="Dollars per UTC calendar month.")
+    # Version 3, project rows only: the project's containers' size (over PI_JOB_MEMORY / PI_JOB_CPUS), and its
+    # share of a host's budget and the runs it keeps room for (kept and exported; this build has no host budget).
+    # db_default: a worker of the release before writes rows without it while the hosts roll.
+    memory = models.CharField(max_length=16, blank=True, default="", db_default="",
+                              validators=[validators.project_memory],
+                              help_text="Project rows: each container's memory, 512m to 1024g (over PI_JOB_MEMORY).")
+    cpus = models.DecimalField(max_digits=6, decimal_places=2, null=True, blank=True,
+                               validators=[validators.project_cpus],
+                               help_text="Project rows: each container's CPUs, at least 0.25 (over PI_JOB_CPUS).")
+    host_share = models.PositiveSmallIntegerField(
+        null=True, blank=True, validators=validators.host_share_band,
+        help_text="Project rows: percent of a host's budget (the ancestor's hostShare; recorded, not enforced here).")
+    min_jobs = models.PositiveIntegerField(
+        null=True, blank=True, validators=[validators.limit_count],
+        help_text="Project rows: runs kept room for (the ancestor's minJobs; recorded, not enforced here).")
     note = models.CharField(max_length=200, blank=True)
 
     class Meta:

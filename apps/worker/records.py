@@ -116,6 +116,7 @@ def record_run(spec: JobSpec, verdict: Verdict, *, attempt: int, host: str, queu
         replica=spec.replica,
         replicas=spec.replicas,
         parent_job_id=spec.parent_job_id,
+        project=spec.project,
         chain_depth=spec.chain_depth,
         chain_children=list(verdict.chain_children),
         chain_refusals=verdict.chain_refusals,

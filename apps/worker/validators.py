@@ -23,6 +23,46 @@ percent_band = [MinValueValidator(1, "must be between 1 and 99."), MaxValueValid
 memory_size = RegexValidator(MEMORY_PATTERN, "must be a size like 512m or 4g.")
 
 
+PROJECT_SLUG = re.compile(r"^[a-z0-9-]{1,32}$")
+project_slug = RegexValidator(PROJECT_SLUG, "must be 1-32 lowercase letters, digits and '-'.")
+host_share_band = [MinValueValidator(1, "must be between 1 and 100 (percent)."),
+                   MaxValueValidator(100, "must be between 1 and 100 (percent).")]
+PROJECT_MEMORY = re.compile(r"^([1-9][0-9]*)([mg])$", re.IGNORECASE)
+PROJECT_MEMORY_MIB = (512, 1024 * 1024)
+
+
+def canonical_memory(value: str) -> str:
+    """A project row's memory as the ancestor writes it ("1024m" is "1g"), or ValidationError."""
+    match = PROJECT_MEMORY.fullmatch(value or "")
+    if not match:
+        raise ValidationError("must be a size like 512m or 8g (m or g).")
+    mib = int(match[1]) * (1024 if match[2].lower() == "g" else 1)
+    if not PROJECT_MEMORY_MIB[0] <= mib <= PROJECT_MEMORY_MIB[1]:
+        raise ValidationError("must be from 512m to 1024g.")
+    return f"{mib // 1024}g" if mib % 1024 == 0 else f"{mib}m"
+
+
+def project_memory(value) -> None:
+    canonical_memory(value)
+
+
+def project_cpus(value) -> None:
+    if not 0.25 <= value <= 256:
+        raise ValidationError("must be at least 0.25 and at most 256.")
+
+
+def project_members(value) -> None:
+    from apps.worker.gates.scopes import ScopeError, parse_member
+
+    if not isinstance(value, list) or not value:
+        raise ValidationError("list at least one member: a forge-qualified repository or an absolute folder.")
+    for member in value:
+        try:
+            parse_member(member)
+        except ScopeError as exc:
+            raise ValidationError(str(exc)) from None
+
+
 def cpu_count(value) -> None:
     if not 0 < value <= 256:
         raise ValidationError("must be more than 0 and at most 256.")
@@ -54,23 +94,84 @@ def field_errors(row, names) -> dict[str, str]:
 
 # --- rules across fields ------------------------------------------------------------------------------------
 
-def validate_scoped_limit(limit) -> None:
-    """A scoped limit names one scope, caps something, and is the only row for its repository."""
-    from apps.worker.gates.scopes import ScopeError, bare_repo, parse_scope
-    from apps.worker.models import ScopedLimit
+COUNT_FIELDS = ("day", "week", "month", "concurrent")
+DOLLAR_FIELDS = ("day_usd", "week_usd", "month_usd")
+SIZE_FIELDS = ("memory", "cpus", "host_share", "min_jobs")
+
+
+def validate_project(project, others=None) -> None:
+    """A project's members are canonical, listed once, and in no other project (`others`: the projects to
+    compare with; the saved ones when not given)."""
+    from apps.worker.gates.scopes import ScopeError, parse_member
+    from apps.worker.models import Project
+
+    if project.pk is not None and Project.objects.filter(pk=project.pk).exclude(slug=project.slug).exists():
+        naming = project.limits_naming_it().first()
+        if naming is not None:
+            raise ValidationError({"slug": f"the scoped limit {naming.scope} names this project: change or delete "
+                                           "that row before renaming it."})
+    if not isinstance(project.members, list) or not project.members:
+        return  # the field's own validator says so
+    try:
+        members = [parse_member(member) for member in project.members]
+    except ScopeError:
+        return  # the field's own validator says so
+    twice = next((member for index, member in enumerate(members) if member in members[:index]), None)
+    if twice:
+        raise ValidationError({"members": f"{twice!r} is listed twice."})
+    project.members = members
+    if others is None:
+        others = Project.objects.exclude(pk=project.pk).exclude(slug=project.slug)
+    for other in others:
+        shared = next((member for member in members if member in other.members), None)
+        if shared:
+            raise ValidationError({"members": f"{shared!r} is already a member of project {other.slug!r}: a "
+                                              "repository or folder belongs to one project."})
+
+
+def validate_scoped_limit(limit, others=None) -> None:
+    """A scoped limit names one scope, caps something, and is the only row for its repository. Model rows hold
+    dollar windows only; sizes go on project rows only, for a project that exists. `others`: the rows to compare
+    with (a file's own, for an import that replaces them all); the saved ones when not given."""
+    from apps.worker.gates.scopes import MODEL_PREFIX, PROJECT_PREFIX, ScopeError, bare_repo, parse_scope
+    from apps.worker.models import Project, ScopedLimit
 
     errors = {}
     try:
-        limit.scope = parse_scope(limit.scope, allow_everything=False)
+        limit.scope = parse_scope(limit.scope, allow_everything=False, allow_rows=True)
     except ScopeError as exc:
         errors["scope"] = str(exc)
-    capped = ("day", "week", "month", "concurrent", "day_usd", "week_usd", "month_usd")
-    if all(getattr(limit, name) is None for name in capped):
+    if limit.memory:
+        try:
+            limit.memory = canonical_memory(limit.memory)
+        except ValidationError:
+            pass  # the field's own validator says so
+    is_model = "scope" not in errors and limit.scope.startswith(MODEL_PREFIX)
+    is_project = "scope" not in errors and limit.scope.startswith(PROJECT_PREFIX)
+    capped = COUNT_FIELDS + DOLLAR_FIELDS + SIZE_FIELDS
+    if all(getattr(limit, name) in (None, "") for name in capped):
         errors["day"] = "set at least one of day, week, month, concurrent or a dollar window."
-    if "scope" not in errors and not limit.scope.startswith("/"):
+    if is_model:
+        for name in COUNT_FIELDS + SIZE_FIELDS:
+            if getattr(limit, name) not in (None, ""):
+                errors[name] = "a model row holds dollar windows only (day $, week $, month $)."
+    elif "scope" not in errors and not is_project:
+        for name in SIZE_FIELDS:
+            if getattr(limit, name) not in (None, ""):
+                errors[name] = "sizes go on project:<id> rows only."
+    if is_project:
+        slug = limit.scope[len(PROJECT_PREFIX):]
+        if not Project.objects.filter(slug=slug).exists():
+            errors["scope"] = f"no project {slug!r}: add it to the projects first."
+        if limit.min_jobs is not None:
+            if not (limit.memory or limit.cpus is not None):
+                errors["min_jobs"] = "needs a size (memory or cpus) on the same row."
+            elif limit.concurrent is not None and limit.min_jobs > limit.concurrent:
+                errors["min_jobs"] = "must be at most concurrent."
+    if "scope" not in errors and not limit.scope.startswith(("/", MODEL_PREFIX, PROJECT_PREFIX)):
         # A bare row and a forge-qualified row for one repo would make two answers to "which cap applies".
         repo = bare_repo(limit.scope)
-        siblings = ScopedLimit.objects.exclude(pk=limit.pk).filter(scope__endswith=repo)
+        siblings = ScopedLimit.objects.exclude(pk=limit.pk).filter(scope__endswith=repo) if others is None else others
         clash = next((row.scope for row in siblings if bare_repo(row.scope) == repo and row.scope != limit.scope), None)
         if clash:
             errors["scope"] = f"conflicts with the limit for {clash}: keep either the bare or the forge-qualified row."

@@ -118,7 +118,7 @@ def test_every_breakdown_row_links_to_exactly_its_runs(admin_client, label_trigg
     summary = costs.summary("7d")
 
     names = [b.name for b in summary.breakdowns]
-    assert names == ["flow", "trigger", "model", "repository / folder", "host", "outcome"]
+    assert names == ["flow", "trigger", "model", "repository / folder", "project", "host", "outcome"]
     checked = 0
     for breakdown in summary.breakdowns:
         assert breakdown.rows, breakdown.name
@@ -136,6 +136,25 @@ def test_every_breakdown_row_links_to_exactly_its_runs(admin_client, label_trigg
 
     page = admin_client.get(PAGE + "?window=7d").content.decode()
     assert page.count('href="/admin/worker/run/?started_at__gte=') >= checked
+
+
+def test_spend_is_broken_down_by_the_project_each_run_recorded(admin_client):
+    make_run("gh-p1", 0, cost="1.25", tokens=100, project="storefront")
+    make_run("gh-p2", 1, cost="0.75", tokens=100, project="storefront", scope="gitlab:acme/shop")
+    make_run("gh-p3", 1, cost="2.25", tokens=100, project="ops")
+    make_run("gh-p4", 2, cost="0.10", tokens=100)
+    make_run("gh-p5", 10, cost="9.00", tokens=100, project="ops")  # outside the 7 days
+
+    page = admin_client.get(PAGE + "?window=7d").content.decode()
+    projects = page.split('id="by-project"')[1].split("</table>")[0]
+    rows = re.findall(r'<a href="([^"]+)">([^<]+)</a>.*?</tr>', projects, re.S)
+    assert [label for _, label in rows] == ["ops", "storefront", "(no project)"]  # the dearest first
+    assert "$2.25" in projects and "$0.10" in projects and "$9.00" not in projects
+    storefront = projects.split(">storefront</a>")[1].split("</tr>")[0]
+    assert "$2.00" in storefront and ">2<" in storefront  # 1.25 + 0.75, two runs on two forges
+    for link, label in rows:
+        assert changelist_count(admin_client, link.replace("&amp;", "&")) == \
+            {"ops": 1, "storefront": 2, "(no project)": 1}[label]
 
 
 def test_a_breakdown_shows_the_top_eight_then_how_many_more(admin_client):

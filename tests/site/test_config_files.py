@@ -11,7 +11,7 @@ from apps.worker.models import PauseWindow, ScopedLimit
 
 pytestmark = pytest.mark.django_db
 
-LIMITS = {"version": 1, "limits": [
+LIMITS = {"version": 2, "limits": [
     {"scope": "acme/web", "day": 10, "concurrent": 2},
     {"scope": "github:acme/api", "week": 20},
     {"scope": "/srv/code/app", "month": 100},
@@ -35,7 +35,7 @@ def test_limits_round_trip(tmp_path, capsys):
 
     call_command("export_limits")
     exported = json.loads(capsys.readouterr().out)
-    assert exported["version"] == 1
+    assert exported["version"] == 2  # a forge-qualified row needs version 2
     assert sorted(exported["limits"], key=lambda row: row["scope"]) == sorted(LIMITS["limits"], key=lambda row: row["scope"])
 
 
@@ -67,7 +67,7 @@ def test_windows_round_trip(tmp_path, capsys):
 @pytest.mark.parametrize("document, message", [
     ("{not json", "not valid JSON"),
     ({"limits": []}, "`version` must be an integer"),
-    ({"version": 3, "limits": []}, "newer than this build"),
+    ({"version": 4, "limits": []}, "newer pi-dispatch \\(version 4; this build understands 3\\)"),
     ({"version": 1, "limits": [{"scope": "acme/*", "day": 1}]}, "limit at index 0: scope: "),
     ({"version": 1, "limits": [{"scope": "a/b", "day": 1}, {"scope": "a/b", "week": 1}]}, "listed twice"),
     ({"version": 1, "limits": [{"scope": "a/b", "dayUsd": "1.5"}]}, "unknown key 'dayUsd' \\(dollar windows need version 2"),

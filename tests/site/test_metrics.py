@@ -121,6 +121,28 @@ def test_runs_of_closed_days_are_counted_from_kept_partials_and_late_records_cou
     assert value(later, "pidispatch_run_tokens_total") == 160
 
 
+def test_spend_is_counted_by_project_and_pruned_runs_still_count(client, redis_conn, settings):
+    from django.core.management import call_command
+
+    from tests.cost_support import make_run
+
+    make_run("gh-pm1", 40, cost="1.00", tokens=100, project="storefront")
+    make_run("gh-pm2", 0, cost="0.50", tokens=100, project="storefront")
+    make_run("gh-pm3", 0, cost="2.25", tokens=100, project="ops")
+    make_run("gh-pm4", 0, cost="0.10", tokens=100)
+    first = scrape(client)
+    assert value(first, "pidispatch_project_cost_dollars_total", project="storefront") == pytest.approx(1.5)
+    assert value(first, "pidispatch_project_cost_dollars_total", project="ops") == pytest.approx(2.25)
+    assert value(first, "pidispatch_project_cost_dollars_total", project="") == pytest.approx(0.1)
+    assert value(first, "pidispatch_runs_total", outcome="completed", reason="") == 4  # summed over projects
+
+    settings.PI_RUN_RETENTION_DAYS = 30
+    call_command("housekeeping")  # a counter never goes down: the pruned run still counts
+    assert not Run.objects.filter(job_id="gh-pm1").exists()
+    later = scrape(client)
+    assert value(later, "pidispatch_project_cost_dollars_total", project="storefront") == pytest.approx(1.5)
+
+
 def test_a_bearer_token_guards_the_scrape_when_set(client, settings):
     settings.PI_METRICS_TOKEN = "scrape-token-for-tests"
     assert client.get("/metrics").status_code == 401

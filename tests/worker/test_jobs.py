@@ -97,6 +97,7 @@ def issue_spec(job_id: str) -> JobSpec:
                    body="text", context={"matched": {"label": "pi"}}, exclude_tools=("bash",))
 
 
+@pytest.mark.django_db  # enqueue stamps the job's project (a database read)
 def test_enqueue_writes_the_job_exactly_as_rqs_own_unique_enqueue_does(redis_conn, settings):
     """Our enqueue is one Lua script writing RQ's keys itself; an RQ upgrade that changes them fails here."""
     from rq.job import Job
@@ -119,6 +120,7 @@ def test_enqueue_writes_the_job_exactly_as_rqs_own_unique_enqueue_does(redis_con
     assert job.args == (issue_spec("gh-ours").to_payload(),)
 
 
+@pytest.mark.django_db  # enqueue stamps the job's project (a database read)
 def test_enqueue_is_unique_on_the_job_id_and_on_its_claim(redis_conn):
     claim = Claim("pidispatch:dedup:github:acme/web#7:fix", 60_000, "dedup-window")
 
@@ -135,6 +137,7 @@ def test_enqueue_is_unique_on_the_job_id_and_on_its_claim(redis_conn):
     assert redis_conn.get(claim.key) == b"gh-b"
 
 
+@pytest.mark.django_db  # enqueue stamps the job's project (a database read)
 def test_a_job_swallowed_by_one_claim_takes_none_of_the_others(redis_conn):
     replay = Claim("pidispatch:replay:github:abc", 60_000, "replayed-body")
     free = Claim("pidispatch:dedup:github:acme/web#7:fix", 60_000, "dedup-window")

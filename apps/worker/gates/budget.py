@@ -11,7 +11,8 @@ Keys (TTL set once, when the counter is created, so a busy window cannot push it
     pidispatch:budget:usd:<ledger>:m:<YYYY-MM>      40 days  were charged)
     pidispatch:budget:usd:hold:<job id>             40 days  one job's open hold: `amount` (micro-dollars) and
                                                              `keys` (the window keys it is held in, space-separated)
-where <ledger> is `all` (the deployment) or `s:<hash16 of the matched limit's scope>`. dollar_windows_in_force()
+where <ledger> is `all` (the deployment) or `s:<hash16 of the matched limit's scope>` (a repository's or
+folder's row, a `project:<id>` row, a `model:<provider>/<model>` row). dollar_windows_in_force()
 reads the dollar windows (for the cost page and /metrics).
 
 Job counts (the ancestor's rules): every reservation increments, and a refused one still counts; the narrowest
@@ -29,16 +30,17 @@ lost attempt (charge_lost_hold), before the job may run again and hold anew.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from functools import lru_cache
 
+from django.db.models import Q
 from django.dispatch import Signal
 from django.utils import timezone
 
 from apps.worker.gates import money
-from apps.worker.gates.scopes import job_scopes, scope_hash
+from apps.worker.gates.scopes import MODEL_PREFIX, PROJECT_PREFIX, job_scopes, scope_hash
 from apps.worker.jobs import JobSpec
 
 PREFIX = "pidispatch:budget"
@@ -91,6 +93,28 @@ def _give_back(redis, keys: list[str]) -> None:
             pipe.execute()
 
 
+@dataclass(frozen=True)
+class MatchedRows:
+    """The scoped-limit rows one job answers to (rows_for)."""
+
+    scope: object = None  # ScopedLimit of the job's repository or folder
+    project: object = None  # ScopedLimit `project:<id>` of the project the job was stamped with
+    models: tuple = ()  # ScopedLimit `model:<provider>/<model>` rows (dollar windows only)
+
+    def calling(self, models: tuple[str, ...] | None) -> MatchedRows:
+        """Only the model rows of `models` (`provider/model`); None: the job may call any model, so it answers
+        to every model row, as the ancestor reserves."""
+        if models is None:
+            return self
+        names = {f"{MODEL_PREFIX}{model.lower()}" for model in models}
+        return replace(self, models=tuple(row for row in self.models if row.scope in names))
+
+    @classmethod
+    def of(cls, rows) -> MatchedRows:
+        """`rows` as MatchedRows: a lone ScopedLimit is the job's own scope's row; None is no row."""
+        return rows if isinstance(rows, MatchedRows) else cls(scope=rows)
+
+
 class CapRefusal(Exception):
     def __init__(self, reason: str, window: str, budget_reserved: bool):
         super().__init__(reason)
@@ -109,19 +133,24 @@ class Reservation:
         self.keys = []
 
 
-def reserve(redis, limit, caps, now: datetime) -> Reservation:
-    """Reserve one run in the matched scoped limit (if any), then in the deployment's windows.
+def reserve(redis, rows: MatchedRows, caps, now: datetime) -> Reservation:
+    """Reserve one run in the matched scoped limit (if any), its project's row (if any), then in the deployment's
+    windows. A refusal gives back the narrower slots taken before it (never its own: a refused attempt counts).
 
-    Raises CapRefusal(`scope-cap` | `over-budget` | `soft-hold`).
+    Raises CapRefusal(`scope-cap` | `project-cap` | `over-budget` | `soft-hold`).
     """
     held: list[str] = []
-    if limit is not None:
+    rows = MatchedRows.of(rows)
+    for limit, reason in ((rows.scope, "scope-cap"), (rows.project, "project-cap")):
+        if limit is None:
+            continue
         windows = _windows(f"s:{scope_hash(limit.scope)}", {DAY: limit.day, WEEK: limit.week, MONTH: limit.month}, now)
         counts = _increment(redis, windows)
-        for window, count in zip(windows, counts):
-            if count > window.cap:
-                raise CapRefusal("scope-cap", window.name, budget_reserved=False)
-        held = [window.key for window in windows]
+        over = next((window for window, count in zip(windows, counts) if count > window.cap), None)
+        if over is not None:
+            _give_back(redis, held)
+            raise CapRefusal(reason, over.name, budget_reserved=False)
+        held += [window.key for window in windows]
 
     windows = _windows("all", {DAY: caps.daily_cap, WEEK: caps.weekly_cap, MONTH: caps.monthly_cap}, now)
     counts = _increment(redis, windows)
@@ -287,11 +316,13 @@ def scoped_dollar_caps(limit) -> dict[str, int | None]:
             MONTH: money.parse_usd(limit.month_usd)}
 
 
-def applicable_dollar_windows(limit, runtime, now: datetime) -> list[DollarWindow]:
-    """The dollar windows a job's hold goes into: the matched scoped limit's, then the deployment's."""
-    windows = []
-    if limit is not None:
-        windows += _usd_windows(f"s:{scope_hash(limit.scope)}", limit.scope, scoped_dollar_caps(limit), now)
+def applicable_dollar_windows(rows: MatchedRows, runtime, now: datetime) -> list[DollarWindow]:
+    """The dollar windows a job's hold goes into: the matched scoped limit's, its project's, its models', then
+    the deployment's."""
+    windows, rows = [], MatchedRows.of(rows)
+    for limit in (rows.scope, rows.project, *rows.models):
+        if limit is not None:
+            windows += _usd_windows(f"s:{scope_hash(limit.scope)}", limit.scope, scoped_dollar_caps(limit), now)
     windows += _usd_windows("all", "", {DAY: runtime.daily_cost_micros, WEEK: runtime.weekly_cost_micros,
                                         MONTH: runtime.monthly_cost_micros}, now)
     return windows
@@ -340,13 +371,13 @@ class DollarHold:
                 "dollars_charged": money.to_usd(self.charged_micros), "dollar_basis": self.basis}
 
 
-def reserve_dollars(redis, spec: JobSpec, limit, runtime, now: datetime) -> DollarHold:
+def reserve_dollars(redis, spec: JobSpec, rows: MatchedRows, runtime, now: datetime) -> DollarHold:
     """Hold the job's per-job cap in every dollar window that applies, all or none.
 
     Raises DollarRefusal(`dollar-cap` | `cost-cap-unset` | `job-payload-invalid`); nothing is held then.
     """
     cap = job_cost_cap(spec, runtime)
-    windows = applicable_dollar_windows(limit, runtime, now)
+    windows = applicable_dollar_windows(rows, runtime, now)
     if windows and cap is None:
         # Only a scoped limit's dollar row gets here: the deployment's windows were refused without a cap.
         raise DollarRefusal("cost-cap-unset", windows[0])
@@ -434,3 +465,17 @@ def limit_for(spec: JobSpec):
     candidates = job_scopes(spec)
     rows = {row.scope: row for row in ScopedLimit.objects.filter(scope__in=candidates)}
     return next((rows[scope] for scope in candidates if scope in rows), None)
+
+
+def rows_for(spec: JobSpec) -> MatchedRows:
+    """Every scoped-limit row a job answers to, in one read: its own scope's, its project's (the project it was
+    stamped with), and every model row (narrowed by MatchedRows.calling once the job's models are known)."""
+    from apps.worker.models import ScopedLimit
+
+    candidates = job_scopes(spec)
+    project_scope = f"{PROJECT_PREFIX}{spec.project}" if spec.project else ""
+    wanted = Q(scope__in=[*candidates, project_scope]) | Q(scope__startswith=MODEL_PREFIX)
+    found = {row.scope: row for row in ScopedLimit.objects.filter(wanted).order_by("scope")}
+    return MatchedRows(scope=next((found[name] for name in candidates if name in found), None),
+                       project=found.get(project_scope),
+                       models=tuple(row for name, row in found.items() if name.startswith(MODEL_PREFIX)))

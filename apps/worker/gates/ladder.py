@@ -157,14 +157,34 @@ def job_model(spec: JobSpec) -> str:
     return spec.model or settings.PI_MODEL
 
 
+def held_model(spec: JobSpec, upstream: providers.Upstream) -> str:
+    """The model the gateway holds the job to, or "" when it cannot (none named, or a fuzzy pattern like
+    `sonnet` pi would resolve to a model the gateway cannot tell apart from another)."""
+    model = job_model(spec)
+    return model if model and (not upstream.builtin or prices.is_listed(upstream.provider, model)) else ""
+
+
+def job_models(spec: JobSpec, upstream: providers.Upstream) -> tuple[str, ...] | None:
+    """The models a job may call, as `provider/model`, for its `model:` scoped-limit rows; None when it may call
+    any (it then reserves in every model row). The one place an allowed-model list (`run.models`) plugs in."""
+    model = held_model(spec, upstream)
+    return (f"{upstream.provider}/{model}",) if model else None
+
+
+def container_size(rows: budget.MatchedRows, runtime: runtime_settings.RuntimeSettings) -> tuple[str, float]:
+    """The container's memory and CPUs: the job's project row's (scoped limits v3) over the deployment's."""
+    project = rows.project
+    memory = project.memory if project is not None and project.memory else runtime.job_memory
+    cpus = float(project.cpus) if project is not None and project.cpus is not None else runtime.job_cpus
+    return memory, cpus
+
+
 def gateway_limits(spec: JobSpec, upstream: providers.Upstream, runtime: runtime_settings.RuntimeSettings,
                    max_cost_micros: int | None = None):
     """The job's token budget, the day's cap and its dollar cap; the model is held to only when it names one
     exactly (pi also takes fuzzy patterns like `sonnet`, which the gateway cannot tell apart from another model)."""
-    model = job_model(spec)
-    exact = model and (not upstream.builtin or prices.is_listed(upstream.provider, model))
     return gateway.Limits(max_tokens=runtime.max_tokens, daily_token_cap=runtime.daily_token_cap,
-                          model=model if exact else "", max_cost_micros=max_cost_micros)
+                          model=held_model(spec, upstream), max_cost_micros=max_cost_micros)
 
 
 def classify(result: container.ContainerExit, egress: gateway.EgressReport | None = None,
@@ -305,13 +325,17 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     host_busy = host_slots.take(redis, attempt)
     if host_busy is not None:
         return host_busy
-    limit = budget.limit_for(spec)
+    rows = budget.rows_for(spec)
+    limit = rows.scope
     lease_ttl = job_time_budget_seconds()
     slots = []
     if spec.kind == "local":
         slots.append((f"f:{attempt.host}:{scope_hash(normalise_folder(spec.folder))}", 1))
     elif limit is not None and limit.concurrent:
         slots.append((f"s:{scope_hash(limit.scope)}", limit.concurrent))
+    if rows.project is not None and rows.project.concurrent:
+        # A project's runs at once, fleet-wide, local members too (taken after the narrower slot).
+        slots.append((f"s:{scope_hash(rows.project.scope)}", rows.project.concurrent))
     for name, count in slots:
         lease = leases.acquire(redis, name, count, attempt.holder, lease_ttl)
         if lease is None:
@@ -451,7 +475,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
 
     # 11b. The dollar windows: the job's per-job cap held in each, in one atomic step (none when one has no room).
     try:
-        attempt.dollars = budget.reserve_dollars(redis, spec, limit, runtime, now)
+        attempt.dollars = budget.reserve_dollars(redis, spec, rows.calling(job_models(spec, upstream)), runtime, now)
     except budget.DollarRefusal as refusal:
         window = refusal.window
         logger.info("dollar_refused job=%s reason=%s ledger=%s window=%s", spec.job_id, refusal.reason,
@@ -470,7 +494,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
 
     # 12. Job-count caps, narrowest first.
     try:
-        reservation = budget.reserve(redis, limit, runtime, now)
+        reservation = budget.reserve(redis, rows, runtime, now)
     except budget.CapRefusal as refusal:
         logger.info("cap_refused job=%s reason=%s window=%s", spec.job_id, refusal.reason, refusal.window)
         if refusal.reason == "soft-hold":
@@ -499,7 +523,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     for each in watches:
         each.start()
     attempt.container_ran = True
-    attempt.limits = (user, runtime.job_memory, runtime.job_cpus)
+    memory, cpus = container_size(rows, runtime)
+    attempt.limits = (user, memory, cpus)
     try:
         result = container.run_container(
             client,
@@ -513,8 +538,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
                                               secret_values),
             timeout_seconds=settings.PI_JOB_TIMEOUT_SECONDS,
             user=user,
-            memory=runtime.job_memory,
-            cpus=runtime.job_cpus,
+            memory=memory,
+            cpus=cpus,
             egress_mounts=egress.mounts(),
             overlay_mounts=overlay.mounts(),
             log_bytes=settings.PI_JOB_LOG_MAX_BYTES if settings.PI_CAPTURE_JOB_LOGS else 0,

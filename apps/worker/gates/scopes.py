@@ -4,7 +4,9 @@ A scope names what a rule applies to:
 - a bare repository, `owner/name` (GitLab: `group/sub/project`): that repository on every forge;
 - a forge-qualified repository, `github:owner/name`: that forge only;
 - an absolute folder, `/srv/code/app`: local jobs in that folder (normalised, symlinks not resolved);
-- `*`: everything (pause windows only).
+- `*`: everything (pause windows only);
+- scoped limits only: `project:<id>`, every member of a project (Project), and `model:<provider>/<model>`,
+  the dollars of every run that may call that model (stored lowercase: model ids compare so).
 
 A job's candidate scopes, narrowest first: forge jobs `github:owner/name` then `owner/name`; local jobs
 their normalised folder.
@@ -20,6 +22,10 @@ import unicodedata
 from apps.worker.jobs import FORGE_KINDS, JobSpec
 
 EVERYTHING = "*"
+PROJECT_PREFIX, MODEL_PREFIX = "project:", "model:"
+_PROJECT_SLUG = re.compile(r"^[a-z0-9-]{1,32}$")
+_PROVIDER = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+_MODEL = re.compile(r"^[^\s\x00-\x1f\x7f]{1,64}$")
 _SEGMENT = re.compile(r"^[^\s#:/\x00-\x1f\x7f](?:[^#:/\x00-\x1f\x7f]*[^\s#:/\x00-\x1f\x7f])?$")
 
 
@@ -41,8 +47,21 @@ def _check_repo(repo: str, original: str) -> str:
     return repo
 
 
-def parse_scope(raw: str, *, allow_everything: bool) -> str:
-    """The canonical form of a scope, or ScopeError saying what is wrong."""
+def _limit_row(raw: str) -> str:
+    prefix, _, rest = raw.partition(":")
+    if f"{prefix}:" == PROJECT_PREFIX:
+        if not _PROJECT_SLUG.fullmatch(rest):
+            raise ScopeError(f"{raw!r}: a project id is 1-32 lowercase letters, digits and '-'.")
+        return raw
+    provider, slash, model = rest.lower().partition("/")
+    if not (slash and _PROVIDER.fullmatch(provider) and _MODEL.fullmatch(model)):
+        raise ScopeError(f"{raw!r}: a model row is model:<provider>/<model>, e.g. model:anthropic/claude-sonnet-4.")
+    return f"{MODEL_PREFIX}{provider}/{model}"
+
+
+def parse_scope(raw: str, *, allow_everything: bool, allow_rows: bool = False) -> str:
+    """The canonical form of a scope, or ScopeError saying what is wrong. `allow_rows`: a scoped limit's
+    `project:<id>` and `model:<provider>/<model>` rows too."""
     if not isinstance(raw, str) or not raw or raw != raw.strip():
         raise ScopeError("a scope is a non-empty string without surrounding spaces.")
     if raw == EVERYTHING:
@@ -54,11 +73,28 @@ def parse_scope(raw: str, *, allow_everything: bool) -> str:
     if raw.startswith("/"):
         return normalise_folder(raw)
     forge, sep, rest = raw.partition(":")
+    near = re.sub(r"[\s_]", "", forge).lower().rstrip("s")
+    if allow_rows and sep and f"{forge}:" in (PROJECT_PREFIX, MODEL_PREFIX):
+        return _limit_row(raw)
+    if allow_rows and sep and f"{near}:" in (PROJECT_PREFIX, MODEL_PREFIX):
+        # `Model:`, `models:`, `model :` would be a forge nobody has: it would cap nothing.
+        raise ScopeError(f"{raw!r}: spell the prefix exactly {near}: (lowercase, no space).")
     if sep:
         if forge not in FORGE_KINDS:
             raise ScopeError(f"{raw!r}: unknown forge prefix {forge!r} (use {', '.join(FORGE_KINDS)}).")
         return f"{forge}:{_check_repo(rest, raw)}"
     return _check_repo(raw, raw)
+
+
+def parse_member(raw) -> str:
+    """A project member's canonical form: a forge-qualified repository or an absolute folder (a bare
+    `owner/name` would be every forge's repository of that name)."""
+    if not isinstance(raw, str):
+        raise ScopeError("a member is a string: github:owner/repo or an absolute folder.")
+    member = parse_scope(raw, allow_everything=False)
+    if not member.startswith("/") and ":" not in member:
+        raise ScopeError(f"{raw!r}: name the forge, e.g. github:{raw} (a bare owner/repo is refused in a project).")
+    return member
 
 
 def bare_repo(scope: str) -> str:

@@ -9,7 +9,7 @@ from django.core.paginator import Paginator
 from django.db import connection
 from django.db.models import Count, OuterRef, Subquery
 from django.shortcuts import redirect
-from django.urls import reverse
+from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
@@ -20,6 +20,8 @@ from apps.worker.forges.publishing import kept
 from apps.worker.gates import runtime_settings
 from apps.worker.jobs import KINDS
 from apps.worker.models import AgentSession, DispatchSettings, PauseWindow, Run, ScopedLimit
+from apps.worker.progress import reading as progress_reading
+from apps.worker.progress import views as progress_views
 from pidispatch_site import admin_display
 from pidispatch_site.admin_mixins import ManagedChangesAdmin, ReadOnlyAdminMixin
 
@@ -167,6 +169,22 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def get_fieldsets(self, request, obj=None):
         return run_logs.admin_fieldsets(super().get_fieldsets(request, obj), request.user)
 
+    def get_urls(self):
+        # A job's page (live while it is queued or runs, its attempts once recorded) and the JSON it polls.
+        wrap = self.admin_site.admin_view
+        return [
+            path("job/<str:job_id>/", wrap(lambda request, job_id: progress_views.live_page(
+                request, job_id, admin_context={**self.admin_site.each_context(request), "opts": self.opts})),
+                name="worker_run_live"),
+            path("job/<str:job_id>/progress.json", wrap(progress_views.progress_json), name="worker_run_progress"),
+            *super().get_urls(),
+        ]
+
+    def changelist_view(self, request, extra_context=None):
+        # Running jobs have no record yet: they are listed above the history, from their workers' progress.
+        running = progress_reading.running_now() if not request.GET.get("job_id") else []
+        return super().changelist_view(request, {**(extra_context or {}), "running_now": running})
+
     def get_queryset(self, request):
         # Per row: how many attempts its job has, and why the attempt before it ended (run_job_idx lookups).
         siblings = Run.objects.filter(job_id=OuterRef("job_id"))
@@ -199,10 +217,11 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     @admin.display(description="outcome", ordering="outcome")
     def outcome_display(self, run: Run) -> str:
         if not run.reason:
-            return run.outcome
+            return format_html('<span class="outcome outcome-{}">{}</span>', run.outcome, run.outcome)
         reason = reasons.explain(run.reason)
         hover = f"{reason.means} Next: {reason.next_step}" if reason else "No explanation recorded for this reason."
-        return format_html('{}<br><span class="reason" title="{}">{}</span>', run.outcome, hover, run.reason)
+        return format_html('<span class="outcome outcome-{}">{}</span><br><span class="reason" title="{}">{}</span>',
+                           run.outcome, run.outcome, hover, run.reason)
 
     @admin.display(description="published", ordering="publish_outcome")
     def published(self, run: Run) -> str:
@@ -275,11 +294,14 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def attempts_display(self, run: Run) -> str:
         rows = list(_attempts_of(run.job_id).order_by("attempt")
                     .values_list("pk", "attempt", "outcome", "reason", "lost_retry"))
-        return format_html_join(
+        attempts = format_html_join(
             mark_safe(" · "), '<a href="{}"{}>attempt {}: {} {}{}</a>',
             ((reverse("admin:worker_run_change", args=[pk]), mark_safe(' class="current"') if pk == run.pk else "",
               attempt, outcome, reason, f" ({text})" if (text := reasons.lost_retry_text(lost_retry, attempt)) else "")
              for pk, attempt, outcome, reason, lost_retry in rows))
+        # The job's page: its phases (live while a later attempt is queued or runs) and every attempt.
+        return format_html('{} · <a class="job-page" href="{}">the job\'s page (live while it runs)</a>', attempts,
+                           reverse("admin:worker_run_live", args=[run.job_id]))
 
     @admin.display(description="parent job")
     def parent_job_display(self, run: Run) -> str:

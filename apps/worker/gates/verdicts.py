@@ -25,6 +25,8 @@ class Publication:
     pushed_commits: int | None = None
     url: str = ""
     changed_files: int | None = None  # paths the agent's work changed (pushed or not)
+    # Its paths, commits and bounded diff, for the run page (publishing/changes.py: WorkChanges); None: not read.
+    changes: object | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from datetime import timedelta
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
@@ -15,11 +16,13 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from apps.fleet import job_states
+from apps.fleet.connection import get_redis
 from apps.worker import reasons, run_logs
 from apps.worker.forges.publishing import kept
 from apps.worker.gates import runtime_settings
 from apps.worker.jobs import KINDS
-from apps.worker.models import AgentSession, DispatchSettings, PauseWindow, Run, ScopedLimit
+from apps.worker.models import AgentSession, DispatchSettings, PauseWindow, Run, RunChanges, ScopedLimit
 from apps.worker.progress import reading as progress_reading
 from apps.worker.progress import views as progress_views
 from pidispatch_site import admin_display
@@ -114,6 +117,8 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                            "lost_retry_display", "forge_sentence", "exit_code")}),
         ("What it did", {"fields": ("publish_outcome", "publish_display", "pull_request", "pushed_commits",
                                     "changed_files", "agent_summary", "summary_chars")}),
+        # The agent's paths, commits and diff (apps/worker/forges/publishing/changes.py), beside what was posted.
+        ("What the agent changed", {"fields": ("changes_display",)}),
         ("What ran", {"fields": ("kind", "target_display", "scope", "flow", "command", "image",
                                  "replica", "replicas")}),
         # Chaining (apps/worker/chaining/): the job that asked for this one, and the jobs this one asked for.
@@ -347,11 +352,48 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             return "-" if run.trigger_type != "manual" else "started by hand"
         from apps.receiver.models import Delivery
 
-        delivery = Delivery.objects.filter(forge=run.kind, delivery_id=run.delivery_id).only("pk", "status").first()
+        delivery = (Delivery.objects.filter(forge=run.kind, delivery_id=run.delivery_id)
+                    .only("pk", "status", "job_ids").first())
         if delivery is None:
             return f"{run.delivery_id} (no longer in the inbox)"
+        status = delivery.status
+        if status == "queued" and delivery.job_ids:
+            states = job_states.job_states(get_redis(), delivery.job_ids)
+            status = f"queued → {job_states.overall(states, delivery.job_ids)}"
         return format_html('<a href="{}">{} ({})</a>', reverse("admin:receiver_delivery_change", args=[delivery.pk]),
-                           run.delivery_id, delivery.status)
+                           run.delivery_id, status)
+
+    @admin.display(description="changes")
+    def changes_display(self, run: Run) -> str:
+        changes = RunChanges.objects.filter(run=run).first()
+        if changes is None:
+            if run.changed_files:
+                return (f"{run.changed_files} path(s) changed; their diff is no longer kept "
+                        f"(past PI_JOB_LOG_RETENTION_DAYS, or recorded by an earlier version)")
+            return "none (no forge work to publish, or the run did not complete)"
+        added = sum(entry.get("added") or 0 for entry in changes.files)
+        removed = sum(entry.get("removed") or 0 for entry in changes.files)
+        files = format_html_join("", '<tr><td class="path"><code>{}</code></td><td class="added">{}</td>'
+                                     '<td class="removed">{}</td></tr>', (
+            (entry["path"], "bin" if entry.get("added") is None else f"+{entry['added']}",
+             "" if entry.get("removed") is None else f"-{entry['removed']}") for entry in changes.files))
+        more_files = changes.files_total - len(changes.files)
+        commits = format_html_join("", "<li><code>{}</code> {}</li>", (
+            (commit["sha"][:12], commit["subject"]) for commit in changes.commits))
+        cut = (f" (cut: {changes.diff_bytes} bytes of diff, PI_RUN_DIFF_MAX_BYTES "
+               f"{settings.PI_RUN_DIFF_MAX_BYTES}; large files left out first)" if changes.truncated else "")
+        summary = (format_html('<div class="posted-summary"><strong>Posted on the forge:</strong>'
+                               '<div style="white-space: pre-wrap">{}</div></div>', changes.summary)
+                   if changes.summary else "")
+        return format_html(
+            '<div class="run-changes"><p>{} · {} path(s), <span class="added">+{}</span> '
+            '<span class="removed">-{}</span>, {} commit(s)</p>'
+            '<table class="changed-files"><tbody>{}</tbody></table>{}'
+            '<ol class="commits">{}</ol>{}'
+            '<details class="diff"{}><summary>Diff{}</summary><pre class="diff">{}</pre></details></div>',
+            changes.get_source_display(), changes.files_total, added, removed, changes.commits_total, files,
+            format_html("<p>and {} more path(s)</p>", more_files) if more_files > 0 else "", commits, summary,
+            mark_safe(" open") if len(changes.diff) < 20_000 else "", cut, changes.diff)
 
     @admin.display(description="usage by model")
     def usage_display(self, run: Run) -> str:
@@ -373,7 +415,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             "duration_display", "explanation", "forge_sentence", "attempts_display", "target_display",
             "publish_display", "delivery_display", "cost_display", "usage_display", "started_display",
             "ended_display", "view_log", "agent_summary", "lost_retry_display", "resumed_display",
-            "sandbox_until_display"]
+            "sandbox_until_display", "changes_display"]
 
     @admin.action(description="Publish again (work kept on this host after a failed publish)",
                   permissions=["publish_again"])

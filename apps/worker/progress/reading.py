@@ -89,9 +89,11 @@ def running_now(limit: int = 50) -> list[dict]:
     try:
         job_ids = [text(job_id) for job_id in redis.zrange(RUNNING, 0, limit - 1)]
         states = job_states.job_states(redis, job_ids) if job_ids else {}
-        rows = []
+        rows, gone = [], []
         for job_id in job_ids:
             if states.get(job_id) is None or states[job_id].state != "running":
+                if not redis.exists(key(job_id)):
+                    gone.append(job_id)  # its horse died before it could say so, and its keys have lapsed
                 continue
             progress = _progress(redis, job_id)
             phase = progress["phases"][-1] if progress["phases"] else None
@@ -100,6 +102,8 @@ def running_now(limit: int = 50) -> list[dict]:
                          "started": progress["phases"][0]["at"] if progress["phases"] else "",
                          "tokens": progress["tokens"],
                          "url": reverse("admin:worker_run_live", args=[job_id])})
+        if gone:
+            redis.zrem(RUNNING, *gone)
         return rows
     except RedisError:
         return []

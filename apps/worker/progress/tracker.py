@@ -2,11 +2,11 @@
 
 Keys (one job's, all with a TTL):
 
-    pi:progress:<job id>       hash: attempt, host, state (running | deferred | ended), phases (JSON list of
+    pidispatch:progress:<job id>       hash: attempt, host, state (running | deferred | ended), phases (JSON list of
                                [token, ISO time]), calls, tokens, cost (from the egress gateway's meter), updated,
                                outcome, reason, run (the record's pk once written)
-    pi:progress:<job id>:log   the container's output so far, scrubbed and cut (only with PI_CAPTURE_JOB_LOGS)
-    pi:progress:running        sorted set: job id -> when its climb began (the runs list's "running now")
+    pidispatch:progress:<job id>:log   the container's output so far, scrubbed and cut (only with PI_CAPTURE_JOB_LOGS)
+    pidispatch:running-jobs            sorted set: job id -> when its climb began (the runs list's "running now")
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from apps.fleet.connection import get_redis
 
 logger = logging.getLogger("pidispatch.progress")
 
-PREFIX = "pi:progress:"
-RUNNING = "pi:progress:running"
+PREFIX = "pidispatch:progress:"
+RUNNING = "pidispatch:running-jobs"
 ENDED_KEEP_SECONDS = 600  # the page of a job that just ended still finds its phases (and links its record)
 TICK_SECONDS = 1.0
 LIVE_LOG_BYTES = 64 * 1024  # the tail of the output the live page shows

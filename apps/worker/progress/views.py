@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, JsonResponse
 from django.template.response import TemplateResponse
@@ -28,7 +27,8 @@ def live_page(request, job_id: str, *, admin_context: dict):
     return TemplateResponse(request, "admin/worker/run/live.html", {
         **admin_context, "title": f"Job {job_id}", "job_id": job_id, "poll_ms": POLL_MILLISECONDS,
         "initial": reading.live(job_id, request.user),
-        "shows_output": settings.PI_CAPTURE_JOB_LOGS and run_logs.can_view_run_log(request.user),
+        # The worker streams output only with its PI_CAPTURE_JOB_LOGS (the web process's may differ).
+        "shows_output": run_logs.can_view_run_log(request.user),
     })
 
 

@@ -32,10 +32,10 @@ def _attach_job_states(deliveries) -> list[dict]:
 
 
 def _runs_of(job_id: str, state) -> str:
-    """One click to the job: its latest recorded attempt (whose page links the others and the job's live page),
-    or, before any is recorded, the job's live page (queued, its phases while it runs)."""
-    if state is not None and state.run_pk is not None and state.state not in ("running", "queued", "deferred"):
-        return reverse("admin:worker_run_change", args=[state.run_pk])
+    """One click to the job: its recorded attempts, or, before any is recorded, its live page (queued, then its
+    phases while it runs)."""
+    if state is not None and state.run_pk is not None:
+        return reverse("admin:worker_run_changelist") + "?" + urlencode({"job_id": job_id})
     return reverse("admin:worker_run_live", args=[job_id])
 
 

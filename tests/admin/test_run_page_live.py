@@ -23,10 +23,9 @@ PAT = "ghp-run-page-token"
 FILES = {
     "README.md": "# web\n",
     "app/main.py": "print('web')\nprint('old line')\n",
-    # What the agent does (fake-agent:run-script): a commit of its own, then output the page streams.
+    # What the agent does (fake-agent:run-script; the demo image has no git: the worker commits it), then output
+    # the page streams.
     "edit.sh": "printf \"print('web')\\nprint('fixed')\\nprint('more')\\n\" > app/main.py\n"
-               "git add app/main.py && git -c user.name=agent -c user.email=agent@example.invalid "
-               "commit -qm 'Fix the greeting'\n"
                "echo 'agent: step one done, thinking about step two'\n",
 }
 
@@ -130,15 +129,14 @@ def test_a_published_run_shows_its_paths_commits_and_diff_beside_the_posted_summ
     # The commits are the ones pushed to the published branch.
     branch_head = subprocess.run(["git", "--git-dir", str(github.bare), "rev-parse", f"refs/heads/{pull['head']}"],
                                  capture_output=True, text=True, check=True).stdout.strip()
-    assert [commit["subject"] for commit in changes.commits] == ["Fix the greeting",
-                                                                 "Changes the agent left uncommitted"]
-    assert changes.commits[-1]["sha"] == branch_head
+    assert changes.commits == [{"sha": branch_head, "subject": "Changes the agent left uncommitted"}]
 
     page.goto(f"{live_server.url}{reverse('admin:worker_run_change', args=[run.pk])}")
     files = page.eval_on_selector_all(".run-changes table.changed-files tr", "rows => rows.map(row => row.innerText)")
     assert any(row.split() == ["app/main.py", "+2", "-1"] for row in files), files
     assert any(row.split()[0] == "pi-output.md" and row.split()[1].startswith("+") for row in files), files
-    assert "Fix the greeting" in page.text_content(".run-changes ol.commits")
+    assert page.text_content(".run-changes ol.commits").split() == [branch_head[:12], *"Changes the agent left "
+                                                                                       "uncommitted".split()]
     diff = page.text_content(".run-changes pre.diff")
     assert "-print('old line')" in diff and "+print('fixed')" in diff and "+# fake pi output" in diff
     assert "Posted on the forge" in page.text_content(".run-changes")
@@ -162,7 +160,7 @@ def test_a_delivery_follows_its_job_to_the_end_and_they_link_both_ways(
     assert delivery.status == Delivery.objects.get(pk=delivery.pk).status == "queued"  # the row is intake's
     inbox = client.get(reverse("admin:receiver_delivery_changelist")).content.decode()
     assert "queued → <span class=\"outcome outcome-completed\">completed</span>" in inbox
-    assert reverse("admin:worker_run_change", args=[run.pk]) in inbox  # one click to its run
+    assert f'{reverse("admin:worker_run_changelist")}?job_id={job_id}' in inbox  # one click to its attempts
     page = client.get(reverse("admin:worker_run_change", args=[run.pk])).content.decode()
     assert reverse("admin:receiver_delivery_change", args=[delivery.pk]) in page and "queued → completed" in page
     assert reverse("admin:receiver_trigger_change", args=[label_trigger.pk]) in page  # and its trigger
@@ -193,3 +191,52 @@ def test_the_progress_json_shows_output_only_to_readers_of_run_logs(client, redi
     nobody = User.objects.create_user("nobody", password="pw", is_staff=True)
     client.force_login(nobody)
     assert client.get(url).status_code == 403
+
+
+def test_a_runs_changes_go_with_its_logs_retention(settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.worker.forges.publishing import changes as work_changes
+
+    settings.PI_JOB_LOG_RETENTION_DAYS = 14
+    now = timezone.now()
+    for job_id, age in (("gh-old", 15), ("gh-young", 13)):
+        run = Run.objects.create(job_id=job_id, kind="github", started_at=now, ended_at=now, outcome="completed")
+        RunChanges.objects.create(run=run, source="pushed", diff=f"{job_id} diff", created_at=now - timedelta(days=age))
+
+    assert work_changes.sweep(now) == 1
+    assert list(RunChanges.objects.values_list("run__job_id", flat=True)) == ["gh-young"]
+
+
+def test_the_diff_is_bounded_small_files_first_and_scrubbed(tmp_path, settings):
+    from apps.worker.forges.publishing import changes as work_changes
+    from apps.worker.forges.publishing.work import work_between
+
+    settings.PI_RUN_DIFF_MAX_BYTES = 4096
+    repo = tmp_path / "repo"
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.invalid",
+                               *args], capture_output=True, text=True, check=True).stdout.strip()
+
+    repo.mkdir()
+    git("init", "-q")
+    (repo / "small.py").write_text("a = 1\n")
+    git("add", "-A")
+    git("commit", "-qm", "start")
+    start = git("rev-parse", "HEAD")
+    (repo / "small.py").write_text("a = 2  # token s3cret-value\n")
+    (repo / "big.txt").write_text("".join(f"line {n}\n" for n in range(5000)))
+    git("add", "-A")
+    git("commit", "-qm", "work with s3cret-value in its message")
+    head = git("rev-parse", "HEAD")
+
+    described = work_changes.describe(work_between(repo / ".git", start, head, 1), ["s3cret-value"])
+
+    assert {entry["path"]: (entry["added"], entry["removed"]) for entry in described.files} == {
+        "big.txt": (5000, 0), "small.py": (1, 1)}
+    assert "+a = 2  # token [scrubbed]" in described.diff and "s3cret-value" not in described.diff
+    assert "big.txt" not in described.diff and described.truncated  # the huge file left out, the small one shown
+    assert described.commits == [{"sha": head, "subject": "work with [scrubbed] in its message"}]

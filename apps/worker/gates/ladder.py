@@ -21,6 +21,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
+from docker.errors import NotFound
 from redis.exceptions import RedisError
 
 from apps.fleet import cancel
@@ -294,9 +295,12 @@ def _progress_ticker(attempt: Attempt, egress: gateway.EgressGateway, scrub: lis
     if settings.PI_CAPTURE_JOB_LOGS:
         scrubber = Scrubber([*scrub, *(publishing.forge_tokens(attempt.forge) if attempt.forge is not None else [])])
 
-        def read_output() -> str:
-            logs = container.engine().containers.get(container.container_name(attempt.spec.job_id)).logs(
-                stdout=True, stderr=True, tail=400)
+        def read_output() -> str | None:
+            try:
+                logs = container.engine().containers.get(container.container_name(attempt.spec.job_id)).logs(
+                    stdout=True, stderr=True, tail=400)
+            except NotFound:
+                return None  # not created yet, or already removed
             return scrubber.scrub(logs.decode(errors="replace"))
     return Ticker(attempt.progress, meter=egress.report.meter, read_output=read_output).start()
 

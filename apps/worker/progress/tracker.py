@@ -112,7 +112,7 @@ class Ticker:
     """While the container runs: every second the gateway's count so far, and every other one (with capture on)
     the container's output, scrubbed. A thread of the work horse, stopped when the container ends."""
 
-    def __init__(self, progress: Progress, *, meter, read_output: Callable[[], str] | None = None):
+    def __init__(self, progress: Progress, *, meter, read_output: Callable[[], str | None] | None = None):
         self.progress = progress
         self.meter = meter
         self.read_output = read_output
@@ -126,7 +126,7 @@ class Ticker:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        self._tick(output=True)  # the last count and output, once the container has ended
+        self._tick(output=False)  # the last count; the container is gone (its whole output goes to the kept log)
 
     def _loop(self) -> None:
         ticks = 0
@@ -138,7 +138,8 @@ class Ticker:
         try:
             self.progress.usage(calls=self.meter.calls, tokens=self.meter.tokens_total,
                                 cost=self.meter.known_cost())
-            if output and self.read_output is not None:
-                self.progress.output(self.read_output())
-        except Exception:  # never the job's failure: the page only says less
-            logger.warning("progress_tick_failed job=%s", self.progress.job_id, exc_info=True)
+            text = self.read_output() if output and self.read_output is not None else None
+            if text is not None:
+                self.progress.output(text)
+        except Exception as exc:  # never the job's failure: the page only says less
+            logger.warning("progress_tick_failed job=%s error=%s", self.progress.job_id, type(exc).__name__)

@@ -44,7 +44,8 @@ def execute_job(payload: dict):
             return database_unavailable()  # refused once it can be recorded
         return {"outcome": Outcome.POLICY, "reason": "job-payload-invalid"}
 
-    progress = Progress(spec.job_id, host=host, attempt=attempt)
+    progress = Progress(spec.job_id, host=host, attempt=attempt, forge=spec.kind, delivery_id=spec.delivery_id,
+                        trigger_id=spec.trigger_id)
     progress.queued(job.enqueued_at)
     progress.passed("picked-up")
     try:

@@ -82,6 +82,11 @@ def test_the_job_page_follows_a_running_job_without_a_reload(
     assert shown[:2] == ["queued", "picked-up"] and "workspace" in shown and shown[-1] == "container"
     assert page.eval_on_selector("#job-phases li.current", "item => item.dataset.phase") == "container"
     assert all(page.eval_on_selector_all("#job-phases li time", "times => times.map(time => time.textContent)"))
+    # One click to its delivery and its trigger, while it runs.
+    delivery = Delivery.objects.get(delivery_id="d-live-1")
+    assert page.get_attribute("#job-delivery", "href") == reverse("admin:receiver_delivery_change", args=[delivery.pk])
+    assert page.get_attribute("#job-trigger", "href") == reverse("admin:receiver_trigger_change",
+                                                                 args=[label_trigger.pk])
     # Its output streams too (capture on, the operator may read logs).
     page.wait_for_function("document.querySelector('#job-output').textContent.includes('step one done')",
                            timeout=20_000)

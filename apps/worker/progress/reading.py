@@ -54,7 +54,30 @@ def _progress(redis, job_id: str) -> dict:
         "tokens": int(fields["tokens"]) if fields.get("tokens", "").isdigit() else None,
         "cost": fields.get("cost") or None,
         "updated": fields.get("updated") or None,
+        "forge": fields.get("forge", ""),
+        "delivery": fields.get("delivery", ""),
+        "trigger": int(fields["trigger"]) if fields.get("trigger", "").isdigit() else None,
     }
+
+
+def _links(progress: dict | None, job_id: str) -> dict:
+    """The job's delivery and trigger pages: from its progress while it runs, else from its latest record."""
+    from apps.receiver.models import Delivery, Trigger
+
+    forge, delivery_id, trigger_id = ((progress["forge"], progress["delivery"], progress["trigger"]) if progress
+                                      else ("", "", None))
+    if not delivery_id and trigger_id is None:
+        latest = Run.objects.for_job(job_id).values_list("kind", "delivery_id", "trigger_id").last()
+        forge, delivery_id, trigger_id = latest or ("", "", None)
+    links = {}
+    delivery = (Delivery.objects.filter(forge=forge, delivery_id=delivery_id).values_list("pk", flat=True).first()
+                if delivery_id else None)
+    if delivery is not None:
+        links["delivery"] = {"label": delivery_id, "url": reverse("admin:receiver_delivery_change", args=[delivery])}
+    if trigger_id is not None and Trigger.objects.filter(pk=trigger_id).exists():
+        links["trigger"] = {"label": f"trigger #{trigger_id}",
+                            "url": reverse("admin:receiver_trigger_change", args=[trigger_id])}
+    return links
 
 
 def live(job_id: str, user) -> dict:
@@ -77,6 +100,7 @@ def live(job_id: str, user) -> dict:
             answer["output"] = None if output is None else text(output)
     except RedisError as exc:
         answer["detail"] = answer["detail"] or f"Redis unreachable ({type(exc).__name__})"
+    answer["links"] = _links(answer["progress"], job_id)
     if state.state == "running" and answer["progress"] and answer["progress"]["state"] == "ended":
         answer["state"] = "recording"  # the record is written, RQ has not marked the job finished yet
     return answer

@@ -4,7 +4,8 @@ Keys (one job's, all with a TTL):
 
     pidispatch:progress:<job id>       hash: attempt, host, state (running | deferred | ended), phases (JSON list of
                                [token, ISO time]), calls, tokens, cost (from the egress gateway's meter), updated,
-                               outcome, reason, run (the record's pk once written)
+                               outcome, reason, run (the record's pk once written), forge, delivery and trigger
+                               (ids, for the page's links)
     pidispatch:progress:<job id>:log   the container's output so far, scrubbed and cut (only with PI_CAPTURE_JOB_LOGS)
     pidispatch:running-jobs            sorted set: job id -> when its climb began (the runs list's "running now")
 """
@@ -48,13 +49,16 @@ def running_ttl() -> int:
 class Progress:
     """One climb's phases. Every write is best effort: Redis down only makes the live page say less."""
 
-    def __init__(self, job_id: str, *, host: str, attempt: int, redis=None):
+    def __init__(self, job_id: str, *, host: str, attempt: int, redis=None, forge: str = "", delivery_id: str = "",
+                 trigger_id: int | None = None):
         self.job_id = job_id
         self.redis = redis if redis is not None else get_redis()
         self.phases: list[list[str]] = []
         self._failed = False
+        # Ids only: the page links the job's delivery and trigger while it runs, before any record names them.
         self._write({"attempt": attempt, "host": host, "state": "running", "outcome": "", "reason": "", "run": "",
-                     "calls": "", "tokens": "", "cost": ""}, running=True)
+                     "calls": "", "tokens": "", "cost": "", "forge": forge, "delivery": delivery_id,
+                     "trigger": "" if trigger_id is None else trigger_id}, running=True)
 
     def queued(self, instant) -> None:
         """When the job was put on its queue (RQ's enqueue time): the first line of its page."""

@@ -81,6 +81,18 @@ class EstimatedCountPaginator(Paginator):
         return super().count
 
 
+def _diff_line_class(line: str) -> str:
+    if line.startswith(("+++", "---", "diff --git", "index ")):
+        return "meta"
+    return {"+": "add", "-": "del", "@": "hunk"}.get(line[:1], "")
+
+
+def _diff_lines(diff: str) -> str:
+    """The diff with its added and removed lines marked, as a forge's diff view shows them."""
+    return format_html_join("", '<span class="{}">{}</span>\n',
+                            ((_diff_line_class(line), line) for line in diff.split("\n")))
+
+
 def _attempts_of(job_id):
     return Run.objects.filter(job_id=job_id)
 
@@ -393,7 +405,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             '<details class="diff"{}><summary>Diff{}</summary><pre class="diff">{}</pre></details></div>',
             changes.get_source_display(), changes.files_total, added, removed, changes.commits_total, files,
             format_html("<p>and {} more path(s)</p>", more_files) if more_files > 0 else "", commits, summary,
-            mark_safe(" open") if len(changes.diff) < 20_000 else "", cut, changes.diff)
+            mark_safe(" open") if len(changes.diff) < 20_000 else "", cut, _diff_lines(changes.diff))
 
     @admin.display(description="usage by model")
     def usage_display(self, run: Run) -> str:

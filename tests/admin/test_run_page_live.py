@@ -108,6 +108,9 @@ def test_the_job_page_follows_a_running_job_without_a_reload(
     assert page.evaluate("window.sameDocument") == "never reloaded"
     shown = phases_shown(page)
     assert shown[-2:] == ["publishing", "recorded"]
+    # Each step says how long it took: the agent slept 6 s in its container.
+    took = page.text_content("#job-phases li[data-phase=container] .took")
+    assert took.endswith(" s") and float(took.split()[0]) >= 6, took
     run = Run.objects.get(job_id=job_id)
     assert page.get_attribute("#job-attempts a", "href") == reverse("admin:worker_run_change", args=[run.pk])
     shot(page, "job-completed")

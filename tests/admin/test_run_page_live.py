@@ -122,6 +122,29 @@ def test_the_job_page_follows_a_running_job_without_a_reload(
                                  "node => getComputedStyle(node).backgroundColor") == "rgb(26, 127, 55)"
 
 
+def test_a_running_job_is_cancelled_from_its_page_and_the_page_shows_it_end(
+    operator_page, live_server, github, post_github, label_trigger, start_worker
+):
+    page = operator_page
+    job_id = deliver(post_github, "d-cancel-1", "fake-agent:sleep=60")
+    start_worker("pi-jobs", env=github.env)
+    live = f"{live_server.url}{reverse('admin:worker_run_live', args=[job_id])}"
+    page.goto(live)
+    page.wait_for_function("document.querySelector('#job-phases li[data-phase=container]') !== null",
+                           timeout=90_000)
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#job-cancel button")
+    page.wait_for_url(live)  # back on the job's page, to watch the cancel land
+    page.wait_for_function("document.getElementById('job-state').textContent === 'policy'", timeout=60_000)
+    assert "operator-cancel" in page.text_content("#job-attempts")
+    assert page.locator("#job-cancel").count() == 0  # nothing left to cancel
+    run = Run.objects.get(job_id=job_id)
+    assert (run.outcome, run.reason) == (Outcome.POLICY, "operator-cancel")
+    assert (run.ended_at - run.started_at).total_seconds() < 50  # stopped, not slept out
+    shot(page, "job-cancelled")
+
+
 def test_a_published_run_shows_its_paths_commits_and_diff_beside_the_posted_summary(
     operator_page, live_server, github, post_github, label_trigger, run_worker
 ):

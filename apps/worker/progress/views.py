@@ -29,6 +29,8 @@ def live_page(request, job_id: str, *, admin_context: dict):
         "initial": reading.live(job_id, request.user),
         # The worker streams output only with its PI_CAPTURE_JOB_LOGS (the web process's may differ).
         "shows_output": run_logs.can_view_run_log(request.user),
+        # The fleet's cancel (apps/fleet/cancel.py, through the panel's view), for a job not ended yet.
+        "can_cancel": request.user.has_perm("fleet.cancel_job"),
     })
 
 

@@ -136,7 +136,9 @@ def test_a_running_job_is_cancelled_from_its_page_and_the_page_shows_it_end(
     page.once("dialog", lambda dialog: dialog.accept())
     page.click("#job-cancel button")
     page.wait_for_url(live)  # back on the job's page, to watch the cancel land
-    page.wait_for_function("document.getElementById('job-state').textContent === 'policy'", timeout=60_000)
+    page.wait_for_function("['policy', 'cancelled'].includes(document.getElementById('job-state').textContent)",
+                           timeout=60_000)
+    page.wait_for_selector("#job-attempts a", timeout=30_000)
     assert "operator-cancel" in page.text_content("#job-attempts")
     assert page.locator("#job-cancel").count() == 0  # nothing left to cancel
     run = Run.objects.get(job_id=job_id)

@@ -259,6 +259,8 @@ PI_MONTHLY_COST_USD = env("PI_MONTHLY_COST_USD", default="")
 PI_CAPTURE_JOB_LOGS = env.bool("PI_CAPTURE_JOB_LOGS", default=False)
 PI_JOB_LOG_MAX_BYTES = env.int("PI_JOB_LOG_MAX_BYTES", default=1024 * 1024)
 PI_JOB_LOG_RETENTION_DAYS = env.int("PI_JOB_LOG_RETENTION_DAYS", default=14)
+# The diff a run page shows (apps/worker/forges/publishing/changes.py), kept as long as run logs.
+PI_RUN_DIFF_MAX_BYTES = env.int("PI_RUN_DIFF_MAX_BYTES", default=256 * 1024)
 # Housekeeping (apps/worker/housekeeping.py): run records and settled deliveries are kept this many days, and the
 # workers run `manage.py housekeeping` once a UTC day across the fleet unless PI_HOUSEKEEPING_DAILY is false.
 PI_RUN_RETENTION_DAYS = env.int("PI_RUN_RETENTION_DAYS", default=365)

@@ -230,6 +230,8 @@ SECTIONS: tuple[Section, ...] = (
         S("PI_CAPTURE_JOB_LOGS", "false", "Keep each run's container output and summary (they hold issue text)."),
         S("PI_JOB_LOG_MAX_BYTES", "1048576", "The most kept per run."),
         S("PI_JOB_LOG_RETENTION_DAYS", "14", "Kept logs older than this are deleted by the workers' sweep."),
+        S("PI_RUN_DIFF_MAX_BYTES", "262144", "The most of a run's diff its page keeps (scrubbed; deleted with the "
+          "logs)."),
     )),
     Section("Housekeeping", "the workers and manage.py housekeeping", (
         S("PI_RUN_RETENTION_DAYS", "365", "Run records are kept this many whole UTC days (at least 1); housekeeping "

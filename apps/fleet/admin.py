@@ -12,6 +12,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from redis.exceptions import RedisError
 
 from pidispatch_site.admin_mixins import ReadOnlyAdminMixin
@@ -192,4 +193,8 @@ class FleetPanelAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         except (ValueError, RedisError) as exc:
             return self._refused(request, exc)
         self.message_user(request, result.message, messages.SUCCESS if result.changed else messages.WARNING)
+        # A job's own page (its Cancel button) gets the operator back to it, to watch the cancel land.
+        back = request.POST.get("next", "")
+        if back and url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}, require_https=False):
+            return redirect(back)
         return self._back()

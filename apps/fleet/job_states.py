@@ -59,3 +59,15 @@ def job_states(redis, job_ids) -> dict[str, JobState]:
             reason = f"retrying after {reason}"  # a retry's backoff: the last attempt failed
         states[job_id] = JobState(word, run_pk=pk, attempt=attempt, detail=reason)
     return states
+
+
+# A delivery's jobs read as one word, the most telling first: any still going, then the worst end.
+_OVERALL_ORDER = ("running", "queued", "deferred", "failed", "policy", "cancelled", "unknown", "completed")
+
+
+def overall(states: dict[str, JobState], job_ids) -> str:
+    """The word for several jobs' states (a delivery's replicas; `states` as job_states() answers): `running` while
+    any runs, `queued` or `deferred` while any waits, else the worst way one ended (failed, policy, cancelled,
+    unknown) or `completed`."""
+    words = {states[job_id].state if job_id in states else "unknown" for job_id in job_ids}
+    return next((word for word in _OVERALL_ORDER if word in words), "unknown")

@@ -32,9 +32,11 @@ def _attach_job_states(deliveries) -> list[dict]:
 
 
 def _runs_of(job_id: str, state) -> str:
+    """One click to the job: its recorded attempts, or, before any is recorded, its live page (queued, then its
+    phases while it runs)."""
     if state is not None and state.run_pk is not None:
         return reverse("admin:worker_run_changelist") + "?" + urlencode({"job_id": job_id})
-    return reverse("admin:fleet_fleetpanel_changelist")  # not run yet: the panel shows where it waits
+    return reverse("admin:worker_run_live", args=[job_id])
 
 
 def _short(job_id: str) -> str:
@@ -199,16 +201,20 @@ class TriggerAdmin(ManagedChangesAdmin, admin.ModelAdmin):
 class DeliveryAdmin(admin.ModelAdmin):
     """The inbox. Rows carry ids and outcomes only; the payload is held just until the delivery settles."""
 
-    list_display = ("delivery_id", "forge", "event", "status", "reason", "jobs", "attempts", "received",
+    list_display = ("delivery_id", "forge", "event", "status_display", "reason", "jobs", "attempts", "received",
                     "next_attempt")
     list_filter = ("status", "forge", "event", "received_at")
     search_fields = ("delivery_id", "job_ids")
     date_hierarchy = "received_at"
     show_full_result_count = False
-    readonly_fields = ("forge", "delivery_id", "event", "status", "reason", "jobs", "job_ids", "received_at",
+    readonly_fields = ("forge", "delivery_id", "event", "status", "status_display", "reason", "jobs", "job_ids",
+                       "received_at",
                        "processed_at", "attempts", "attempted_at", "next_attempt_at", "holds_payload")
     exclude = ("payload",)
     actions = ("replay_selected", "discard_selected")
+
+    class Media:
+        css = {"all": ("worker/admin.css",)}  # the jobs' state colours, as on the runs list
 
     def get_changelist(self, request, **kwargs):
         return _JobStateChangeList
@@ -218,6 +224,19 @@ class DeliveryAdmin(admin.ModelAdmin):
         if delivery is not None:
             _attach_job_states([delivery])
         return delivery
+
+    @admin.display(description="status now", ordering="status")
+    def status_display(self, delivery: Delivery) -> str:
+        """Intake's status, followed by its jobs' while they are on their way and once they end: the row is never
+        rewritten for it (its status is intake's, which housekeeping and replay go by); the state is read from the
+        jobs (RQ and their run records) each time it is shown."""
+        if delivery.status != DeliveryStatus.QUEUED or not delivery.job_ids:
+            return delivery.get_status_display()
+        states = getattr(delivery, "job_states", None)
+        if states is None:
+            states = _attach_job_states([delivery])[0]
+        word = job_states.overall(states, delivery.job_ids)
+        return format_html('queued → <span class="outcome outcome-{}">{}</span>', word, word)
 
     @admin.display(description="jobs now")
     def jobs(self, delivery: Delivery) -> str:

@@ -5,23 +5,28 @@ from datetime import timedelta
 from urllib.parse import urlencode
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connection
 from django.db.models import Count, OuterRef, Subquery
 from django.shortcuts import redirect
-from django.urls import reverse
+from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from apps.fleet import job_states
+from apps.fleet.connection import get_redis
 from apps.worker import reasons, run_logs
 from apps.worker.forges.publishing import kept
 from apps.worker.gates import runtime_settings
 from apps.worker.jobs import KINDS
-from apps.worker.models import AgentSession, DispatchSettings, PauseWindow, Project, Run, ScopedLimit
+from apps.worker.models import AgentSession, DispatchSettings, PauseWindow, Project, Run, RunChanges, ScopedLimit
+from apps.worker.progress import reading as progress_reading
+from apps.worker.progress import views as progress_views
 from pidispatch_site import admin_display
 from pidispatch_site.admin_mixins import ManagedChangesAdmin, ReadOnlyAdminMixin
 
@@ -78,6 +83,18 @@ class EstimatedCountPaginator(Paginator):
         return super().count
 
 
+def _diff_line_class(line: str) -> str:
+    if line.startswith(("+++", "---", "diff --git", "index ")):
+        return "meta"
+    return {"+": "add", "-": "del", "@": "hunk"}.get(line[:1], "")
+
+
+def _diff_lines(diff: str) -> str:
+    """The diff with its added and removed lines marked, as a forge's diff view shows them."""
+    return format_html_join("", '<span class="{}">{}</span>\n',
+                            ((_diff_line_class(line), line) for line in diff.split("\n")))
+
+
 def _attempts_of(job_id):
     return Run.objects.filter(job_id=job_id)
 
@@ -118,6 +135,8 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                            "forge_message", "lost_retry_display", "forge_sentence", "exit_code")}),
         ("What it did", {"fields": ("publish_outcome", "publish_display", "pull_request", "pushed_commits",
                                     "changed_files", "agent_summary", "summary_chars")}),
+        # The agent's paths, commits and diff (apps/worker/forges/publishing/changes.py), beside what was posted.
+        ("What the agent changed", {"fields": ("changes_display",)}),
         ("What ran", {"fields": ("kind", "target_display", "scope", "project", "flow", "command", "image",
                                  "replica", "replicas")}),
         # Chaining (apps/worker/chaining/): the job that asked for this one, and the jobs this one asked for.
@@ -173,6 +192,22 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def get_fieldsets(self, request, obj=None):
         return run_logs.admin_fieldsets(super().get_fieldsets(request, obj), request.user)
 
+    def get_urls(self):
+        # A job's page (live while it is queued or runs, its attempts once recorded) and the JSON it polls.
+        wrap = self.admin_site.admin_view
+        return [
+            path("job/<str:job_id>/", wrap(lambda request, job_id: progress_views.live_page(
+                request, job_id, admin_context={**self.admin_site.each_context(request), "opts": self.opts})),
+                name="worker_run_live"),
+            path("job/<str:job_id>/progress.json", wrap(progress_views.progress_json), name="worker_run_progress"),
+            *super().get_urls(),
+        ]
+
+    def changelist_view(self, request, extra_context=None):
+        # Running jobs have no record yet: they are listed above the history, from their workers' progress.
+        running = progress_reading.running_now() if not request.GET.get("job_id") else []
+        return super().changelist_view(request, {**(extra_context or {}), "running_now": running})
+
     def get_queryset(self, request):
         # Per row: how many attempts its job has, and why the attempt before it ended (run_job_idx lookups).
         siblings = Run.objects.filter(job_id=OuterRef("job_id"))
@@ -205,10 +240,11 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     @admin.display(description="outcome", ordering="outcome")
     def outcome_display(self, run: Run) -> str:
         if not run.reason:
-            return run.outcome
+            return format_html('<span class="outcome outcome-{}">{}</span>', run.outcome, run.outcome)
         reason = reasons.explain(run.reason)
         hover = f"{reason.means} Next: {reason.next_step}" if reason else "No explanation recorded for this reason."
-        return format_html('{}<br><span class="reason" title="{}">{}</span>', run.outcome, hover, run.reason)
+        return format_html('<span class="outcome outcome-{}">{}</span><br><span class="reason" title="{}">{}</span>',
+                           run.outcome, run.outcome, hover, run.reason)
 
     @admin.display(description="published", ordering="publish_outcome")
     def published(self, run: Run) -> str:
@@ -281,11 +317,14 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def attempts_display(self, run: Run) -> str:
         rows = list(_attempts_of(run.job_id).order_by("attempt")
                     .values_list("pk", "attempt", "outcome", "reason", "lost_retry"))
-        return format_html_join(
+        attempts = format_html_join(
             mark_safe(" · "), '<a href="{}"{}>attempt {}: {} {}{}</a>',
             ((reverse("admin:worker_run_change", args=[pk]), mark_safe(' class="current"') if pk == run.pk else "",
               attempt, outcome, reason, f" ({text})" if (text := reasons.lost_retry_text(lost_retry, attempt)) else "")
              for pk, attempt, outcome, reason, lost_retry in rows))
+        # The job's page: its phases (live while a later attempt is queued or runs) and every attempt.
+        return format_html('{} · <a class="job-page" href="{}">the job\'s page (live while it runs)</a>', attempts,
+                           reverse("admin:worker_run_live", args=[run.job_id]))
 
     @admin.display(description="parent job")
     def parent_job_display(self, run: Run) -> str:
@@ -331,11 +370,48 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             return "-" if run.trigger_type != "manual" else "started by hand"
         from apps.receiver.models import Delivery
 
-        delivery = Delivery.objects.filter(forge=run.kind, delivery_id=run.delivery_id).only("pk", "status").first()
+        delivery = (Delivery.objects.filter(forge=run.kind, delivery_id=run.delivery_id)
+                    .only("pk", "status", "job_ids").first())
         if delivery is None:
             return f"{run.delivery_id} (no longer in the inbox)"
+        status = delivery.status
+        if status == "queued" and delivery.job_ids:
+            states = job_states.job_states(get_redis(), delivery.job_ids)
+            status = f"queued → {job_states.overall(states, delivery.job_ids)}"
         return format_html('<a href="{}">{} ({})</a>', reverse("admin:receiver_delivery_change", args=[delivery.pk]),
-                           run.delivery_id, delivery.status)
+                           run.delivery_id, status)
+
+    @admin.display(description="changes")
+    def changes_display(self, run: Run) -> str:
+        changes = RunChanges.objects.filter(run=run).first()
+        if changes is None:
+            if run.changed_files:
+                return (f"{run.changed_files} path(s) changed; their diff is no longer kept "
+                        f"(past PI_JOB_LOG_RETENTION_DAYS, or recorded by an earlier version)")
+            return "none (no forge work to publish, or the run did not complete)"
+        added = sum(entry.get("added") or 0 for entry in changes.files)
+        removed = sum(entry.get("removed") or 0 for entry in changes.files)
+        files = format_html_join("", '<tr><td class="path"><code>{}</code></td><td class="added">{}</td>'
+                                     '<td class="removed">{}</td></tr>', (
+            (entry["path"], "bin" if entry.get("added") is None else f"+{entry['added']}",
+             "" if entry.get("removed") is None else f"-{entry['removed']}") for entry in changes.files))
+        more_files = changes.files_total - len(changes.files)
+        commits = format_html_join("", "<li><code>{}</code> {}</li>", (
+            (commit["sha"][:12], commit["subject"]) for commit in changes.commits))
+        cut = (f" (cut: {changes.diff_bytes} bytes of diff, PI_RUN_DIFF_MAX_BYTES "
+               f"{settings.PI_RUN_DIFF_MAX_BYTES}; large files left out first)" if changes.truncated else "")
+        summary = (format_html('<div class="posted-summary"><strong>Posted on the forge:</strong>'
+                               '<div style="white-space: pre-wrap">{}</div></div>', changes.summary)
+                   if changes.summary else "")
+        return format_html(
+            '<div class="run-changes"><p>{} · {} path(s), <span class="added">+{}</span> '
+            '<span class="removed">-{}</span>, {} commit(s)</p>'
+            '<table class="changed-files"><tbody>{}</tbody></table>{}'
+            '<ol class="commits">{}</ol>{}'
+            '<details class="diff"{}><summary>Diff{}</summary><pre class="diff">{}</pre></details></div>',
+            changes.get_source_display(), changes.files_total, added, removed, changes.commits_total, files,
+            format_html("<p>and {} more path(s)</p>", more_files) if more_files > 0 else "", commits, summary,
+            mark_safe(" open") if len(changes.diff) < 20_000 else "", cut, _diff_lines(changes.diff))
 
     @admin.display(description="usage by model")
     def usage_display(self, run: Run) -> str:
@@ -357,7 +433,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             "duration_display", "explanation", "forge_sentence", "attempts_display", "target_display",
             "publish_display", "delivery_display", "cost_display", "usage_display", "started_display",
             "ended_display", "view_log", "agent_summary", "lost_retry_display", "resumed_display",
-            "sandbox_until_display"]
+            "sandbox_until_display", "changes_display"]
 
     @admin.action(description="Publish again (work kept on this host after a failed publish)",
                   permissions=["publish_again"])

@@ -127,11 +127,12 @@ def run_cutoff(now: datetime) -> datetime:
 
 
 def _delete_runs(ids: list) -> None:
-    from apps.worker.models import Run, RunLog
+    from apps.worker.models import Run, RunChanges, RunLog
 
     runs = Run.objects.filter(pk__in=ids)
     runs_pruning.send(sender=Run, runs=runs)
     RunLog.objects.filter(run_id__in=ids).delete()
+    RunChanges.objects.filter(run_id__in=ids).delete()
     # Django's own fast path: delete() would load every row to send each its post_delete signal (one Redis round
     # trip per run for the cost page), which runs_pruning above stands in for, once per batch.
     runs._raw_delete(runs.db)

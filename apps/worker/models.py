@@ -224,6 +224,37 @@ class RunLog(models.Model):
         return f"log of {self.run_id}"
 
 
+class RunChanges(models.Model):
+    """What a completed forge run's agent changed (apps/worker/forges/publishing/changes.py): its paths with added
+    and removed lines, its commits and its diff, scrubbed and bounded by PI_RUN_DIFF_MAX_BYTES, beside the summary
+    that was posted on the forge. Code, not issue text; deleted with the run logs after PI_JOB_LOG_RETENTION_DAYS."""
+
+    class Source(models.TextChoices):
+        PUSHED = "pushed", "the commits pushed to the published branch"
+        KEPT = "kept", "the commits kept on the worker host after publishing failed (Publish again)"
+        NOT_PUBLISHED = "not-published", "the agent's commits, not published (a fork, or nothing pushed)"
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="changes")
+    files = models.JSONField(default=list, help_text='[{"path", "added", "removed"}] (nulls: a binary file).')
+    files_total = models.PositiveIntegerField(default=0)
+    commits = models.JSONField(default=list, help_text='[{"sha", "subject"}], oldest first.')
+    commits_total = models.PositiveIntegerField(default=0)
+    diff = models.TextField(blank=True)
+    diff_bytes = models.PositiveBigIntegerField(default=0, help_text="The diff's size before it was cut.")
+    truncated = models.BooleanField(default=False)
+    source = models.CharField(max_length=16, choices=Source.choices)
+    summary = models.TextField(blank=True, help_text="The agent's summary as it was posted on the forge.")
+    created_at = models.DateTimeField()
+
+    class Meta:
+        default_permissions = ()  # written by the worker only, read on the run's page
+        verbose_name_plural = "run changes"
+        indexes = [models.Index(fields=["created_at"], name="runchanges_created_idx")]
+
+    def __str__(self):
+        return f"changes of {self.run_id}"
+
+
 class PauseWindow(models.Model):
     """Quiet hours: jobs in scope that would start inside the window wait until it ends (deferred, not refused)."""
 

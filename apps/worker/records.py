@@ -13,6 +13,7 @@ from django.dispatch import Signal
 from django.utils import timezone
 
 from apps.worker import run_logs
+from apps.worker.forges.publishing import changes as work_changes
 from apps.worker.gates.verdicts import Verdict
 from apps.worker.jobs import JobSpec
 from apps.worker.models import Outcome, Run
@@ -130,6 +131,7 @@ def record_run(spec: JobSpec, verdict: Verdict, *, attempt: int, host: str, queu
     ))
     if created:
         run_logs.keep(run, verdict.log)
+        work_changes.keep(run, verdict.publication.changes if verdict.publication is not None else None)
         logger.info(
             "run_recorded job=%s attempt=%s outcome=%s reason=%s exit=%s",
             spec.job_id, attempt, verdict.outcome, verdict.reason or "-", verdict.exit_code,

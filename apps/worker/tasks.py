@@ -12,6 +12,7 @@ from apps.worker.gates import ladder
 from apps.worker.gates.verdicts import Deferred, Verdict, database_unavailable
 from apps.worker.jobs import JobSpec, JobSpecError
 from apps.worker.models import Outcome, Run
+from apps.worker.progress.tracker import Progress
 from apps.worker.records import record_run, record_unreadable_job
 
 logger = logging.getLogger("pidispatch.worker")
@@ -46,18 +47,25 @@ def execute_job(payload: dict):
             return database_unavailable()  # refused once it can be recorded
         return {"outcome": Outcome.POLICY, "reason": "job-payload-invalid"}
 
+    progress = Progress(spec.job_id, host=host, attempt=attempt, forge=spec.kind, delivery_id=spec.delivery_id,
+                        trigger_id=spec.trigger_id)
+    progress.queued(job.enqueued_at)
+    progress.passed("picked-up")
     try:
-        verdict = ladder.run(spec, host)
+        verdict = ladder.run(spec, host, progress=progress)
     except Exception:
         # Our own bug: recorded as failed (the job leaves a trace), not retried, traceback in the log.
         logger.exception("job_worker_error job=%s", spec.job_id)
         crashed = Verdict(outcome=Outcome.FAILED, reason="worker-error")
-        record_run(spec, crashed, attempt=attempt, host=host, queue=job.origin)
+        run = record_run(spec, crashed, attempt=attempt, host=host, queue=job.origin)
+        progress.ended(crashed.outcome, crashed.reason, run.pk)
         raise
     if isinstance(verdict, Deferred):
+        progress.deferred(verdict.reason, verdict.until)
         return verdict  # the worker class puts it back under the same id; no attempt, no record
     try:
-        record_run(spec, verdict, attempt=attempt, host=host, queue=job.origin)
+        run = record_run(spec, verdict, attempt=attempt, host=host, queue=job.origin)
+        progress.ended(verdict.outcome, verdict.reason, run.pk)
     except DatabaseError:
         if verdict.budget_reserved:
             raise  # it took a budget slot or ran: sending it back could spend twice

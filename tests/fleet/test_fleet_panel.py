@@ -59,7 +59,7 @@ def test_the_panel_shows_state_hosts_queues_waiting_failed_and_spend(admin_clien
 
     assert 'id="fleet-state">PART PAUSED' in page
     assert "hostA" in page and "liveness-live" in page and "wait:ci-green" in page
-    assert "gh-busy</span> · 5m · acme/web#7" in page
+    assert "gh-busy</span></a> · 5m · acme/web#7" in page  # linked to its live page
     assert "admin:alice" in page and "disk swap" in page
     assert "gh-held" in page and "held" in page and "wait-for · waitingOn=profile ci-green checks=3" in page
     assert "acme/web#9" in page and "60m" in page

@@ -23,7 +23,7 @@ from apps.fleet.models import FleetAction
 from apps.insight import costs
 from apps.receiver.models import Delivery
 from apps.worker import housekeeping
-from apps.worker.models import Run, RunLog
+from apps.worker.models import Run, RunChanges, RunLog
 from tests.conftest import ROOT, wait_for
 from tests.cost_support import make_run
 
@@ -59,6 +59,7 @@ def test_each_retention_line_deletes_what_is_past_it_and_keeps_the_rest():
     line = utc_midnight() - timedelta(days=365)
     old = run_at("gh-past-line", line - timedelta(minutes=1))
     RunLog.objects.create(run=old, output="old output", created_at=now)
+    RunChanges.objects.create(run=old, source="pushed", diff="old diff", created_at=now)
     kept = run_at("gh-on-line", line + timedelta(minutes=1))
     RunLog.objects.create(run=kept, output="kept output", created_at=now)
     run_at("gh-today", now)
@@ -89,6 +90,7 @@ def test_each_retention_line_deletes_what_is_past_it_and_keeps_the_rest():
 
     assert sorted(Run.objects.values_list("job_id", flat=True)) == ["gh-on-line", "gh-today"]
     assert list(RunLog.objects.values_list("output", flat=True)) == ["kept output"]
+    assert not RunChanges.objects.exists()  # went with its run
     assert sorted(Delivery.objects.values_list("delivery_id", flat=True)) == ["old-pending", "old-received",
                                                                              "young-queued"]
     assert list(FleetAction.objects.values_list("action", flat=True)) == ["resume"]

@@ -21,6 +21,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
+from docker.errors import NotFound
 from redis.exceptions import RedisError
 
 from apps.fleet import cancel
@@ -37,6 +38,7 @@ from apps.worker.gates.scopes import job_scopes, normalise_folder, scope_hash
 from apps.worker.gates.verdicts import Deferred, Verdict, database_unavailable
 from apps.worker.jobs import FORGE_KINDS, JobSpec, job_time_budget_seconds
 from apps.worker.models import Outcome, PauseWindow, Run
+from apps.worker.progress.tracker import Progress, Ticker
 from apps.worker.sandbox import (
     agent_config,
     container,
@@ -54,6 +56,7 @@ from apps.worker.sandbox import (
 from apps.worker.sandbox.egress_policy import parse_allowlist
 from apps.worker.sandbox.exitline import Telemetry, parse_exit_line, parse_summary
 from apps.worker.sandbox.workspace import WorkspaceRefused, check_local_folder
+from apps.worker.scrubbing import Scrubber
 from apps.worker.sessions import store as sessions
 
 logger = logging.getLogger("pidispatch.ladder")
@@ -83,8 +86,14 @@ class Attempt:
     chainable: frozenset[str] = frozenset()  # flows whose skill allows being chained, read before the agent ran
     # What the container ran with, for a sandbox on its folder afterwards (apps/worker/sandbox/sandboxes.py).
     limits: tuple[tuple[int, int], str, float] | None = None
+    # Where the climb is, for the job's live page (apps/worker/progress/); None when nobody watches (tests in process).
+    progress: Progress | None = None
     image_id: str = ""  # the image the preflight found (a sandbox runs that one, whatever the tag names later)
     sandbox_until: datetime | None = None
+
+    def passed(self, phase: str) -> None:
+        if self.progress is not None:
+            self.progress.passed(phase)
 
     @property
     def holder(self) -> str:
@@ -271,8 +280,9 @@ def warm_up() -> None:
         logger.warning("worker_warm_up_skipped reason=database")  # only slower: each job pays it again
 
 
-def run(spec: JobSpec, host: str) -> Verdict | Deferred:
-    attempt = Attempt(spec=spec, host=host, now=timezone.now(), image=spec.image or settings.PI_JOB_IMAGE)
+def run(spec: JobSpec, host: str, progress: Progress | None = None) -> Verdict | Deferred:
+    attempt = Attempt(spec=spec, host=host, now=timezone.now(), image=spec.image or settings.PI_JOB_IMAGE,
+                      progress=progress)
     redis = get_redis()
     try:
         outcome = _climb(attempt, redis)
@@ -299,6 +309,25 @@ def run(spec: JobSpec, host: str) -> Verdict | Deferred:
                    sandbox_until=attempt.sandbox_until)
 
 
+def _progress_ticker(attempt: Attempt, egress: gateway.EgressGateway, scrub: list[str]) -> Ticker | None:
+    """The live page's view of the container: the gateway's count so far and, with PI_CAPTURE_JOB_LOGS, its output
+    scrubbed as its kept log will be (the forge token too, once the workspace holds one)."""
+    if attempt.progress is None:
+        return None
+    read_output = None
+    if settings.PI_CAPTURE_JOB_LOGS:
+        scrubber = Scrubber([*scrub, *(publishing.forge_tokens(attempt.forge) if attempt.forge is not None else [])])
+
+        def read_output() -> str | None:
+            try:
+                logs = container.engine().containers.get(container.container_name(attempt.spec.job_id)).logs(
+                    stdout=True, stderr=True, tail=400)
+            except NotFound:
+                return None  # not created yet, or already removed
+            return scrubber.scrub(logs.decode(errors="replace"))
+    return Ticker(attempt.progress, meter=egress.report.meter, read_output=read_output).start()
+
+
 def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     spec, now = attempt.spec, attempt.now
 
@@ -310,6 +339,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     until = quiet_hours.paused_until(PauseWindow.objects.filter(enabled=True), job_scopes(spec), now)
     if until is not None and until > now + timedelta(seconds=1):
         return Deferred(until, "pause-window", {"windowEnds": until.isoformat()})
+    attempt.passed("quiet-hours")
 
     # 3. Wait-for.
     waited = waitfor.gate(redis, spec, now)
@@ -317,6 +347,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         return Verdict.refused(waited.refuse)
     if waited.defer_until is not None:
         return Deferred(waited.defer_until, waited.reason, waited.detail or {})
+    attempt.passed("wait-for")
 
     # 4. The host's slot (PI_CONCURRENCY), a forge scope's concurrency (fleet-wide) and the local-folder mutex
     # (per host). A folder's path names no repository across hosts (`/srv/site` on two hosts is two repositories
@@ -342,6 +373,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             recheck = now + timedelta(seconds=settings.PI_SCOPE_BUSY_RECHECK_SECONDS)
             return Deferred(recheck, "scope-busy", {"slots": count})
         attempt.held_leases.append(lease)
+    attempt.passed("slots")
 
     # 5. Settings: the DB row over the environment.
     try:
@@ -363,6 +395,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         logger.info("backend_refused job=%s backend=%s reason=%s why=%s", spec.job_id, spec.backend or venues.DEFAULT,
                     reason, why)
         return Verdict.refused(reason)
+    attempt.passed("settings")
 
     # 7. The image, never pulled.
     try:
@@ -375,6 +408,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         return Verdict.refused(incompatible.reason)
     except container.EngineUnavailable:
         return Verdict.infrastructure_fault("docker-unavailable")
+    attempt.passed("image")
 
     # 8. The provider: a key on this worker and an upstream its gateway can serve (and meter).
     provider = spec.provider or settings.PI_PROVIDER
@@ -392,6 +426,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         return Verdict.refused(refused.reason)
     except secrets.ResolverUnreachable:
         return Verdict.infrastructure_fault("secret-resolver-unreachable")
+    attempt.passed("provider-and-secrets")
 
     # 10. The workspace: a local job's folder as it is; a forge job's fresh clone, made with its own token.
     workspace_folder: Path | None = None
@@ -446,6 +481,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             logger.info("workspace_refused job=%s reason=%s", spec.job_id, failure.reason)
             return Verdict.refused(failure.reason, forge_message=failure.forge_message)
 
+    attempt.passed("workspace")
+
     # The workspace's size, measured again while the container runs.
     watch = disk.WorkspaceWatch(spec.job_id, dirs.workspace, counts_whole=workspace_folder is None,
                                 on_exceeded=lambda: container.stop_job_container(spec.job_id))
@@ -492,6 +529,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         logger.info("model_unpriced job=%s provider=%s", spec.job_id, upstream.provider)
         return Verdict.refused("model-unpriced")
 
+    attempt.passed("spend-caps")
+
     # 12. Job-count caps, narrowest first.
     try:
         reservation = budget.reserve(redis, rows, runtime, now)
@@ -507,6 +546,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     if cancel.is_cancel_requested(spec.job_id, redis):
         reservation.give_back(redis)
         return Verdict.refused("operator-cancel")
+    attempt.passed("job-caps")
     container_started = time.perf_counter()
     attempt.spending = True
     egress = gateway.EgressGateway(
@@ -522,6 +562,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         return Verdict.infrastructure_fault("egress-gateway-unavailable")
     for each in watches:
         each.start()
+    attempt.passed("container")
+    ticker = _progress_ticker(attempt, egress, [credential[1], *secret_values.values()])
     attempt.container_ran = True
     memory, cpus = container_size(rows, runtime)
     attempt.limits = (user, memory, cpus)
@@ -559,6 +601,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     finally:
         for each in watches:
             each.close()
+        if ticker is not None:
+            ticker.close()
         egress.close()
     container_seconds = time.perf_counter() - container_started
     logger.info("job_phases job=%s gates_ms=%.1f workspace_ms=%.1f container_ms=%.1f", spec.job_id,
@@ -604,6 +648,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
 
     # 14. Publish: the worker, not the agent, takes the work to the forge (never a credential in what it posts).
     if verdict.outcome == Outcome.COMPLETED and attempt.forge is not None:
+        attempt.passed("publishing")
         # A cron job's folder on GitHub is published as a job on that repository (folder_forge.py says how).
         published_as = replace(spec, kind="github", repo=attempt.forge.repo) \
             if isinstance(attempt.forge, folder_forge.FolderOnGitHub) else spec

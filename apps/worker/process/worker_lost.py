@@ -61,6 +61,7 @@ from apps.fleet.cancel import is_cancel_requested
 from apps.fleet.connection import text
 from apps.fleet.union import existing_queues
 from apps.worker import run_logs
+from apps.worker.forges.publishing import changes as work_changes
 from apps.worker.gates import budget, money, runtime_settings
 from apps.worker.gates.verdicts import Verdict
 from apps.worker.jobs import JobSpec, forget_container_texts
@@ -326,6 +327,7 @@ def sweep(worker) -> None:
     reap_overdue(worker.presence.host.name)
     reap_job_folders()
     run_logs.sweep()  # logs past PI_JOB_LOG_RETENTION_DAYS, beside the job folders
+    work_changes.sweep()  # the runs' diffs, kept as long as their logs
     redis = worker.connection
     try:
         queues = existing_queues(redis) | set(worker.queue_names())

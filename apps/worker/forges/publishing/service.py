@@ -32,6 +32,7 @@ from django.conf import settings
 
 from apps import forge_registry
 from apps.worker.forges import Credential, ForgeClient, ForgeFailure, PullHead, RepoRef, forge_client
+from apps.worker.forges.publishing import changes as work_changes
 from apps.worker.forges.publishing import checks, kept, messages
 from apps.worker.forges.publishing.work import Work, WorkUnreadable, bot_identity, collect
 from apps.worker.gates.verdicts import Publication
@@ -123,13 +124,23 @@ def publish_run(spec, workspace, job_root: Path, workspace_folder: Path, summary
     except WorkUnreadable as unreadable:
         logger.warning("publish_refused job=%s reason=%s", spec.job_id, unreadable.reason)
         return Publication(unreadable.reason), unreadable.reason
+    described = work_changes.describe(work, [*credentials, *forge_tokens(workspace), *job_secrets])
     if held_credential:
         logger.warning("publish_refused job=%s reason=%s commits=%d", spec.job_id, SUMMARY_HELD_SECRET, work.commits)
         if not work.empty:
             kept.keep(job_root, spec, destination, work, summary)  # the fixed text stands for the summary
-        return Publication(SUMMARY_HELD_SECRET, pushed_commits=0, changed_files=len(work.changes)), \
-            SUMMARY_HELD_SECRET
-    return deliver(spec, destination, work, workspace.client, workspace.credential, job_root, summary)
+        publication = Publication(SUMMARY_HELD_SECRET, pushed_commits=0, changed_files=len(work.changes))
+        return _with_changes(publication, described, summary, work), SUMMARY_HELD_SECRET
+    publication, reason = deliver(spec, destination, work, workspace.client, workspace.credential, job_root, summary)
+    return _with_changes(publication, described, summary, work), reason
+
+
+def _with_changes(publication: Publication, described, summary: str, work: Work) -> Publication:
+    """The run page's view of the work, saying where its commits are now (deliver keeps what did not get there)."""
+    if described is None:
+        return publication
+    kept_work = not work.empty and publication.outcome not in (PUBLISHED, COMMENTED, NOTHING)
+    return dataclasses.replace(publication, changes=described.published(publication.outcome, summary, kept_work))
 
 
 def deliver(spec, destination: Destination, work: Work, client: ForgeClient, credential: Credential,

@@ -27,7 +27,7 @@ import { connect, createServer } from "node:net";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 
-export const RUNNER_PROTOCOL = "2";
+export const RUNNER_PROTOCOL = "3";
 
 const EXIT_COMPLETED = 0;
 const EXIT_INFRASTRUCTURE = 1;

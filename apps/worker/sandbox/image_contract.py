@@ -8,7 +8,7 @@ A worker runs only images built for its own protocol.
 
 from __future__ import annotations
 
-RUNNER_PROTOCOL = "2"
+RUNNER_PROTOCOL = "3"
 
 PI_VERSION_LABEL = "dev.pi-dispatch.pi-version"
 PROTOCOL_LABEL = "dev.pi-dispatch.runner-protocol"

@@ -21,6 +21,7 @@ from croniter import croniter
 from django.core.exceptions import ValidationError
 
 from apps import forge_registry
+from apps.worker import allowed_models
 from apps.worker.gates.money import MoneyError, parse_usd, to_usd
 from apps.worker.gates.secrets import is_reserved as secret_name_is_reserved
 from apps.worker.name_patterns import FLOW_PATTERN, MODEL_PATTERN, PROVIDER_PATTERN
@@ -58,8 +59,8 @@ MAX_IMAGE = 300
 ON_KEYS = ("type", "id", "pattern", "any", "all", "none", "phrase", "action", "reviewState", "number", "once",
            "disarmed")
 RUN_KEYS = ("kind", "flow", "command", "task", "folder", "image", "instructions", "replicas", "waitFor",
-            "secrets", "secretsProfile", "repository", "excludeTools", "provider", "model", "maxTurns", "maxCostUsd",
-            "resume", "allowCiChanges")
+            "secrets", "secretsProfile", "repository", "excludeTools", "provider", "model", "models", "maxTurns",
+            "maxCostUsd", "resume", "allowCiChanges")
 ON_KEYS_BY_TYPE = {
     "cron": {"type", "id", "pattern"},
     "label": {"type", "any", "all", "none"},
@@ -70,7 +71,7 @@ ON_KEYS_BY_TYPE = {
 CRON_ONLY_RUN_KEYS = {"task", "folder"}
 FORGE_ONLY_RUN_KEYS = {"instructions", "replicas", "waitFor", "repository", "allowCiChanges"}
 # Part of the ancestor's language, not implemented here: refused rather than silently ignored.
-UNSUPPORTED_RUN_KEYS = ("packages", "skillsDir", "backend", "models", "github", "portfolio")
+UNSUPPORTED_RUN_KEYS = ("packages", "skillsDir", "backend", "github", "portfolio")
 NEAR_MISS_SUGGESTIONS = {
     "providerid": "run.provider", "providers": "run.provider", "modelid": "run.model", "modelname": "run.model",
     "maxturn": "run.maxTurns", "allowedmodels": "run.models", "maxcost": "run.maxCostUsd", "backends": "run.backend",
@@ -90,7 +91,8 @@ FIELD_PATHS = {
     "run.image": "image", "run.instructions": "instructions", "run.replicas": "replicas",
     "run.waitFor": "wait_for", "run.secrets": "secrets", "run.secretsProfile": "secrets_profile",
     "run.repository": "repository", "run.excludeTools": "exclude_tools", "run.provider": "provider",
-    "run.model": "model", "run.maxTurns": "max_turns", "run.maxCostUsd": "max_cost_usd", "run.resume": "resume",
+    "run.model": "model", "run.models": "allowed_models", "run.maxTurns": "max_turns", "run.maxCostUsd": "max_cost_usd",
+    "run.resume": "resume",
     "run.allowCiChanges": "allow_ci_changes",
 }
 
@@ -443,6 +445,16 @@ def _check_run(on_type, kind, on, run, problems: _Problems) -> None:
                                          or not MODEL_PATTERN.fullmatch(run["model"])):
         problems.add("run.model", "run.model must be 1-64 letters, digits or . _ - : / @, starting with a letter or "
                                   "digit (null = the deployment's default).")
+    if "models" in run:
+        try:
+            allowed_models.check(run["models"], "run.models")
+        except allowed_models.ModelListError as error:
+            problems.add("run.models", str(error))
+        else:
+            problem = allowed_models.main_model_problem(run.get("provider"), run.get("model"), run["models"],
+                                                        "run.models")
+            if problem:
+                problems.add("run.models", problem)
     if "maxTurns" in run and (not _is_int(run["maxTurns"]) or run["maxTurns"] < 1):
         problems.add("run.maxTurns", "run.maxTurns must be a whole number >= 1.")
     if "maxCostUsd" in run:
@@ -576,6 +588,8 @@ def entry_from_trigger(trigger) -> dict:
         run["provider"] = trigger.provider
     if trigger.model:
         run["model"] = trigger.model
+    if trigger.allowed_models:
+        run["models"] = _copy(trigger.allowed_models)
     if trigger.max_turns is not None:
         run["maxTurns"] = trigger.max_turns
     if trigger.max_cost_usd is not None:
@@ -638,6 +652,7 @@ def fields_from_entry(entry: dict) -> dict:
         "exclude_tools": list(run.get("excludeTools") or []),
         "provider": run.get("provider") or "",
         "model": run.get("model") or "",
+        "allowed_models": list(run.get("models") or []),
         "max_turns": run.get("maxTurns"),
         "max_cost_usd": to_usd(parse_usd(run.get("maxCostUsd"))),
         "resume": run.get("resume") is True,

@@ -473,7 +473,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
     # applies (the gateway refuses their calls otherwise; refused here, before any spend).
     limits = gateway_limits(spec, upstream, runtime, attempt.dollars.cap_micros, served)
     callable_models = list(served) or ([limits.model] if limits.model else [])
-    if limits.max_cost_micros is not None and any(prices.price(upstream.provider, each) is None
+    if limits.max_cost_micros is not None and any(prices.price(upstream.provider, each.lower()) is None
                                                   for each in callable_models):
         logger.info("model_unpriced job=%s provider=%s", spec.job_id, upstream.provider)
         return Verdict.refused("model-unpriced")

@@ -206,6 +206,9 @@ PI_MAX_TURNS = env.int("PI_MAX_TURNS", default=30)
 PI_MAX_TOKENS = env.int("PI_MAX_TOKENS", default=0) or None
 PI_PROVIDER = env("PI_PROVIDER", default="anthropic")
 PI_MODEL = env("PI_MODEL", default="")
+# The models a job's agent may call (provider/model,... at most 16; a trigger's run.models replaces it): the
+# gateway refuses any other (apps/worker/allowed_models.py). Empty: any model of the job's provider.
+PI_ALLOWED_MODELS = env("PI_ALLOWED_MODELS", default="")
 # Extra `provider:ENV_VAR` pairs for providers the built-in table does not know.
 PI_PROVIDER_KEY_VARS = env("PI_PROVIDER_KEY_VARS", default="")
 # The egress gateway (apps/worker/sandbox/): the PI_PROVIDER's upstream when it is not pi's built-in endpoint

@@ -182,6 +182,8 @@ SECTIONS: tuple[Section, ...] = (
         S("PI_PROVIDER_KEY_VARS", "", "provider:VARIABLE,... names the key variable of a provider pi's table does "
           "not know."),
         S("PI_MODEL", "", "The only model the gateway forwards, when set."),
+        S("PI_ALLOWED_MODELS", "", "provider/model,... (at most 16, no spaces) the agent may choose among; the gateway "
+          "refuses any other. A trigger's run.models replaces it. Empty: any."),
         S("PI_PROVIDER_BASE_URL", "", "Where the provider's calls really go (a company proxy, another endpoint)."),
         S("PI_PROVIDER_API", "", "That endpoint's API kind: openai-completions, openai-responses, anthropic-messages, "
           "google-generative-ai."),

@@ -63,10 +63,11 @@ def _pending(redis, job_id: str | None) -> bool:
         return False
 
 
-def _spec(trigger: Trigger, occurrence: datetime) -> JobSpec:
+def cron_job_spec(trigger: Trigger, occurrence: datetime, *, job_id: str = "") -> JobSpec:
+    """The job of one occurrence (`job_id` names a run started by hand: apps/worker/manual_runs.py)."""
     stamp = int(occurrence.timestamp())
     return JobSpec(
-        job_id=f"cron-{trigger.pk}-{stamp}",
+        job_id=job_id or f"cron-{trigger.pk}-{stamp}",
         kind="local",
         folder=trigger.folder,
         target_type="local",
@@ -118,7 +119,7 @@ def tick(redis, host: HostIdentity, now: datetime) -> TickResult:
             skipped.append(trigger.cron_id)
             logger.info("cron_skipped_pending trigger=%s occurrence=%s", trigger.pk, stamp)
             continue
-        spec = _spec(trigger, occurrence)
+        spec = cron_job_spec(trigger, occurrence)
         try:
             created = enqueue(spec, queue).created
         except RedisError:

@@ -50,6 +50,7 @@ def execution_fields(rule) -> dict:
         provider=rule.provider,
         model=rule.model,
         max_turns=rule.max_turns,
+        models=tuple(rule.allowed_models),
         max_cost_usd="" if rule.max_cost_usd is None else format(rule.max_cost_usd, "f"),
         exclude_tools=tuple(rule.exclude_tools),
         secrets=dict(rule.secrets),

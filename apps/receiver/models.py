@@ -106,6 +106,10 @@ class Trigger(models.Model):
     exclude_tools = models.JSONField("run.excludeTools", default=list, blank=True)
     provider = models.CharField("run.provider", max_length=64, blank=True)
     model = models.CharField("run.model", max_length=64, blank=True)
+    allowed_models = models.JSONField(
+        "run.models", default=list, blank=True,
+        help_text="The models the agent may call, 1-16 provider/model entries (empty: PI_ALLOWED_MODELS, else any); "
+                  "the gateway refuses any other (model-not-allowed).")
     max_turns = models.PositiveIntegerField("run.maxTurns", null=True, blank=True)
     max_cost_usd = models.DecimalField(
         "run.maxCostUsd", max_digits=13, decimal_places=6, null=True, blank=True,

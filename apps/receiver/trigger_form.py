@@ -34,9 +34,9 @@ FIRES = {
 }
 RUNS = {"cron": ("kind", "folder", "flow", "command", "task"),
         "forge": ("kind", "flow", "command", "instructions", "repository")}
-LIMITS = {"cron": ("provider", "model", "max_turns", "max_cost_usd", "resume", "github", "image", "backend", "packages",
+LIMITS = {"cron": ("provider", "model", "allowed_models", "max_turns", "max_cost_usd", "resume", "github", "image", "backend", "packages",
                    "skills_dir", "exclude_tools", "secrets", "secrets_profile"),
-          "forge": ("provider", "model", "max_turns", "max_cost_usd", "replicas", "wait_for", "resume",
+          "forge": ("provider", "model", "allowed_models", "max_turns", "max_cost_usd", "replicas", "wait_for", "resume",
                     "allow_ci_changes", "image", "backend", "packages", "skills_dir", "exclude_tools", "secrets",
                     "secrets_profile")}
 # Kept as they are when not on the form.
@@ -72,6 +72,9 @@ WORDS = {
                                               "e.g. web"),
     "provider": ("Model provider", "Empty: the deployment's (PI_PROVIDER). e.g. anthropic"),
     "model": ("Model", "Empty: the deployment's (PI_MODEL). e.g. claude-sonnet-4-5"),
+    "allowed_models": ("Allowed models", "provider/model entries the agent may choose among (1-16, the model above "
+                                         "among them); the gateway refuses any other. Empty: PI_ALLOWED_MODELS, "
+                                         "else any. e.g. anthropic/claude-sonnet-4-5, anthropic/claude-haiku-4-5"),
     "max_turns": ("Max turns", "Empty: Settings or PI_MAX_TURNS (30). e.g. 20"),
     "max_cost_usd": ("Most dollars per run", "Lowers the deployment's per-run cap (PI_MAX_COST_USD), never raises "
                                              "it. Empty: that cap. e.g. 0.50"),
@@ -101,6 +104,7 @@ WORDS = {
 }
 EXAMPLES = {"label_any": "pi, urgent", "label_all": "pi, backend", "label_none": "wontfix, blocked",
             "actions": "opened, reopened", "review_states": "approved, changes_requested", "exclude_tools": "bash, write",
+            "allowed_models": "anthropic/claude-sonnet-4-5, anthropic/claude-haiku-4-5",
             "wait_for": "after 2026-12-01T09:00:00Z, profile ci-green", "secrets": "NPM_TOKEN=npm/ci"}
 
 
@@ -233,7 +237,8 @@ class TriggerForm(forms.ModelForm):
             self.instance.on_type = on_type  # what the page's "Trigger type" line reads
         for name, field in list(self.fields.items()):
             label, help_text = WORDS.get(name, (field.label, field.help_text))
-            if name in ("label_any", "label_all", "label_none", "actions", "review_states", "exclude_tools"):
+            if name in ("label_any", "label_all", "label_none", "actions", "review_states", "exclude_tools",
+                        "allowed_models"):
                 field = TextListField(example=EXAMPLES[name])
             elif name == "wait_for":
                 field = WaitForField(example=EXAMPLES[name])

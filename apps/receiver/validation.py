@@ -21,6 +21,7 @@ from croniter import croniter
 from django.core.exceptions import ValidationError
 
 from apps import forge_registry
+from apps.worker import allowed_models
 from apps.worker.gates.money import MoneyError, parse_usd, to_usd
 from apps.worker.gates.secrets import is_reserved as secret_name_is_reserved
 from apps.worker.name_patterns import FLOW_PATTERN, MODEL_PATTERN, PROVIDER_PATTERN
@@ -60,7 +61,7 @@ MAX_SKILLS_DIR = 500
 ON_KEYS = ("type", "id", "pattern", "any", "all", "none", "phrase", "action", "reviewState", "number", "once",
            "disarmed")
 RUN_KEYS = ("kind", "flow", "command", "task", "folder", "image", "instructions", "replicas", "waitFor",
-            "secrets", "secretsProfile", "repository", "excludeTools", "provider", "model", "maxTurns", "maxCostUsd",
+            "secrets", "secretsProfile", "repository", "excludeTools", "provider", "model", "models", "maxTurns", "maxCostUsd",
             "resume", "allowCiChanges", "packages", "skillsDir", "github", "backend")
 ON_KEYS_BY_TYPE = {
     "cron": {"type", "id", "pattern"},
@@ -72,7 +73,7 @@ ON_KEYS_BY_TYPE = {
 CRON_ONLY_RUN_KEYS = {"task", "folder", "github"}
 FORGE_ONLY_RUN_KEYS = {"instructions", "replicas", "waitFor", "repository", "allowCiChanges"}
 # Part of the ancestor's language, not implemented here: refused rather than silently ignored.
-UNSUPPORTED_RUN_KEYS = ("models", "portfolio")
+UNSUPPORTED_RUN_KEYS = ("portfolio",)
 # Of those, the ones whose feature is planned: the refusal names it.
 NOT_BUILT_YET_RUN_KEYS = {
     "portfolio": "portfolio jobs (a run that plans the envelope's allocation across projects) are not built yet",
@@ -96,7 +97,7 @@ FIELD_PATHS = {
     "run.image": "image", "run.instructions": "instructions", "run.replicas": "replicas",
     "run.waitFor": "wait_for", "run.secrets": "secrets", "run.secretsProfile": "secrets_profile",
     "run.repository": "repository", "run.excludeTools": "exclude_tools", "run.provider": "provider",
-    "run.model": "model", "run.maxTurns": "max_turns", "run.maxCostUsd": "max_cost_usd", "run.resume": "resume",
+    "run.model": "model", "run.models": "allowed_models", "run.maxTurns": "max_turns", "run.maxCostUsd": "max_cost_usd", "run.resume": "resume",
     "run.allowCiChanges": "allow_ci_changes", "run.packages": "packages", "run.skillsDir": "skills_dir",
     "run.github": "github", "run.backend": "backend",
 }
@@ -464,6 +465,16 @@ def _check_run(on_type, kind, on, run, problems: _Problems) -> None:
                                          or not MODEL_PATTERN.fullmatch(run["model"])):
         problems.add("run.model", "run.model must be 1-64 letters, digits or . _ - : / @, starting with a letter or "
                                   "digit (null = the deployment's default).")
+    if "models" in run:
+        try:
+            allowed_models.check(run["models"], "run.models")
+        except allowed_models.ModelListError as error:
+            problems.add("run.models", str(error))
+        else:
+            problem = allowed_models.main_model_problem(run.get("provider"), run.get("model"), run["models"],
+                                                        "run.models")
+            if problem:
+                problems.add("run.models", problem)
     if "maxTurns" in run and (not _is_int(run["maxTurns"]) or run["maxTurns"] < 1):
         problems.add("run.maxTurns", "run.maxTurns must be a whole number >= 1.")
     if "maxCostUsd" in run:
@@ -597,6 +608,8 @@ def entry_from_trigger(trigger) -> dict:
         run["provider"] = trigger.provider
     if trigger.model:
         run["model"] = trigger.model
+    if trigger.allowed_models:
+        run["models"] = _copy(trigger.allowed_models)
     if trigger.max_turns is not None:
         run["maxTurns"] = trigger.max_turns
     if trigger.max_cost_usd is not None:
@@ -667,6 +680,7 @@ def fields_from_entry(entry: dict) -> dict:
         "exclude_tools": list(run.get("excludeTools") or []),
         "provider": run.get("provider") or "",
         "model": run.get("model") or "",
+        "allowed_models": list(run.get("models") or []),
         "max_turns": run.get("maxTurns"),
         "max_cost_usd": to_usd(parse_usd(run.get("maxCostUsd"))),
         "resume": run.get("resume") is True,

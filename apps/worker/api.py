@@ -29,7 +29,13 @@ from apps.access.permissions import allows
 from apps.fleet.api import RedisUnavailable
 from apps.fleet.connection import get_redis
 from apps.worker import reasons, run_logs
-from apps.worker.manual_runs import FOLDER_PERMISSION, ManualRunRefused, start_forge_run, start_local_run
+from apps.worker.manual_runs import (
+    FOLDER_PERMISSION,
+    ManualRunRefused,
+    start_cron_trigger_run,
+    start_forge_run,
+    start_local_run,
+)
 from apps.worker.models import DispatchSettings, Outcome, PauseWindow, Project, Run, ScopedLimit
 from apps.worker.sandbox.workspace import FOLDER_NOT_ALLOWED
 from pidispatch_site.api_base import (
@@ -161,7 +167,7 @@ RUN_FILTERS = [
 
 
 class StartRunSerializer(StrictSerializer):
-    """A local folder on a host, or a forge's issue/pull request; what to do and how."""
+    """A local folder on a host, a forge's issue/pull request, or a cron trigger now; what to do and how."""
 
     folder = serializers.CharField(required=False, help_text="A git repository on the worker host (absolute path, "
                                    "under a root the host declares in PI_LOCAL_ROOTS). Needs a token with the admin "
@@ -181,12 +187,22 @@ class StartRunSerializer(StrictSerializer):
     model = serializers.CharField(required=False, default="")
     max_turns = serializers.IntegerField(required=False, allow_null=True, default=None)
     force = serializers.BooleanField(required=False, default=False)
+    cron_trigger = serializers.CharField(required=False, help_text="A cron trigger's id (its on.id): run it now, "
+                                         "with its own folder, task, model and limits, on `host` (empty: the host "
+                                         "answering). Nothing else is given beside it; the same scope and "
+                                         "permissions as a folder run.")
 
     def validate(self, attrs):
-        local, forge = "folder" in attrs, "forge" in attrs
-        if local == forge:
-            raise ValidationError({"non_field_errors": ["give a folder (a local run) or a forge with its repository "
-                                                        "and number (a forge run)"]})
+        local, forge, cron = "folder" in attrs, "forge" in attrs, "cron_trigger" in attrs
+        if local + forge + cron != 1:
+            raise ValidationError({"non_field_errors": ["give a folder (a local run), a forge with its repository "
+                                                        "and number (a forge run), or a cron_trigger"]})
+        if cron:
+            given = sorted(name for name in set(self.initial_data) & set(self.fields)
+                           if name not in ("cron_trigger", "host"))
+            if given:
+                raise ValidationError({name: ["a cron trigger runs with its own fields: leave this out"]
+                                       for name in given})
         if forge and not ("repository" in attrs and "number" in attrs):
             raise ValidationError({name: ["required for a forge run"] for name in ("repository", "number")
                                    if name not in attrs})
@@ -241,11 +257,13 @@ class RunViewSet(BriefMode, WholeNumberIds, mixins.ListModelMixin, mixins.Retrie
         values = dict(serializer.validated_data)
         execution = {name: values.pop(name) for name in ("task", "flow", "command", "image", "provider", "model",
                                                          "max_turns")}
-        if "folder" in values and not allows(request, "admin", (FOLDER_PERMISSION,)):
+        if ("folder" in values or "cron_trigger" in values) and not allows(request, "admin", (FOLDER_PERMISSION,)):
             raise PermissionDenied(f"a run on a folder needs a token with the admin scope and the permission "
                                    f"{FOLDER_PERMISSION}")
         try:
-            if "folder" in values:
+            if "cron_trigger" in values:
+                queued = start_cron_trigger_run(values["cron_trigger"], by=request.user, host=values["host"])
+            elif "folder" in values:
                 queued = start_local_run(values["folder"], by=request.user, host=values["host"],
                                          force=values["force"], **execution)
             else:
@@ -255,9 +273,11 @@ class RunViewSet(BriefMode, WholeNumberIds, mixins.ListModelMixin, mixins.Retrie
         except ManualRunRefused as refused:
             if not refused.field:
                 raise RedisUnavailable(refused.message) from None
+            field = "cron_trigger" if refused.field == "trigger" else refused.field
             if refused.reason:  # the host's folder: no path, owner or state of it leaves the host
-                raise ValidationError({"folder": [FOLDER_NOT_ALLOWED]}) from None
-            raise ValidationError({refused.field: [refused.message]}) from None
+                raise ValidationError({"cron_trigger" if "cron_trigger" in values else "folder": [FOLDER_NOT_ALLOWED]}) \
+                    from None
+            raise ValidationError({field: [refused.message]}) from None
         return Response({"job_id": queued.job_id, "queue": queued.queue, "target": queued.target, "note": queued.note,
                          "job_url": f"/api/v1/jobs/{queued.job_id}"}, status=status.HTTP_202_ACCEPTED)
 

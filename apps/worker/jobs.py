@@ -114,6 +114,7 @@ class JobSpec:
     provider: str = ""
     model: str = ""
     max_turns: int | None = None
+    models: tuple[str, ...] = ()  # the trigger's run.models (provider/model); empty: PI_ALLOWED_MODELS, else any
     max_cost_usd: str = ""  # the trigger's run.maxCostUsd (dollars): lowers the per-job cap, never raises it
     exclude_tools: tuple[str, ...] = ()
     wait_for: tuple[dict, ...] = ()  # ({"after": iso} | {"profile": name}, ...)
@@ -178,8 +179,9 @@ class JobSpec:
         # Shallow on purpose (`dataclasses.asdict` deep-copies, a fifth of a webhook's enqueue): the payload
         # is pickled straight away and never changed.
         payload = {name: getattr(self, name) for name in _FIELD_NAMES}
-        if not self.chain_depth:
-            del payload["chain_depth"]  # only a chained child carries it: other payloads stay as older workers read them
+        for name in ("chain_depth", "models"):
+            if not payload[name]:
+                del payload[name]  # only some jobs carry it: the other payloads stay as older workers read them
         # Likewise the overlay and venue fields, unless a trigger set them.
         for name, default in _OPTIONAL_DEFAULTS.items():
             if payload[name] == default:
@@ -200,7 +202,8 @@ class JobSpec:
         if unknown:
             raise JobSpecError(f"job payload has unknown fields: {', '.join(sorted(unknown))}")
         payload = {**payload}
-        for name in ("exclude_tools", "wait_for"):  # JSON has lists; the spec keeps tuples (hashable, frozen)
+        # JSON has lists; the spec keeps tuples (hashable, frozen)
+        for name in ("exclude_tools", "wait_for", "models"):
             if isinstance(payload.get(name), list):
                 payload[name] = tuple(payload[name])
         try:

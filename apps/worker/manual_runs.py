@@ -3,6 +3,7 @@
 
     queued = start_local_run("/srv/code/app", task="Upgrade the linter config", host="hostA")
     queued = start_forge_run("github", "acme/web", 7, flow="fix-bug", task="Look at the footer too.")
+    queued = start_cron_trigger_run("nightly-deps", by=request.user)  # a cron trigger, now
     queued.job_id, queued.queue
 
 A local run names a folder on a worker host, whose files the agent may then rewrite: starting one takes the
@@ -22,10 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.core.exceptions import PermissionDenied
+from django.utils import timezone
 from redis.exceptions import RedisError
 
 from apps.fleet.hosts import HOST_NAME_PATTERN, this_host
 from apps.fleet.queues import SHARED_QUEUE, host_queue
+from apps.fleet.routing import host_affine_queue
 from apps.worker.forges import forge_client
 from apps.worker.jobs import FORGE_KINDS, JobSpec, enqueue
 from apps.worker.name_patterns import FLOW_PATTERN, IMAGE_PATTERN, MODEL_PATTERN, PROVIDER_PATTERN
@@ -132,6 +135,51 @@ def start_local_run(folder: str, *, by, task: str, host: str = "", flow: str = "
     note = "" if not local or here.declared else (
         "this host has no PI_WORKER_NAME, so the job waits on the shared queue and any worker may take it; "
         "declare PI_WORKER_NAME on hosts that hold local folders.")
+    return QueuedRun(job_id=spec.job_id, queue=queue, target=spec.target, note=note)
+
+
+def start_cron_trigger_run(cron_id: str, *, by, host: str = "") -> QueuedRun:
+    """Fire a cron trigger once now, with its own fields (the ancestor's `run --trigger <cronId>`): on this host
+    when `host` is empty or names it (the trigger's folder must be here), else on `host`'s queue for its worker to
+    check. Started twice in one minute it is one job (`manual-<trigger id>-<minute>`; the note says so). Its folder
+    is held to what its schedule's runs are (a git checkout, no uncommitted changes). Like a folder run, it takes
+    `worker.start_folder_run` for a user."""
+    from apps.receiver.cron import cron_job_spec
+    from apps.receiver.models import Trigger, TriggerType
+    from apps.receiver.validation import CRON_ID_PATTERN
+
+    if by is not None and not may_start_folder_runs(by):
+        raise PermissionDenied(f"running a cron trigger's folder needs the permission {FOLDER_PERMISSION}")
+    if not isinstance(cron_id, str) or not CRON_ID_PATTERN.fullmatch(cron_id):
+        raise ManualRunRefused("trigger", f"{cron_id!r} is not a cron trigger id (its on.id: 1-64 letters, digits, "
+                                          "'.', '_' or '-')")
+    trigger = Trigger.objects.filter(on_type=TriggerType.CRON, cron_id=cron_id).first()
+    if trigger is None:
+        raise ManualRunRefused("trigger", f"no cron trigger has the id {cron_id!r} (Intake › Triggers lists them)")
+    if host and not HOST_NAME_PATTERN.fullmatch(host):
+        raise ManualRunRefused("host", f"{host!r} is not a host name (letters, digits, '.', '_' or '-')")
+    here = this_host()
+    local = not host or host == here.name
+    if local:
+        try:
+            check_local_folder(trigger.folder, force=False)
+        except WorkspaceRefused as refused:
+            logger.info("manual_run_folder_refused trigger=%s reason=%s", trigger.pk, refused.reason)
+            raise ManualRunRefused("trigger", f"cron trigger {cron_id!r} cannot run on this host: its folder: "
+                                              f"{refused.hint}. Run it on the host that holds its folder.",
+                                   refused.reason) from None
+    now = timezone.now().replace(second=0, microsecond=0)
+    spec = cron_job_spec(trigger, now, job_id=f"manual-{trigger.pk}-{int(now.timestamp())}")
+    queue = host_affine_queue(here) if local else host_queue(host)
+    try:
+        created = enqueue(spec, queue).created
+    except RedisError:
+        raise ManualRunRefused("", "Redis did not answer (REDIS_URL); nothing was queued. Start Redis and retry.") \
+            from None
+    note = "" if created else "it was already started this minute: that run is the one (nothing new was queued)."
+    if created and local and not here.declared:
+        note = ("this host has no PI_WORKER_NAME, so the job waits on the shared queue and any worker may take it; "
+                "declare PI_WORKER_NAME on hosts that hold local folders.")
     return QueuedRun(job_id=spec.job_id, queue=queue, target=spec.target, note=note)
 
 

@@ -79,8 +79,10 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
     "cost-cap": ("The run reached its per-run dollar cap: its next provider call's worst case (its input and "
                  "the least useful answer, at the model's price) no longer fit, so the gateway stopped the run.",
                  "Raise PI_MAX_COST_USD (Settings) or the trigger's maxCostUsd, or give a smaller task."),
-    "model-not-allowed": ("The run asked for a model other than the one PI_MODEL allows.",
-                          "Align the trigger's model with PI_MODEL."),
+    "model-not-allowed": ("The run's model is not on its allowed-model list (the trigger's run.models, else "
+                          "PI_ALLOWED_MODELS; or the one PI_MODEL allows), or the list names no model of the run's "
+                          "provider: refused before the run, or its call refused by the gateway and the run stopped.",
+                          "Add the model to the list, or pick a listed model in the trigger (or PI_MODEL)."),
     "cost-cap-unenforceable": ("The job image cannot enforce the cost limit.", "Rebuild the job image (`make image`)."),
     "model-policy-unenforceable": ("The job image cannot enforce the model policy.",
                                    "Rebuild the job image (`make image`)."),
@@ -310,6 +312,7 @@ REFUSED = {
     # Never an amount: a window's cap and spend are the operator's.
     "dollar-cap": "Refused: the dollar budget has no room for this run's cost limit. Not run.",
     "model-unpriced": "Refused: this run's model has no known price, and a cost limit applies. Not run.",
+    "model-not-allowed": "Refused: this run's model is not on the models this deployment allows for it. Not run.",
     "cost-cap-unset": "Refused: this repository has a dollar budget but no cost limit per run is set. Ask the "
                       "operator to set one. Not run.",
     "job-payload-invalid": "Refused: this worker could not read the job (a version mismatch). Not run.",

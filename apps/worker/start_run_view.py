@@ -19,7 +19,7 @@ from django.utils.html import format_html
 from redis.exceptions import RedisError
 
 from apps import forge_registry
-from apps.worker.manual_runs import ManualRunRefused, start_forge_run, start_local_run
+from apps.worker.manual_runs import ManualRunRefused, start_cron_trigger_run, start_forge_run, start_local_run
 
 PERMISSION = "worker.start_run"
 
@@ -27,7 +27,8 @@ PERMISSION = "worker.start_run"
 class StartRunForm(forms.Form):
     where = forms.ChoiceField(label="Work on", widget=forms.RadioSelect, initial="forge", choices=(
         ("forge", "an issue or pull request on a forge (cloned, then published as a pull request)"),
-        ("local", "a folder on a worker host (a git checkout; nothing is published)")))
+        ("local", "a folder on a worker host (a git checkout; nothing is published)"),
+        ("cron", "a cron trigger, now (its own folder, task, model and limits)")))
     # a folder on a host
     folder = forms.CharField(required=False, label="Folder", help_text="Absolute path on the host, under a root it "
                              "declares (PI_LOCAL_ROOTS), e.g. /srv/code/app")
@@ -43,6 +44,11 @@ class StartRunForm(forms.Form):
     project_id = forms.CharField(required=False, label="Project id", help_text="GitLab: the numeric project id "
                                  "(optional); Azure DevOps: the project's id (required).")
     repository_id = forms.CharField(required=False, label="Repository id", help_text="Azure DevOps only.")
+    # a cron trigger, now
+    cron_trigger = forms.CharField(required=False, label="Cron trigger", help_text="Its id (on.id), e.g. "
+                                   "nightly-deps. It runs as its schedule would: the fields below are not used.")
+    cron_host = forms.CharField(required=False, label="Host", help_text="The worker host that holds its folder, e.g. "
+                                                                        "hostA. Empty: this host.")
     # what runs
     task = forms.CharField(required=False, label="Task", widget=forms.Textarea(attrs={"rows": 4}),
                            help_text="What the agent should do. Required for a folder; on an issue it is added to "
@@ -64,6 +70,9 @@ def _execution(data: dict) -> dict:
 def start(data: dict, user):
     """One call into manual_runs for the form's choice; ManualRunRefused and PermissionDenied as the service raises
     them (a folder takes a permission of its own)."""
+    if data.get("where") == "cron":
+        return start_cron_trigger_run((data.get("cron_trigger") or "").strip(), by=user,
+                                      host=(data.get("cron_host") or "").strip())
     execution = _execution(data)
     if data.get("where") == "local":
         return start_local_run(data.get("folder") or "", by=user, host=(data.get("host") or "").strip(),
@@ -80,7 +89,7 @@ def initial_from_trigger(trigger) -> dict:
     values = {"flow": trigger.flow, "command": trigger.command, "image": trigger.image, "provider": trigger.provider,
               "model": trigger.model, "max_turns": trigger.max_turns or ""}
     if trigger.kind == "local":
-        values |= {"where": "local", "folder": trigger.folder, "task": trigger.task}
+        values |= {"where": "local", "folder": trigger.folder, "task": trigger.task, "cron_trigger": trigger.cron_id}
     else:
         values |= {"where": "forge", "forge": trigger.kind}
     return {name: value for name, value in values.items() if value not in ("", None)}
@@ -111,7 +120,9 @@ def start_run_view(request):
             try:
                 queued = start(form.cleaned_data, request.user)
             except ManualRunRefused as refused:
-                form.add_error(refused.field if refused.field in form.fields else None, refused.message)
+                field = {"trigger": "cron_trigger", "host": "cron_host"}.get(refused.field, refused.field) \
+                    if form.cleaned_data.get("where") == "cron" else refused.field
+                form.add_error(field if field in form.fields else None, refused.message)
             except PermissionDenied as denied:
                 form.add_error("where", str(denied))
             else:

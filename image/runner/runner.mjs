@@ -152,6 +152,8 @@ function piArguments() {
   else args.push("--no-session");
   if (env.PI_PROVIDER) args.push("--provider", env.PI_PROVIDER);
   if (env.PI_MODEL) args.push("--model", env.PI_MODEL);
+  // The allowed-model list (provider/model,...): pi chooses among these; the gateway refuses any other.
+  if (env.PI_ALLOWED_MODELS) args.push("--models", env.PI_ALLOWED_MODELS);
   const excluded = new Set((env.PI_EXCLUDE_TOOLS || "").split(",").map((name) => name.trim()).filter(Boolean));
   if (excluded.size) args.push("--tools", BUILTIN_TOOLS.filter((name) => !excluded.has(name)).join(","));
   const skills = join(jobDir, "pi", "skills");

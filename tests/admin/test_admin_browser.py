@@ -140,6 +140,14 @@ def test_start_a_run_shows_the_side_picked_and_the_services_refusal(operator_pag
     assert page.is_visible("#id_repository") and not page.is_visible("#id_folder")
     page.check("input[name=where][value=local]")
     assert page.is_visible("#id_folder") and not page.is_visible("#id_repository")
+    page.check("input[name=where][value=cron]")  # a cron trigger brings its own task, model and limits
+    assert page.is_visible("#id_cron_trigger") and page.is_visible("#id_cron_host")
+    assert not page.is_visible("#id_folder") and not page.is_visible("#id_task") and not page.is_visible("#id_model")
+    page.fill("#id_cron_trigger", "no-such-schedule")
+    page.click("#start-run-submit")
+    page.wait_for_selector(".field-cron_trigger .errorlist")
+    assert "no cron trigger has the id 'no-such-schedule'" in page.text_content(".field-cron_trigger .errorlist")
+    assert page.is_visible("#id_cron_trigger")  # the page comes back on the side that was picked
     page.check("input[name=where][value=forge]")
     page.fill("#id_repository", "acme/web")
     page.fill("#id_number", "7")

@@ -157,7 +157,8 @@ def test_resume_is_a_flows_continuation_on_any_target_a_cron_triggers_too():
     ("backEnd", "run.backEnd", "looks like run.backend"),
     ("maxCost", "run.maxCost", "did you mean run.maxCostUsd"),
     ("max_cost_usd", "run.max_cost_usd", "looks like run.maxCostUsd"),
-    ("models", "run.models", "does not implement it"),
+    ("allowedModels", "run.allowedModels", "did you mean run.models"),
+    ("Models", "run.Models", "looks like run.models"),
     ("portfolio", "run.portfolio", "does not implement it"),
     ("skills_dir", "run.skills_dir", "looks like run.skillsDir"),
     ("Backends", "run.Backends", "did you mean run.backend"),
@@ -185,6 +186,55 @@ def test_a_rules_dollar_cap_reaches_its_jobs_and_round_trips(tmp_path):
     assert execution_fields(rule)["max_cost_usd"] == "0.750000"
     exported, _ = run_command("export_triggers")
     assert json.loads(exported)["triggers"][0]["run"]["maxCostUsd"] == "0.75"
+
+
+@pytest.mark.parametrize("models, fragment", [
+    ([], "1 to 16 provider/model entries"),
+    ("anthropic/claude-sonnet-4-5", "1 to 16 provider/model entries"),
+    ([f"anthropic/model-{n}" for n in range(17)], "1 to 16 provider/model entries"),
+    (["claude-sonnet-4-5"], "'claude-sonnet-4-5' is not provider/model"),
+    (["anthropic/"], "is not provider/model"),
+    (["anthropic/~sonnet"], "is not provider/model"),
+    (["anthropic/claude-*"], "is not provider/model"),
+    ([7], "is not a provider/model text"),
+    (["anthropic/claude-sonnet-4-5", "Anthropic/Claude-Sonnet-4-5"], "twice"),
+])
+def test_a_bad_model_list_names_the_key_and_the_rule(models, fragment):
+    assert_refused(LABEL, {**GITHUB, "models": models}, "run.models", fragment)
+
+
+def test_the_main_model_must_be_on_the_list_when_both_are_set():
+    run = {**GITHUB, "provider": "anthropic", "model": "claude-opus-4-1", "models": ["anthropic/claude-sonnet-4-5"]}
+    assert_refused(LABEL, run, "run.models", "run.models does not list the main model anthropic/claude-opus-4-1")
+    assert problems(LABEL, {**run, "models": ["anthropic/claude-sonnet-4-5", "Anthropic/Claude-Opus-4-1"]}) == []
+    # Without a provider the main model's provider is the deployment's: the worker checks it before any spend.
+    assert problems(LABEL, {**GITHUB, "model": "claude-opus-4-1", "models": ["anthropic/claude-sonnet-4-5"]}) == []
+
+
+def test_a_rules_model_list_reaches_its_jobs_and_round_trips(tmp_path):
+    from apps.receiver.dispatch import execution_fields
+
+    listed = ["anthropic/claude-sonnet-4-5", "openrouter/anthropic/claude-haiku-4-5"]
+    cron = {"type": "cron", "id": "nightly", "pattern": "0 3 * * *"}
+    document = {"triggers": [{"on": LABEL, "run": {**GITHUB, "models": listed}},
+                             {"on": cron, "run": {"kind": "local", "folder": "/srv/x", "flow": "tidy", "task": "t",
+                                                  "models": listed[:1]}}]}
+    (tmp_path / "t.json").write_text(json.dumps(document))
+    run_command("import_triggers", str(tmp_path / "t.json"))
+    label_rule, cron_rule = Trigger.objects.order_by("position")
+    assert label_rule.allowed_models == listed and cron_rule.allowed_models == listed[:1]
+    assert execution_fields(label_rule)["models"] == tuple(listed)
+    exported, _ = run_command("export_triggers")
+    assert [entry["run"]["models"] for entry in json.loads(exported)["triggers"]] == [listed, listed[:1]]
+
+
+def test_an_import_with_a_bad_model_list_changes_nothing_and_names_the_key(tmp_path):
+    document = {"triggers": [{"on": LABEL, "run": {**GITHUB, "model": "claude-opus-4-1", "provider": "anthropic",
+                                                   "models": ["anthropic/claude-sonnet-4-5"]}}]}
+    (tmp_path / "t.json").write_text(json.dumps(document))
+    with pytest.raises(CommandError, match="run.models does not list the main model"):
+        run_command("import_triggers", str(tmp_path / "t.json"))
+    assert Trigger.objects.count() == 0
 
 
 def test_wait_for_under_on_is_refused_in_any_spelling():
@@ -361,6 +411,18 @@ def test_admin_edits_a_rules_dollar_cap_with_the_importers_rule(admin_client):
     assert "“Most dollars per run” must be more than 0" in page and Trigger.objects.count() == 0
     assert admin_client.post("/admin/receiver/trigger/add/", admin_form(max_cost_usd="1.25")).status_code == 302
     assert Trigger.objects.get().max_cost_usd == Decimal("1.25")
+
+
+def test_admin_edits_a_rules_model_list_with_the_importers_rule(admin_client):
+    page = admin_client.post("/admin/receiver/trigger/add/", admin_form(
+        provider="anthropic", model="claude-opus-4-1", allowed_models="anthropic/claude-sonnet-4-5")).content.decode()
+    assert "“Allowed models” does not list the main model anthropic/claude-opus-4-1" in page
+    assert Trigger.objects.count() == 0
+    page = admin_client.post("/admin/receiver/trigger/add/", admin_form(allowed_models="sonnet")).content.decode()
+    assert "“Allowed models”: &#x27;sonnet&#x27; is not provider/model" in page and Trigger.objects.count() == 0
+    assert admin_client.post("/admin/receiver/trigger/add/", admin_form(
+        allowed_models="anthropic/claude-sonnet-4-5, anthropic/claude-haiku-4-5")).status_code == 302
+    assert Trigger.objects.get().allowed_models == ["anthropic/claude-sonnet-4-5", "anthropic/claude-haiku-4-5"]
 
 
 def test_admin_refuses_a_second_comment_trigger_for_a_forge(admin_client):

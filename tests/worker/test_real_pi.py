@@ -247,3 +247,21 @@ def test_the_gateway_ends_a_run_at_its_dollar_cap_and_the_window_is_charged_what
     assert run.cost == Decimal("0.272400") <= Decimal("0.30")
     used, held = redis_conn.hmget(budget.usd_window_keys("all", datetime.now(timezone.utc))["day"], "used", "held")
     assert (int(used), int(held)) == (int(run.cost * 1_000_000), 0)
+
+
+def test_the_real_pi_is_given_the_triggers_allowed_models_and_chooses_among_them(
+        post_github, label_trigger, run_worker, real_pi, model):
+    """No main model: pi takes the first model of the list it is given (`--models`); without the list it would ask
+    for its own default, so the model the provider saw is the list's."""
+    label_trigger.allowed_models = ["anthropic/claude-haiku-4-5", "anthropic/claude-sonnet-4-5"]
+    label_trigger.save()
+    model.scenarios["answer"] = [Text("Nothing needs to change.")]
+    job_id = deliver(post_github, "real-models", "Look at the footer. scripted:answer")
+
+    run_worker("pi-jobs", env_overrides={**real_pi, "PI_MODEL": ""}, timeout=240)
+
+    run = Run.objects.get(job_id=job_id)
+    assert (run.outcome, run.reason) == (Outcome.COMPLETED, ""), run.reason
+    assert [json.loads(step.body)["model"] for step in model.seen] == ["claude-haiku-4-5"]
+    (row,) = run.usage["models"]
+    assert (row["provider"], row["model"], row["calls"]) == ("anthropic", "claude-haiku-4-5", 1)

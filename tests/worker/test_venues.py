@@ -48,6 +48,6 @@ def test_manage_py_check_names_an_unknown_venue_and_a_missing_overlay(settings, 
 
     settings.PI_BACKENDS, settings.PI_GLOBAL_PI_DIR = ("local", "dockr"), str(tmp_path / "absent")
     found = {problem.id: problem.msg for problem in overlay_and_venue_settings(None)}
-    assert "dockr" in found["worker.E013"] and "jobs here run without the overlay" in found["worker.W004"]
+    assert "dockr" in found["worker.E015"] and "jobs here run without the overlay" in found["worker.W004"]
     settings.PI_BACKENDS, settings.PI_GLOBAL_PI_DIR = ("local", "podman"), str(tmp_path)
     assert overlay_and_venue_settings(None) == []

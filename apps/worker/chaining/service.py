@@ -52,7 +52,7 @@ def may_have_children(spec: JobSpec) -> bool:
 def child_spec(spec: JobSpec, request: outbox.Request) -> JobSpec:
     common = dict(job_id=chain_job_id(spec.job_id, request.flow, request.task), kind=spec.kind, flow=request.flow,
                   task=request.task, image=spec.image, max_turns=spec.max_turns, max_cost_usd=spec.max_cost_usd,
-                  exclude_tools=spec.exclude_tools, skills_dir=spec.skills_dir, packages=spec.packages,
+                  models=spec.models, exclude_tools=spec.exclude_tools, skills_dir=spec.skills_dir, packages=spec.packages,
                   backend=spec.backend, trigger_type="chain", parent_job_id=spec.job_id,
                   chain_depth=spec.chain_depth + 1,
                   context={"event": "chain", "parentJobId": spec.job_id, "chainDepth": spec.chain_depth + 1})

@@ -80,7 +80,21 @@ def egress_settings(app_configs, **kwargs):
             prices.price("-", "-")
         except ImproperlyConfigured as error:
             found.append(Error(str(error), id="worker.E008"))
+    found.extend(_allowed_models_problems())
     return found
+
+
+def _allowed_models_problems() -> list[Error]:
+    """PI_ALLOWED_MODELS: well formed, and naming the deployment's own model when PI_MODEL is set (else every job
+    without a model of its own would be refused model-not-allowed)."""
+    from apps.worker import allowed_models
+
+    try:
+        listed = allowed_models.deployment_list()
+    except allowed_models.ModelListError as error:
+        return [Error(str(error), id="worker.E013")]
+    problem = allowed_models.main_model_problem(settings.PI_PROVIDER, settings.PI_MODEL, listed, "PI_ALLOWED_MODELS")
+    return [Error(problem, hint="PI_MODEL and PI_PROVIDER name the main model.", id="worker.E014")] if problem else []
 
 
 # Settings a value out of range would turn upside down (a negative disk limit would stop every job): the
@@ -159,5 +173,5 @@ def overlay_and_venue_settings(app_configs, **kwargs):
     unknown = [name for name in settings.PI_BACKENDS if name not in venues.VENUES]
     if unknown:
         found.append(Error(f"PI_BACKENDS names unknown venues: {', '.join(unknown)}.",
-                           hint=f"Known: {', '.join(venues.VENUES)}.", id="worker.E013"))
+                           hint=f"Known: {', '.join(venues.VENUES)}.", id="worker.E015"))
     return found

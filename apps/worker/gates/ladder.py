@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 
 from apps.fleet import cancel
 from apps.fleet.connection import get_redis
-from apps.worker import run_logs
+from apps.worker import allowed_models, run_logs
 from apps.worker.chaining import service as chaining
 from apps.worker.chaining import skills as chain_skills
 from apps.worker.forges import ForgeFailure
@@ -136,7 +136,8 @@ def job_max_turns(spec: JobSpec, runtime: runtime_settings.RuntimeSettings) -> i
 
 
 def container_environment(spec: JobSpec, runtime: runtime_settings.RuntimeSettings, provider: str,
-                          egress: dict[str, str], secret_values: dict[str, str] | None = None) -> dict[str, str]:
+                          egress: dict[str, str], secret_values: dict[str, str] | None = None,
+                          allowed: tuple[str, ...] = ()) -> dict[str, str]:
     """The container's whole environment, from a closed list: nothing of the worker's is inherited, and no
     credential at all: no provider key (the gateway adds it outside), no forge token (the worker publishes).
     `egress` points pi and every other client at the gateway; the bot identity names the agent's commits.
@@ -154,6 +155,8 @@ def container_environment(spec: JobSpec, runtime: runtime_settings.RuntimeSettin
     model = job_model(spec)
     if model:
         environment["PI_MODEL"] = model
+    if allowed:  # the models pi may choose among (the runner passes them as --models)
+        environment["PI_ALLOWED_MODELS"] = ",".join(f"{provider}/{model}" for model in allowed)
     if spec.exclude_tools:
         environment["PI_EXCLUDE_TOOLS"] = ",".join(spec.exclude_tools)
     environment.update(egress)
@@ -173,9 +176,12 @@ def held_model(spec: JobSpec, upstream: providers.Upstream) -> str:
     return model if model and (not upstream.builtin or prices.is_listed(upstream.provider, model)) else ""
 
 
-def job_models(spec: JobSpec, upstream: providers.Upstream) -> tuple[str, ...] | None:
-    """The models a job may call, as `provider/model`, for its `model:` scoped-limit rows; None when it may call
-    any (it then reserves in every model row). The one place an allowed-model list (`run.models`) plugs in."""
+def job_models(spec: JobSpec, upstream: providers.Upstream, served: tuple[str, ...] = ()) -> tuple[str, ...] | None:
+    """The models a job may call, as `provider/model`, for its `model:` scoped-limit rows: its provider's models on
+    its allowed-model list (`served`), else its one exact model; None when it may call any (it then reserves in
+    every model row, as the ancestor does)."""
+    if served:
+        return tuple(f"{upstream.provider}/{model}" for model in served)
     model = held_model(spec, upstream)
     return (f"{upstream.provider}/{model}",) if model else None
 
@@ -189,11 +195,37 @@ def container_size(rows: budget.MatchedRows, runtime: runtime_settings.RuntimeSe
 
 
 def gateway_limits(spec: JobSpec, upstream: providers.Upstream, runtime: runtime_settings.RuntimeSettings,
-                   max_cost_micros: int | None = None):
-    """The job's token budget, the day's cap and its dollar cap; the model is held to only when it names one
-    exactly (pi also takes fuzzy patterns like `sonnet`, which the gateway cannot tell apart from another model)."""
+                   max_cost_micros: int | None = None, allowed: tuple[str, ...] = ()):
+    """The job's token budget, the day's cap and its dollar cap. With an allowed-model list the gateway forwards
+    the listed models of the job's provider (`allowed`) and no other; without one, the model is held to only when
+    it names one exactly (pi also takes fuzzy patterns like `sonnet`, which the gateway cannot tell apart from
+    another model)."""
     return gateway.Limits(max_tokens=runtime.max_tokens, daily_token_cap=runtime.daily_token_cap,
-                          model=held_model(spec, upstream), max_cost_micros=max_cost_micros)
+                          model="" if allowed else held_model(spec, upstream), max_cost_micros=max_cost_micros,
+                          allowed_models=frozenset(each.lower() for each in allowed))
+
+
+def served_models(spec: JobSpec, provider: str) -> tuple[str, ...] | str:
+    """The job's provider's models on its allowed-model list (() when there is no list), or the refusal's reason:
+    a list that cannot be read, a main model off it, or no model of the job's provider on it (its gateway serves
+    that provider only, so nothing could be called)."""
+    try:
+        listed = allowed_models.effective(allowed_models.check(spec.models, "run.models") if spec.models else ())
+    except allowed_models.ModelListError:
+        logger.error("allowed_models_invalid job=%s source=%s", spec.job_id,
+                     "job" if spec.models else "PI_ALLOWED_MODELS")
+        return "job-payload-invalid" if spec.models else "model-not-allowed"
+    if not listed:
+        return ()
+    model = job_model(spec)
+    if model and not allowed_models.is_listed(listed, provider, model):
+        logger.info("model_not_allowed job=%s provider=%s why=main-model-unlisted", spec.job_id, provider)
+        return "model-not-allowed"
+    served = allowed_models.for_provider(listed, provider)
+    if not served:
+        logger.info("model_not_allowed job=%s provider=%s why=no-listed-model-of-provider", spec.job_id, provider)
+        return "model-not-allowed"
+    return served
 
 
 def classify(result: container.ContainerExit, egress: gateway.EgressReport | None = None,
@@ -419,6 +451,11 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
                      providers.key_variable(provider) or "-", "unknown" if upstream is None else "ok")
         return Verdict.refused("provider-unconfigured")
 
+    # 8b. The allowed-model list (the trigger's run.models, else PI_ALLOWED_MODELS): its entries of the job's provider.
+    served = served_models(spec, provider)
+    if isinstance(served, str):
+        return Verdict.refused(served)
+
     # 9. The job's secrets, resolved on this host (before the workspace: nothing costly for a job refused here).
     try:
         secret_values = secrets.resolve(spec)
@@ -457,7 +494,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             attempt.chainable = chain_skills.chainable_in_folder(local.folder, local.owner, spec.job_id)
     dirs = attempt.dirs = jobfiles.prepare(spec, settings.PI_JOB_ROOT, owner=user, workspace=workspace_folder,
                                            cron=cron, outbox=chaining.enabled_for(spec))
-    agent_config.write(dirs.job, upstream, job_model(spec))
+    agent_config.write(dirs.job, upstream, job_model(spec), served)
     try:  # the operator's overlay, the trigger's skills folder, and the settings.json that makes pi load them
         overlay = pi_overlay.prepare(dirs.job, packages=spec.packages, skills_dir=spec.skills_dir)
     except WorkspaceRefused as refused:
@@ -512,7 +549,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
 
     # 11b. The dollar windows: the job's per-job cap held in each, in one atomic step (none when one has no room).
     try:
-        attempt.dollars = budget.reserve_dollars(redis, spec, rows.calling(job_models(spec, upstream)), runtime, now)
+        attempt.dollars = budget.reserve_dollars(redis, spec, rows.calling(job_models(spec, upstream, served)), runtime, now)
     except budget.DollarRefusal as refusal:
         window = refusal.window
         logger.info("dollar_refused job=%s reason=%s ledger=%s window=%s", spec.job_id, refusal.reason,
@@ -522,10 +559,12 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
                          "why=a scoped limit's dollar window needs a per-job cap", spec.job_id, window.ledger)
         return Verdict.refused(refusal.reason)
 
-    # 11c. A model the job names exactly must have a price when a dollar cap applies (the gateway refuses its
-    # calls otherwise; refused here, before any spend).
-    limits = gateway_limits(spec, upstream, runtime, attempt.dollars.cap_micros)
-    if limits.max_cost_micros is not None and limits.model and prices.price(upstream.provider, limits.model) is None:
+    # 11c. A model the job names exactly, and every model on its allowed list, must have a price when a dollar cap
+    # applies (the gateway refuses their calls otherwise; refused here, before any spend).
+    limits = gateway_limits(spec, upstream, runtime, attempt.dollars.cap_micros, served)
+    callable_models = list(served) or ([limits.model] if limits.model else [])
+    if limits.max_cost_micros is not None and any(prices.price(upstream.provider, each.lower()) is None
+                                                  for each in callable_models):
         logger.info("model_unpriced job=%s provider=%s", spec.job_id, upstream.provider)
         return Verdict.refused("model-unpriced")
 
@@ -577,7 +616,7 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             workspace=dirs.workspace,
             environment=container_environment(spec, runtime, provider,
                                               {**egress.container_environment(), **overlay.environment()},
-                                              secret_values),
+                                              secret_values, served),
             timeout_seconds=settings.PI_JOB_TIMEOUT_SECONDS,
             user=user,
             memory=memory,

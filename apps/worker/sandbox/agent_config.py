@@ -17,22 +17,28 @@ from apps.worker.sandbox.providers import Upstream
 AGENT_FOLDER = "pi-agent"  # under the job's /job folder
 
 
-def models_document(upstream: Upstream, model: str) -> dict:
+def models_document(upstream: Upstream, model: str, allowed: tuple[str, ...] = ()) -> dict:
+    """`allowed`: the provider's model ids on the job's allowed-model list; pi must know each to choose it."""
     entry = {"baseUrl": f"http://127.0.0.1:{image_contract.PROVIDER_PORT}{upstream.path}", "apiKey": PLACEHOLDER_KEY}
     if not upstream.builtin:
         entry["api"] = upstream.api
-    if model and not (upstream.builtin and prices.is_listed(upstream.provider, model)):
-        entry["models"] = [{"id": model}]
+    declared = []
+    for each in (model, *allowed):
+        if each and each.lower() not in {known.lower() for known in declared} \
+                and not (upstream.builtin and prices.is_listed(upstream.provider, each)):
+            declared.append(each)
+    if declared:
+        entry["models"] = [{"id": each} for each in declared]
         if upstream.builtin:
             entry["api"] = upstream.api
     return {"providers": {upstream.provider: entry}}
 
 
-def write(job_folder: Path, upstream: Upstream, model: str) -> Path:
+def write(job_folder: Path, upstream: Upstream, model: str, allowed: tuple[str, ...] = ()) -> Path:
     folder = job_folder / AGENT_FOLDER
     folder.mkdir(mode=0o755, exist_ok=True)
     folder.chmod(0o755)
     path = folder / "models.json"
-    path.write_text(json.dumps(models_document(upstream, model), indent=2) + "\n")
+    path.write_text(json.dumps(models_document(upstream, model, allowed), indent=2) + "\n")
     path.chmod(0o644)
     return path

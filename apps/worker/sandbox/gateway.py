@@ -6,7 +6,10 @@ Two unix sockets, bind-mounted read-only into the container (the runner's loopba
                    paths, bodies and models checked; each call's worst case reserved against the job's token
                    budget, its dollar cap and the day's tokens, and its output ceiling lowered to what is left
                    (call_budget.py); forwarded over HTTPS with the key added; metered from the provider's own
-                   answer and settled to it. A call that cannot fit stops the job. At most
+                   answer and settled to it, one ledger row per model (EgressReport.spend_by_model: what each
+                   model's own ledger is charged). A call for a model off the job's allowed-model list, or
+                   for another model than the one it is held to, is refused `model-not-allowed` (403), never
+                   forwarded, and stops the job. A call that cannot fit stops the job. At most
                    PI_GATEWAY_CALLS_IN_FLIGHT calls of a job are in flight, each body at most
                    PI_GATEWAY_MAX_REQUEST_MB, so the gateway's memory is bounded whatever the container sends
     proxy.sock     the HTTP(S)_PROXY of everything else: CONNECT tunnels and absolute-form requests, only to
@@ -43,7 +46,7 @@ from redis.exceptions import RedisError
 from yarl import URL
 
 from apps.worker.gates import budget
-from apps.worker.sandbox import call_budget, image_contract, prices, provider_calls
+from apps.worker.sandbox import call_budget, image_contract, metering, prices, provider_calls
 from apps.worker.sandbox.egress_policy import log_safe, split_authority
 from apps.worker.sandbox.metering import Meter, ResponseReader, Usage
 from apps.worker.sandbox.provider_calls import CallRefused
@@ -67,12 +70,19 @@ class GatewayUnavailable(Exception):
 
 @dataclass(frozen=True)
 class Limits:
-    """What the gateway holds the job to. A model, when set, is the only one it forwards."""
+    """What the gateway holds the job to. A model, when set, is the only one it forwards; an allowed-model list,
+    when set, names the only ones (their ids lowercased; apps/worker/allowed_models.py)."""
 
     max_tokens: int | None = None
     daily_token_cap: int | None = None
     model: str = ""
     max_cost_micros: int | None = None  # the job's dollar cap: no call is forwarded once its cost reaches it
+    allowed_models: frozenset[str] = frozenset()
+
+    def allows(self, model: str) -> bool:
+        if self.allowed_models and model.lower() not in self.allowed_models:
+            return False
+        return not self.model or model == self.model
 
 
 @dataclass
@@ -87,6 +97,12 @@ class EgressReport:
     tunnels: dict[str, int] = field(default_factory=dict)
     refusals: dict[str, int] = field(default_factory=dict)  # provider calls not forwarded, by reason
     unpriced_model: str = ""  # the model refused `model-unpriced` (its name when the operator or pi knows it)
+
+    def spend_by_model(self) -> dict[str, metering.ModelSpend]:
+        """What each model spent, keyed `provider/model` (lowercase, as a `model:<provider>/<model>` scoped limit
+        names it): calls, tokens and cost in micro-dollars (None when a call of it could not be priced), ready to
+        charge each model's own ledger."""
+        return self.meter.spend_by_model()
 
 
 def auth_headers(api: str, key: str) -> dict[str, str]:
@@ -260,7 +276,8 @@ class EgressGateway:
 
     def _recorded_model(self, model: str) -> str:
         """Only a name the operator or pi's registry knows reaches the record (the container chose it)."""
-        if model and (model == self.limits.model or prices.is_listed(self.upstream.provider, model)):
+        if model and (model == self.limits.model or model.lower() in self.limits.allowed_models
+                      or prices.is_listed(self.upstream.provider, model)):
             return model.lower()
         return "unlisted"
 
@@ -321,7 +338,7 @@ class EgressGateway:
         feature = provider_calls.refusal(call, document)
         if feature:
             raise CallRefused(403, feature)
-        if self.limits.model and model != self.limits.model:
+        if not self.limits.allows(model):
             raise CallRefused(403, "model-not-allowed", stop=True)
         rates = call_budget.Rates.of(prices.price(self.upstream.provider, model))
         if call.billed and rates is None and self.budget.dollar_cap_applies:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 
 from apps.worker.sandbox import prices
 from apps.worker.sandbox.exitline import Telemetry
@@ -190,6 +190,18 @@ class ModelRow:
         return row
 
 
+@dataclass(frozen=True)
+class ModelSpend:
+    """One model's share of a job: what a per-model ledger (a `model:<provider>/<model>` row) is charged."""
+
+    calls: int
+    tokens: int
+    cost_micros: int | None  # None: a call of it could not be priced (no price known)
+
+    def as_dict(self) -> dict:
+        return {"calls": self.calls, "tokens": self.tokens, "costMicros": self.cost_micros}
+
+
 class Meter:
     """One job's ledger, kept by its gateway. Safe to read from the worker's thread once the gateway stopped."""
 
@@ -237,6 +249,15 @@ class Meter:
         else:
             row.cost += cost
         return usage.total
+
+    def spend_by_model(self) -> dict[str, ModelSpend]:
+        """`provider/model` (lowercase) -> its spend; the micro-dollars are rounded up, so per-model charges never
+        add up to less than the job's own."""
+        spend = {}
+        for row in self.rows.values():
+            cost = int((row.cost * 1_000_000).to_integral_value(rounding=ROUND_CEILING)) if row.priced else None
+            spend[f"{row.provider}/{row.model}".lower()] = ModelSpend(row.calls, row.usage.total, cost)
+        return spend
 
     def telemetry(self, turns: int | None) -> Telemetry:
         rows = sorted(self.rows.values(), key=lambda row: row.usage.total, reverse=True)

@@ -87,7 +87,7 @@ def price(provider: str, model: str) -> dict[str, Decimal] | None:
         if operator is not None:
             return operator
     builtin = (builtin_providers().get(provider) or {}).get("prices", {})
-    entry = builtin.get(model) or next((value for key, value in builtin.items() if key.lower() == model), None)
+    entry = builtin.get(model) or next((value for key, value in builtin.items() if key.lower() == model.lower()), None)
     if entry is None:
         return None
     return {name: Decimal(str(entry.get(name, 0))) for name in PRICE_FIELDS}

@@ -159,7 +159,7 @@ def test_resume_is_a_flows_continuation_on_any_target_a_cron_triggers_too():
     ("max_cost_usd", "run.max_cost_usd", "looks like run.maxCostUsd"),
     ("allowedModels", "run.allowedModels", "did you mean run.models"),
     ("Models", "run.Models", "looks like run.models"),
-    ("portfolio", "run.portfolio", "does not implement it"),
+    ("portfolio", "run.portfolio", "are not built yet"),
     ("skills_dir", "run.skills_dir", "looks like run.skillsDir"),
     ("Backends", "run.Backends", "did you mean run.backend"),
 ])

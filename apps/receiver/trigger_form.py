@@ -18,9 +18,12 @@ from .validation import EXCLUDABLE_TOOLS, FIELD_PATHS, FORGE_KINDS, PR_ACTIONS, 
 
 # type: (what a person calls it, when it fires)
 TYPES = {
-    "label": ("Label", "An issue or pull request gets a label (e.g. pi): the most common trigger."),
+    "label": ("Label", "An issue or pull/merge request gets a label (e.g. pi), on every forge: the most common "
+                       "trigger. GitHub and Forgejo read all its labels when it is labelled, opened or reopened; "
+                       "GitLab and Azure DevOps the labels just added (Azure: a pull request created with them)."),
     "comment": ("Comment", "Someone with write access comments a phrase (e.g. @pi) on an issue or pull request."),
-    "pull_request": ("Pull request", "A pull/merge request is opened, updated, reviewed or closed."),
+    "pull_request": ("Pull request", "A pull/merge request is opened, updated, reviewed or closed (for a label "
+                                     "alone, a Label trigger is enough)."),
     "issue": ("Issue closed", "An issue is closed (or one particular issue, once)."),
     "cron": ("Schedule", "On a timetable, in a folder on a worker host (no forge involved)."),
 }

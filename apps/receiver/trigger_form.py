@@ -12,6 +12,7 @@ import re
 
 from django import forms
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.utils.html import conditional_escape
 
 from .models import Trigger, TriggerType
 from .validation import EXCLUDABLE_TOOLS, FIELD_PATHS, FORGE_KINDS, PR_ACTIONS, REVIEW_STATES
@@ -42,12 +43,14 @@ LIMITS = {"cron": ("provider", "model", "max_turns", "max_cost_usd", "resume", "
           "forge": ("provider", "model", "max_turns", "max_cost_usd", "replicas", "wait_for", "resume",
                     "allow_ci_changes", "image", "exclude_tools", "secrets", "secrets_profile")}
 # Kept as they are when not on the form.
-NEVER_RESET = {"position", "enabled", "note", "on_type"}
+NEVER_RESET = {"name", "position", "enabled", "note", "on_type"}
 
 _ACTIONS = "; ".join(f"{forge}: {', '.join(words)}" for forge, words in PR_ACTIONS.items())
 
 # field: (label, help text with an example)
 WORDS = {
+    "name": ("Name", "What you call it, e.g. Fix labelled bugs: the trigger list and its runs show it. Empty: "
+                     "its type and order."),
     "position": ("Order", "Rules are tried from the lowest number up; the first that matches runs. e.g. 10"),
     "note": ("Note", "For the other operators; the agent never sees it."),
     "cron_id": ("Schedule name", "Unique among schedules, e.g. nightly-deps"),
@@ -196,7 +199,7 @@ def fieldsets_for(on_type: str, instance=None) -> tuple:
     run_side = "cron" if on_type == "cron" else "forge"
     fires = FIRES[on_type] + (("one_shot_state",) if on_type in ("issue", "pull_request") else ())
     return (
-        (None, {"fields": ("type_display", "on_type", "enabled", "position", "note")}),
+        (None, {"fields": ("type_display", "on_type", "name", "enabled", "position", "note")}),
         ("What fires it", {"fields": fires}),
         ("What runs", {"fields": RUNS[run_side]}),
         ("Limits and extras", {"fields": LIMITS[run_side], "classes": ("collapse",) if not _extras_set(
@@ -233,7 +236,8 @@ class TriggerForm(forms.ModelForm):
                 field = WaitForField(example=EXAMPLES[name])
             elif name == "secrets":
                 field = SecretsField()
-            field.label, field.help_text = label, help_text
+            # Escaped: the admin marks help texts safe, and `<time with zone>` would vanish as a tag.
+            field.label, field.help_text = label, conditional_escape(help_text)
             self.fields[name] = field
         if "kind" in self.fields:
             if on_type == "cron":

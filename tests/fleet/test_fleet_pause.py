@@ -210,3 +210,22 @@ def test_a_pause_past_its_auto_resume_time_is_replaced_by_a_new_one(redis_conn):
     assert result.changed == ["pi-jobs"]
     flag = flags(redis_conn)["pi-jobs"]
     assert (flag.by, flag.note, flag.until) == ("bob", "new", None)
+
+
+def test_status_into_a_pipe_whose_reader_left_ends_without_a_traceback(redis_conn, worker_env):
+    """`fleet status | head`: head reads what it shows and exits; the rest of the answer must go quietly."""
+    import subprocess
+    import sys
+
+    from tests.conftest import FAST_FLEET_ENV, ROOT
+
+    for index in range(40):
+        publish(redis_conn, f"host{index:02d}")
+    for arguments in (["status"], ["status", "--json"]):
+        process = subprocess.Popen([sys.executable, "manage.py", "fleet", *arguments], cwd=ROOT,
+                                   env={**worker_env, **FAST_FLEET_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        process.stdout.close()  # the reader is gone before the first line is written
+        _, errors = process.communicate(timeout=60)
+
+        assert "Traceback" not in errors.decode() and "BrokenPipeError" not in errors.decode(), errors.decode()
+        assert process.returncode == 0

@@ -295,7 +295,13 @@ def test_spend_shows_every_window_in_force_dollars_included(client, operator, se
     assert {(line["ledger"], line["window"]) for line in lines} >= {("jobs", "day"), ("tokens", "day")}
 
 
-def test_a_scoped_limit_takes_dollar_caps_through_the_api(client, operator):
+def test_a_scoped_limit_takes_dollar_caps_through_the_api(client, operator, settings):
+    settings.PI_MAX_COST_USD = ""
+    refused = call(client, "post", "/api/v1/limits", bearer(operator, "admin"),
+                   {"scope": "acme/web", "day": 3, "day_usd": "12.50"})
+    assert refused.status_code == 400 and "needs a per-run cap" in refused.json()["fields"]["day_usd"][0]
+
+    settings.PI_MAX_COST_USD = "1"
     made = call(client, "post", "/api/v1/limits", bearer(operator, "admin"),
                 {"scope": "acme/web", "day": 3, "day_usd": "12.50"})
     assert made.status_code == 201, made.content

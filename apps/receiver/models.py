@@ -44,7 +44,7 @@ class Trigger(models.Model):
     forge and type, are words), so `import_triggers` and `export_triggers` round-trip that file.
     """
 
-    name = models.CharField(max_length=100, blank=True,
+    name = models.CharField(max_length=100, blank=True, default="", db_default="",
                             help_text="What the operators call the rule, e.g. Fix labelled bugs; shown in the "
                                       "trigger list and on its runs. Empty: its type and order.")
     position = models.PositiveIntegerField(

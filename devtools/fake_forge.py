@@ -1058,6 +1058,8 @@ def github_for_any_repository(root: Path, token: str, files: dict, address: str 
     server.route("GET", rf"{repo}/branches/main", (200, {"name": "main", "commit": {"sha": sha}, "protected": True}))
     server.route("GET", rf"{repo}/rules/branches/main", (200, []))
     server.route("POST", rf"{repo}/issues/\d+/comments", (201, {"id": 1}))
+    # Who the token is (`doctor --live` asks): a classic token with only the scope a job needs.
+    server.route("GET", "/user", (200, {"login": "pi-demo-bot", "id": 1, "type": "User"}, {"X-OAuth-Scopes": "repo"}))
     server.any_git_name = "any"
 
     def forget_published():

@@ -1,6 +1,7 @@
 """How the admin writes numbers, times, ids and targets: one place, so every page reads the same.
 
     money(Decimal("0.00420000000000000")) -> "$0.0042"
+    count(12345)                           -> "12,345"
     instant(dt)                            -> "2026-12-01 15:04:05 UTC"
     short_id("gh-8f3c...e21")              -> <span title="the whole id">gh-8f3c…e21</span>
     target_link("github", "acme/web#7")    -> <a href="https://github.com/acme/web/issues/7">acme/web#7</a>
@@ -37,6 +38,11 @@ def money(value) -> str:
         places = f"{amount.quantize(Decimal('0.0001'), ROUND_HALF_UP):.4f}".rstrip("0")
         return "$" + places + "0" * max(0, 2 - len(places.split(".")[1]))
     return f"${amount.quantize(Decimal('0.01'), ROUND_HALF_UP):,}"
+
+
+def count(value) -> str:
+    """A count with thousands separators (`12,345`), the same on every page (tokens today, runs)."""
+    return "—" if value is None else f"{int(value):,}"
 
 
 def instant(moment: datetime | None) -> str:

@@ -1,6 +1,7 @@
 """Admin building blocks shared by the apps."""
 
 from django.contrib import messages
+from django.utils.html import conditional_escape
 
 
 class ReadOnlyAdminMixin:
@@ -14,6 +15,17 @@ class ReadOnlyAdminMixin:
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+class PlainHelpTextsAdmin:
+    """Help texts are plain text. The admin's templates mark them safe, so a placeholder such as `<time with zone>`
+    would vanish as an unknown tag: each is escaped once here."""
+
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if field is not None and field.help_text:
+            field.help_text = conditional_escape(field.help_text)
+        return field
 
 
 class ManagedChangesAdmin:

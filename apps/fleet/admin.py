@@ -77,6 +77,7 @@ class FleetPanelAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             "can_cancel": request.user.has_perm(CANCEL),
             "can_retry": request.user.has_perm(CANCEL) and request.user.has_perm(START),
             "refresh_seconds": settings.PI_FLEET_PANEL_REFRESH_SECONDS,
+            "suggested_until": pauses.suggested_until(),
         }
 
     def panel_view(self, request: HttpRequest) -> HttpResponse:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 
 from django.utils import timezone
 from redis.exceptions import RedisError
@@ -35,6 +36,18 @@ if redis.call('HGET', KEYS[1], 'until') == ARGV[1] then
     return 1
 end
 return 0
+"""
+
+
+# Pauses a queue unless it is paused already: a second pause keeps the first one's who, when, note and until.
+# Indexed first: a flag key that cannot be read still counts as a pause (the stop switch fails safe).
+_PAUSE_IF_NOT_PAUSED = """
+redis.call('SADD', KEYS[2], ARGV[5])
+if redis.call('HEXISTS', KEYS[1], 'at') == 1 then
+    return 0
+end
+redis.call('HSET', KEYS[1], 'by', ARGV[1], 'at', ARGV[2], 'note', ARGV[3], 'until', ARGV[4])
+return 1
 """
 
 
@@ -74,7 +87,10 @@ class SwitchResult:
         verb = "paused" if self.action == "pause" else "resumed"
         if not self.failed:
             text = f"{verb} {len(self.changed)} queue(s): {', '.join(self.changed) or 'none'}"
-            if self.unchanged:
+            if self.unchanged and self.action == "pause":
+                text += (f"; already paused, so left as they were (their note and auto-resume time kept): "
+                         f"{', '.join(self.unchanged)}")
+            elif self.unchanged:
                 text += f"; not paused, so left as they were: {', '.join(self.unchanged)}"
         else:
             failed = ", ".join(f"{queue} ({why})" for queue, why in self.failed.items())
@@ -116,18 +132,29 @@ def parse_until(value: str | None, now: datetime | None = None) -> datetime | No
     return until
 
 
+def suggested_until(now: datetime | None = None) -> str:
+    """An auto-resume time the pause dialog offers as its example: the next full hour but one, UTC, in the form
+    parse_until reads (the page's script renews it when the dialog opens)."""
+    soon = (now or timezone.now()).astimezone(dt_timezone.utc) + timedelta(hours=2)
+    return soon.replace(minute=0, second=0, microsecond=0).isoformat()
+
+
 def pause(redis, queues, *, by: str, note: str = "", until: datetime | None = None, degraded: str = "",
           now: datetime | None = None) -> SwitchResult:
-    """Pause each queue. Per-queue results: a failure names exactly which queues changed and which did not."""
+    """Pause each queue that is not paused yet; one already paused keeps its pause as it is (who, when, note,
+    until) and is reported unchanged. Per-queue results: a failure names exactly which queues changed."""
     now = now or timezone.now()
     queues = _checked(queues)
-    flag = {"by": by, "at": now.isoformat(), "note": (note or "")[:NOTE_MAX], "until": until.isoformat() if until else ""}
+    try:
+        paused_among(redis, queues, now)  # a pause past its auto-resume time ends first, so this one replaces it
+    except RedisError:
+        pass  # the pause itself below says which queues it could not reach
+    args = (by, now.isoformat(), (note or "")[:NOTE_MAX], until.isoformat() if until else "")
     result = SwitchResult("pause", degraded=degraded)
     pipe = redis.pipeline(transaction=False)
     for queue in queues:
-        pipe.hset(flag_key(queue), mapping=flag)
-        pipe.sadd(INDEX, queue)
-    _collect(result, queues, pipe, lambda written, indexed: "changed")
+        pipe.eval(_PAUSE_IF_NOT_PAUSED, 2, flag_key(queue), INDEX, *args, queue)
+    _collect(result, queues, pipe, lambda written: "changed" if written else "unchanged", replies_per_queue=1)
     _log_and_audit(result, by=by, note=note, until=until)
     return result
 
@@ -152,21 +179,28 @@ def _checked(queues) -> list[str]:
     return queues
 
 
-def _collect(result: SwitchResult, queues: list[str], pipe, verdict) -> None:
+def _collect(result: SwitchResult, queues: list[str], pipe, verdict, replies_per_queue: int = 2) -> None:
     try:
         replies = pipe.execute(raise_on_error=False)
     except RedisError as exc:  # the connection itself failed: nothing is known to have changed
         for queue in queues:
             result.failed[queue] = type(exc).__name__
         return
-    for queue, first, second in zip(queues, replies[0::2], replies[1::2]):
-        errors = [reply for reply in (first, second) if isinstance(reply, Exception)]
+    per_queue = [replies[index::replies_per_queue] for index in range(replies_per_queue)]
+    for queue, *answers in zip(queues, *per_queue):
+        errors = [reply for reply in answers if isinstance(reply, Exception)]
         if errors:
-            result.failed[queue] = str(errors[0]).split(" ", 1)[0] or type(errors[0]).__name__
-        elif verdict(first, second) == "changed":
+            result.failed[queue] = _error_code(errors[0])
+        elif verdict(*answers) == "changed":
             result.changed.append(queue)
         else:
             result.unchanged.append(queue)
+
+
+def _error_code(error: Exception) -> str:
+    """Redis's error code (WRONGTYPE, OOM, ...), also from inside a script, which wraps it in its own words."""
+    words = str(error).replace(":", " ").split()
+    return next((word for word in words if word.isupper() and len(word) > 2), "") or type(error).__name__
 
 
 def _log_and_audit(result: SwitchResult, *, by: str, note: str = "", until=None, action: str = "") -> None:

@@ -24,7 +24,7 @@ def dollars(value, *, estimated: bool = False, compact: bool = False, step=None)
 
 
 def count(value) -> str:
-    return "—" if value is None else f"{int(value):,}"
+    return admin_display.count(value)
 
 
 def share(value) -> str:

@@ -4,7 +4,7 @@ from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Max, QuerySet
 from django.http import HttpRequest
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
@@ -68,12 +68,12 @@ class OneShotStateFilter(admin.SimpleListFilter):
 class TriggerAdmin(ManagedChangesAdmin, admin.ModelAdmin):
     form = trigger_form.TriggerForm
     manage_permission = "receiver.manage_triggers"
-    list_display = ("position", "kind", "on_type", "predicate", "work", "one_shot_state", "run_count", "enabled",
-                    "note")
-    list_display_links = ("position", "predicate")
+    list_display = ("position", "name_display", "kind", "on_type", "repositories", "predicate", "work",
+                    "max_cost", "enabled", "last_fired", "run_count", "one_shot_state")
+    list_display_links = ("position", "name_display")
     list_editable = ("enabled",)
     list_filter = ("enabled", "kind", "on_type", OneShotStateFilter)
-    search_fields = ("flow", "command", "note", "phrase", "cron_id", "repository")
+    search_fields = ("name", "flow", "command", "note", "phrase", "cron_id", "repository")
     ordering = ("position", "id")
     readonly_fields = ("one_shot_state", "type_display")
     actions = ("enable_selected", "disable_selected", "rearm_selected", "run_now")
@@ -118,7 +118,31 @@ class TriggerAdmin(ManagedChangesAdmin, admin.ModelAdmin):
             '<strong>{}</strong>: {} <a href="./" class="change-type">Change type</a>', name, fires)
 
     def get_queryset(self, request):
-        return super().get_queryset(request).annotate(run_total=Count("runs"))
+        return super().get_queryset(request).annotate(run_total=Count("runs"), last_run_at=Max("runs__started_at"))
+
+    @admin.display(description="name", ordering="name")
+    def name_display(self, trigger: Trigger) -> str:
+        if trigger.name:
+            return trigger.name
+        return f"{trigger_form.TYPES.get(trigger.on_type, (trigger.on_type,))[0]} #{trigger.position}"
+
+    @admin.display(description="repositories")
+    def repositories(self, trigger: Trigger) -> str:
+        """Where it applies: a schedule's folder, an Azure work item rule's repository, else the forge's every
+        repository that sends it hooks (or that the GitHub poller reads)."""
+        if trigger.kind == "local":
+            return trigger.folder or "-"
+        if trigger.repository:
+            return f"{trigger.repository} (in the work item's project)"
+        return "every repository"
+
+    @admin.display(description="max cost", ordering="max_cost_usd")
+    def max_cost(self, trigger: Trigger) -> str:
+        return admin_display.money(trigger.max_cost_usd) if trigger.max_cost_usd is not None else "the deployment's"
+
+    @admin.display(description="last fired", ordering="last_run_at")
+    def last_fired(self, trigger: Trigger) -> str:
+        return admin_display.instant(trigger.last_run_at) if trigger.last_run_at else "never"
 
     @admin.display(description="fires on")
     def predicate(self, trigger: Trigger) -> str:
@@ -134,7 +158,7 @@ class TriggerAdmin(ManagedChangesAdmin, admin.ModelAdmin):
             parts.append(f"#{trigger.number}")
         return "; ".join(parts) or "-"
 
-    @admin.display(description="runs")
+    @admin.display(description="flow")
     def work(self, trigger: Trigger) -> str:
         target = f"local {trigger.folder.rstrip('/').rsplit('/', 1)[-1]}/" if trigger.kind == "local" else ""
         work = trigger.flow or f"/{trigger.command}"
@@ -149,7 +173,7 @@ class TriggerAdmin(ManagedChangesAdmin, admin.ModelAdmin):
         return format_html("disarmed {} by job {} (re-arm with the action “Re-arm…”)",
                            trigger.disarmed_at.strftime("%Y-%m-%d %H:%M:%S UTC"), trigger.disarmed_job_id or "-")
 
-    @admin.display(description="recorded runs", ordering="run_total")
+    @admin.display(description="runs", ordering="run_total")
     def run_count(self, trigger: Trigger) -> str:
         if not trigger.run_total:
             return "0"

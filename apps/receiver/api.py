@@ -45,8 +45,8 @@ POSITION_MAX = 2**31 - 1  # the column's range (a PositiveIntegerField)
 
 
 def trigger_document(trigger: Trigger) -> dict:
-    return {"id": trigger.pk, "position": trigger.position, "enabled": trigger.enabled, "note": trigger.note,
-            **entry_from_trigger(trigger)}
+    return {"id": trigger.pk, "name": trigger.name, "position": trigger.position, "enabled": trigger.enabled,
+            "note": trigger.note, **entry_from_trigger(trigger)}
 
 
 def _problems_as_errors(problems) -> dict:
@@ -58,9 +58,11 @@ def _problems_as_errors(problems) -> dict:
 
 class TriggerSerializer(StrictSerializer):
     """A trigger in the language of `triggers.json` (`on` and `run` as the importer reads them, checked by
-    apps/receiver/validation.py), with its place in the table, its switch and the operator's note."""
+    apps/receiver/validation.py), with its name, its place in the table, its switch and the operator's note."""
 
     id = serializers.IntegerField(read_only=True)
+    name = TextField(required=False, allow_blank=True, max_length=triggerfile.MAX_NAME, trim_whitespace=False,
+                     help_text="What the operator calls it (the trigger list and its runs show it); empty: none.")
     position = WholeNumberField(required=False, min_value=0, max_value=POSITION_MAX,
                                 help_text="Rules are tried in this order; a new rule goes last unless given.")
     enabled = TrueFalseField(required=False)
@@ -82,7 +84,7 @@ class TriggerSerializer(StrictSerializer):
         problems, _ = entry_problems(entry)
         if problems:
             raise ValidationError(_problems_as_errors(problems))
-        return {**fields_from_entry(entry), **{key: attrs[key] for key in ("position", "enabled", "note")
+        return {**fields_from_entry(entry), **{key: attrs[key] for key in ("name", "position", "enabled", "note")
                                                if key in attrs}}
 
     def create(self, validated_data) -> Trigger:

@@ -151,6 +151,13 @@ def _pr_rules(event: ForgeEvent, rules):
             if event.rule_action in rule.actions and close_word not in rule.actions]
 
 
+def _pr_and_label_rules(event: ForgeEvent, rules):
+    """The pull request rules naming the action and, when the event brings labels, the Label rules: in file
+    order, so the first that matches wins whichever its type."""
+    pr_rules = _pr_rules(event, rules)
+    return [rule for rule in rules if rule in pr_rules or (event.label_arrival and rule.on_type == "label")]
+
+
 def _pr_match(event: ForgeEvent, rule, *, label: bool = False) -> Decision:
     if label:
         matched = {"index": rule.position, "type": "label", "label": rule.matched_label(event.labels)}
@@ -160,36 +167,40 @@ def _pr_match(event: ForgeEvent, rule, *, label: bool = False) -> Decision:
 
 
 def _pull_request_route(event: ForgeEvent, rules, known_flows) -> Decision:
-    candidates = _pr_rules(event, rules)
-    if event.forge == "github":
-        if event.rule_action == REVIEW_ACTION:
-            return _github_review(event, candidates)
-        return _github_pull_request(event, candidates)
-    if event.forge == "gitlab":
-        for rule in candidates:
-            if rule.has_positive_selector:
-                if rule.labels_match(event.labels):
-                    return _pr_match(event, rule, label=True)
-            else:
-                return _pr_match(event, rule)  # fires on the action alone
-        return _drop("no-matching-pr-trigger")
-    for rule in candidates:  # Forgejo (predicate over the whole label set) and Azure (no predicates)
-        if not _has_predicate(rule) or rule.labels_match(event.labels):
-            return _pr_match(event, rule)
+    if event.forge == "github" and event.rule_action == REVIEW_ACTION:
+        return _github_review(event, _pr_rules(event, rules))
+    for rule in _pr_and_label_rules(event, rules):
+        decision = _label_rule_on_pr(event, rule) if rule.on_type == "label" else _pr_rule(event, rule)
+        if decision is not None:
+            return decision
     return _drop("no-matching-pr-trigger")
 
 
-def _github_pull_request(event: ForgeEvent, candidates) -> Decision:
-    for rule in candidates:
+def _label_rule_on_pr(event: ForgeEvent, rule) -> Decision | None:
+    """A Label rule sees a pull request as it sees an issue (the same label set per forge)."""
+    if not rule.labels_match(event.labels):
+        return None
+    decision = _pr_match(event, rule, label=True)
+    if event.forge == "github" and event.rule_action in LABEL_ARRIVAL_ACTIONS:
+        return _needs(decision, "actor", "author-not-allowed")  # opened/reopened with the label: the author's doing
+    return decision  # GitHub `labeled`: applying a label already needs triage or write access
+
+
+def _pr_rule(event: ForgeEvent, rule) -> Decision | None:
+    if event.forge == "github":
         if event.rule_action == PR_LABEL_ACTIONS["github"]:
             # Applying a label already needs write access: the label is the approval.
-            if rule.labels_match(event.labels):
-                return _pr_match(event, rule)
-            continue
+            return _pr_match(event, rule) if rule.labels_match(event.labels) else None
         if not _has_predicate(rule) or rule.labels_match(event.labels):
             # The job works on the author's branch and text, whoever pushed or reopened: the author must write.
             return _needs(_pr_match(event, rule), "pr-author", "pr-author-not-allowed")
-    return _drop("no-matching-pr-trigger")
+        return None
+    if event.forge == "gitlab":
+        if rule.has_positive_selector:
+            return _pr_match(event, rule, label=True) if rule.labels_match(event.labels) else None
+        return _pr_match(event, rule)  # fires on the action alone
+    # Forgejo (predicate over the whole label set) and Azure (no predicates)
+    return _pr_match(event, rule) if not _has_predicate(rule) or rule.labels_match(event.labels) else None
 
 
 def _github_review(event: ForgeEvent, candidates) -> Decision:

@@ -40,18 +40,22 @@ class TriggerQuerySet(models.QuerySet):
 class Trigger(models.Model):
     """One rule of the trigger language: `on` (what fires it) and `run` (what the job does).
 
-    Field names follow the ancestor's `triggers.json` (the verbose names are its spelling), so
-    `import_triggers` and `export_triggers` round-trip that file.
+    Field names follow the ancestor's `triggers.json` (most verbose names are its spelling; the list's columns,
+    forge and type, are words), so `import_triggers` and `export_triggers` round-trip that file.
     """
 
+    name = models.CharField(max_length=100, blank=True, default="", db_default="",
+                            help_text="What the operators call the rule, e.g. Fix labelled bugs; shown in the "
+                                      "trigger list and on its runs. Empty: its type and order.")
     position = models.PositiveIntegerField(
-        default=0, help_text="Rules are tried in this order; the first match wins (the ancestor's file order)."
+        "order", default=0,
+        help_text="Rules are tried in this order; the first match wins (the ancestor's file order).",
     )
     enabled = models.BooleanField(default=True)
     note = models.CharField(max_length=200, blank=True, help_text="Operator's note; not shown to the agent.")
 
     # on.*
-    on_type = models.CharField("on.type", max_length=32, choices=TriggerType.choices, default=TriggerType.LABEL)
+    on_type = models.CharField("type", max_length=32, choices=TriggerType.choices, default=TriggerType.LABEL)
     cron_id = models.CharField("on.id", max_length=64, blank=True, help_text="Cron: the schedule's unique name.")
     cron_pattern = models.CharField("on.pattern", max_length=120, blank=True,
                                     help_text='Cron: 5 fields, or 6 with seconds first, e.g. "0 6 * * 1-5" (in PI_CRON_TZ, default UTC).')
@@ -82,7 +86,7 @@ class Trigger(models.Model):
     disarmed_job_id = models.CharField("on.disarmed.jobId", max_length=200, blank=True, editable=False)
 
     # run.*
-    kind = models.CharField("run.kind", max_length=16, choices=RunKind.choices)
+    kind = models.CharField("forge", max_length=16, choices=RunKind.choices)
     flow = models.CharField("run.flow", max_length=64, blank=True, help_text="The pi skill the job runs.")
     command = models.CharField("run.command", max_length=200, blank=True,
                                help_text="Instead of a flow: a pi extension command (no leading '/').")
@@ -155,6 +159,8 @@ class Trigger(models.Model):
                                            "image and secret references a job uses on a worker host)")]
 
     def __str__(self):
+        if self.name:
+            return self.name
         return f"#{self.position} {self.kind} {self.on_type} -> {self.flow or '/' + self.command}"
 
     def normalise_empty_values(self) -> None:

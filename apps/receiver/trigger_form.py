@@ -12,15 +12,19 @@ import re
 
 from django import forms
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.utils.html import conditional_escape
 
 from .models import Trigger, TriggerType
 from .validation import EXCLUDABLE_TOOLS, FIELD_PATHS, FORGE_KINDS, PR_ACTIONS, REVIEW_STATES
 
 # type: (what a person calls it, when it fires)
 TYPES = {
-    "label": ("Label", "An issue or pull request gets a label (e.g. pi): the most common trigger."),
+    "label": ("Label", "An issue or pull/merge request gets a label (e.g. pi), on every forge: the most common "
+                       "trigger. GitHub and Forgejo read all its labels when it is labelled, opened or reopened; "
+                       "GitLab and Azure DevOps the labels just added (Azure: a pull request created with them)."),
     "comment": ("Comment", "Someone with write access comments a phrase (e.g. @pi) on an issue or pull request."),
-    "pull_request": ("Pull request", "A pull/merge request is opened, updated, reviewed or closed."),
+    "pull_request": ("Pull request", "A pull/merge request is opened, updated, reviewed or closed (for a label "
+                                     "alone, a Label trigger is enough)."),
     "issue": ("Issue closed", "An issue is closed (or one particular issue, once)."),
     "cron": ("Schedule", "On a timetable, in a folder on a worker host (no forge involved)."),
 }
@@ -40,12 +44,14 @@ LIMITS = {"cron": ("provider", "model", "allowed_models", "max_turns", "max_cost
                     "allow_ci_changes", "image", "backend", "packages", "skills_dir", "exclude_tools", "secrets",
                     "secrets_profile")}
 # Kept as they are when not on the form.
-NEVER_RESET = {"position", "enabled", "note", "on_type"}
+NEVER_RESET = {"name", "position", "enabled", "note", "on_type"}
 
 _ACTIONS = "; ".join(f"{forge}: {', '.join(words)}" for forge, words in PR_ACTIONS.items())
 
 # field: (label, help text with an example)
 WORDS = {
+    "name": ("Name", "What you call it, e.g. Fix labelled bugs: the trigger list and its runs show it. Empty: "
+                     "its type and order."),
     "position": ("Order", "Rules are tried from the lowest number up; the first that matches runs. e.g. 10"),
     "note": ("Note", "For the other operators; the agent never sees it."),
     "cron_id": ("Schedule name", "Unique among schedules, e.g. nightly-deps"),
@@ -206,7 +212,7 @@ def fieldsets_for(on_type: str, instance=None) -> tuple:
     run_side = "cron" if on_type == "cron" else "forge"
     fires = FIRES[on_type] + (("one_shot_state",) if on_type in ("issue", "pull_request") else ())
     return (
-        (None, {"fields": ("type_display", "on_type", "enabled", "position", "note")}),
+        (None, {"fields": ("type_display", "on_type", "name", "enabled", "position", "note")}),
         ("What fires it", {"fields": fires}),
         ("What runs", {"fields": RUNS[run_side]}),
         ("Limits and extras", {"fields": LIMITS[run_side], "classes": ("collapse",) if not _extras_set(
@@ -244,7 +250,8 @@ class TriggerForm(forms.ModelForm):
                 field = WaitForField(example=EXAMPLES[name])
             elif name == "secrets":
                 field = SecretsField()
-            field.label, field.help_text = label, help_text
+            # Escaped: the admin marks help texts safe, and `<time with zone>` would vanish as a tag.
+            field.label, field.help_text = label, conditional_escape(help_text)
             self.fields[name] = field
         if "kind" in self.fields:
             if on_type == "cron":

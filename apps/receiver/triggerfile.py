@@ -3,8 +3,8 @@
     {"triggers": [{"on": {...}, "run": {...}}, ...]}
 
 The 0-based position in the array is a rule's identity (run history refers to it), cron entries
-included. pidispatch adds two optional per-entry keys the ancestor ignores: `"enabled": false` and
-`"note": "..."`.
+included. pidispatch adds three optional per-entry keys the ancestor ignores: `"name": "..."`,
+`"enabled": false` and `"note": "..."`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pidispatch_site import strict_json
 
 from .validation import collection_problems, entry_problems
 
-ENTRY_KEYS = {"on", "run", "enabled", "note"}
+ENTRY_KEYS = {"on", "run", "name", "enabled", "note"}
+MAX_NAME = 100
 MAX_NOTE = 200
 
 
@@ -65,6 +66,8 @@ def _extension_problems(entry: dict) -> list[str]:
     found = []
     if "enabled" in entry and not isinstance(entry["enabled"], bool):
         found.append("enabled must be true or false.")
+    if "name" in entry and (not isinstance(entry["name"], str) or len(entry["name"]) > MAX_NAME):
+        found.append(f"name must be text of at most {MAX_NAME} characters.")
     if "note" in entry and (not isinstance(entry["note"], str) or len(entry["note"]) > MAX_NOTE):
         found.append(f"note must be text of at most {MAX_NOTE} characters.")
     return found

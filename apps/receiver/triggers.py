@@ -94,6 +94,7 @@ def import_file(parsed: triggerfile.ParsedFile) -> ImportReport:
         for name, value in values.items():
             setattr(row, name, value)
         row.position = index
+        row.name = entry.get("name", "")
         row.enabled = entry.get("enabled", True)
         row.note = entry.get("note", "")
         if row.pk is None:
@@ -113,6 +114,8 @@ def export_entries() -> list[dict]:
     entries = []
     for trigger in Trigger.objects.matching_order():
         entry = entry_from_trigger(trigger)
+        if trigger.name:
+            entry["name"] = trigger.name
         if not trigger.enabled:
             entry["enabled"] = False
         if trigger.note:

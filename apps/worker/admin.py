@@ -25,10 +25,11 @@ from apps.worker.forges.publishing import kept
 from apps.worker.gates import runtime_settings
 from apps.worker.jobs import KINDS
 from apps.worker.models import AgentSession, DispatchSettings, PauseWindow, Project, Run, RunChanges, ScopedLimit
+from apps.worker.pause_window_form import DAY_NAMES, PauseWindowForm
 from apps.worker.progress import reading as progress_reading
 from apps.worker.progress import views as progress_views
 from pidispatch_site import admin_display
-from pidispatch_site.admin_mixins import ManagedChangesAdmin, ReadOnlyAdminMixin
+from pidispatch_site.admin_mixins import ManagedChangesAdmin, PlainHelpTextsAdmin, ReadOnlyAdminMixin
 
 
 class RecentValuesFilter(admin.SimpleListFilter):
@@ -132,7 +133,8 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     # Every recorded field is on the page; numbers, times and targets in their readable form (`*_display`).
     fieldsets = (
         (None, {"fields": ("job_id", "attempt", "attempts_display", "outcome", "reason", "explanation",
-                           "forge_message", "lost_retry_display", "forge_sentence", "exit_code")}),
+                           "forge_message", "refused_by_limit_display", "lost_retry_display", "forge_sentence",
+                           "exit_code")}),
         ("What it did", {"fields": ("publish_outcome", "publish_display", "pull_request", "pushed_commits",
                                     "changed_files", "agent_summary", "summary_chars")}),
         # The agent's paths, commits and diff (apps/worker/forges/publishing/changes.py), beside what was posted.
@@ -286,6 +288,14 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         if reason is None:
             return "The run completed." if run.outcome == "completed" else f"No explanation for {run.reason!r} yet."
         return format_html("{}<br><strong>Next:</strong> {}", reason.means, reason.next_step)
+
+    @admin.display(description="refused by the limit")
+    def refused_by_limit_display(self, run: Run) -> str:
+        """The scoped limit whose cap refused the run, linked to its page (scope-cap, dollar-cap, cost-cap-unset)."""
+        if run.refused_by_limit_id is None:
+            return "-"
+        url = reverse("admin:worker_scopedlimit_change", args=[run.refused_by_limit_id])
+        return format_html('<a href="{}">{}</a>', url, run.refused_by_limit)
 
     @admin.display(description="after its worker died")
     def lost_retry_display(self, run: Run) -> str:
@@ -476,7 +486,8 @@ class AgentSessionAdmin(admin.ModelAdmin):
 
 
 @admin.register(PauseWindow)
-class PauseWindowAdmin(admin.ModelAdmin):
+class PauseWindowAdmin(PlainHelpTextsAdmin, admin.ModelAdmin):
+    form = PauseWindowForm
     list_display = ("scope", "hours", "tz", "days_display", "dates", "enabled", "note")
     list_editable = ("enabled",)
     list_filter = ("enabled", "tz")
@@ -494,7 +505,7 @@ class PauseWindowAdmin(admin.ModelAdmin):
 
     @admin.display(description="days")
     def days_display(self, window: PauseWindow) -> str:
-        return ", ".join(window.days) or "every day"
+        return ", ".join(DAY_NAMES.get(day, day)[:3] for day in window.days) or "every day"
 
     @admin.display(description="dates")
     def dates(self, window: PauseWindow) -> str:
@@ -546,21 +557,37 @@ class ProjectAdmin(ManagedChangesAdmin, admin.ModelAdmin):
 
 
 @admin.register(ScopedLimit)
-class ScopedLimitAdmin(ManagedChangesAdmin, admin.ModelAdmin):
+class ScopedLimitAdmin(PlainHelpTextsAdmin, ManagedChangesAdmin, admin.ModelAdmin):
     manage_permission = "worker.manage_limits"
-    list_display = ("scope", "day", "week", "month", "concurrent", "day_usd", "week_usd", "month_usd", "memory",
-                    "cpus", "note")
+    list_display = ("scope", "day", "week", "month", "concurrent", "day_dollars", "week_dollars", "month_dollars",
+                    "memory", "cpus", "note")
     search_fields = ("scope", "note")
     fieldsets = (
         (None, {"fields": ("scope", "note")}),
         ("Runs (UTC day, Monday week, calendar month) and at once", {"fields": ("day", "week", "month", "concurrent")}),
-        ("Dollars (need a per-run cap)", {"fields": ("day_usd", "week_usd", "month_usd")}),
+        ("Dollars (each window needs the per-run cap of the dispatch settings, or PI_MAX_COST_USD)",
+         {"fields": ("day_usd", "week_usd", "month_usd")}),
         ("Project rows: container size", {"fields": ("memory", "cpus", "host_share", "min_jobs")}),
     )
 
+    @admin.display(description="day $", ordering="day_usd")
+    def day_dollars(self, limit: ScopedLimit) -> str:
+        return admin_display.money(limit.day_usd)
+
+    @admin.display(description="week $", ordering="week_usd")
+    def week_dollars(self, limit: ScopedLimit) -> str:
+        return admin_display.money(limit.week_usd)
+
+    @admin.display(description="month $", ordering="month_usd")
+    def month_dollars(self, limit: ScopedLimit) -> str:
+        return admin_display.money(limit.month_usd)
+
+
+SETTINGS_ROW = 1  # the settings row's pk (runtime_settings.current reads pk 1)
+
 
 @admin.register(DispatchSettings)
-class DispatchSettingsAdmin(ManagedChangesAdmin, admin.ModelAdmin):
+class DispatchSettingsAdmin(PlainHelpTextsAdmin, ManagedChangesAdmin, admin.ModelAdmin):
     """The one settings row. Blank fields fall back to the environment; the page shows what applies now."""
 
     manage_permission = "worker.manage_settings"
@@ -590,19 +617,24 @@ class DispatchSettingsAdmin(ManagedChangesAdmin, admin.ModelAdmin):
         )
 
     def has_add_permission(self, request):
-        return super().has_add_permission(request) and not DispatchSettings.objects.exists()
+        return False  # the one row is changed, never added (see get_object)
 
     def has_delete_permission(self, request, obj=None):
         return False
 
+    def get_object(self, request, object_id, from_field=None):
+        row = super().get_object(request, object_id, from_field)
+        if row is None and str(object_id) == str(SETTINGS_ROW):
+            # Not saved yet: the page shows the environment's values and its first save writes the row. A GET
+            # creates nothing.
+            return DispatchSettings(pk=SETTINGS_ROW)
+        return row
+
     def changelist_view(self, request, extra_context=None):
-        # One row: the list would only be a detour to it. A GET creates nothing: before the row is first
-        # saved (from the add form) jobs run under the environment's values, and a viewer sees an empty list.
+        # One row: the list would only be a detour to it, and it is always its change page.
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
-        row = DispatchSettings.objects.filter(pk=1).first()
-        if row is not None:
-            return redirect(reverse("admin:worker_dispatchsettings_change", args=[row.pk]))
-        if self.has_add_permission(request):
-            return redirect(reverse("admin:worker_dispatchsettings_add"))
-        return super().changelist_view(request, extra_context)
+        return redirect(reverse("admin:worker_dispatchsettings_change", args=[SETTINGS_ROW]))
+
+    def add_view(self, request, form_url="", extra_context=None):
+        return self.changelist_view(request)

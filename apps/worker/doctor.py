@@ -7,7 +7,8 @@ cannot look inside another machine, so it compares what they publish with this h
 
 Never a secret in a finding: keys, tokens and webhook secrets are "set" or "not set" and their length; URLs
 lose their user and password. `live=True` also makes one cheap provider call through a real egress gateway
-(a few tokens, counted like a job's) and asks each configured forge's API who its token is.
+(a few tokens, metered but not counted in the day's tokens: they are no job's) and asks each configured forge's
+API who its token is.
 """
 
 from __future__ import annotations
@@ -248,7 +249,8 @@ def _provider_call(redis, upstream, key: str) -> Finding:
     gateway = EgressGateway(job_id=f"doctor-{os.getpid()}-{int(time.time())}", upstream=upstream, key=key,
                             allow=frozenset(), limits=Limits(daily_token_cap=settings.PI_DAILY_TOKEN_CAP,
                                                              model=settings.PI_MODEL),
-                            redis=redis, owner=(os.geteuid(), os.getegid()), on_stop=lambda reason: None)
+                            redis=redis, owner=(os.geteuid(), os.getegid()), on_stop=lambda reason: None,
+                            counts_in_the_day=False)
     path, headers, body = _provider_request(upstream, model)
     try:
         with gateway:

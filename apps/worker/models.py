@@ -106,6 +106,10 @@ class Run(models.Model):
         "receiver.Trigger", null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
     )
     trigger_type = models.CharField(max_length=32, blank=True)
+    # The scoped limit whose cap refused the run (scope-cap, dollar-cap, cost-cap-unset); empty otherwise.
+    refused_by_limit = models.ForeignKey(
+        "worker.ScopedLimit", null=True, blank=True, on_delete=models.SET_NULL, related_name="refused_runs"
+    )
     delivery_id = models.CharField(max_length=200, blank=True)
     host = models.CharField(max_length=64, blank=True)
     queue = models.CharField(max_length=100, blank=True)
@@ -267,7 +271,7 @@ class PauseWindow(models.Model):
     tz = models.CharField("time zone", max_length=64, default="UTC", help_text="IANA name, e.g. Europe/Amsterdam.")
     days = models.JSONField(
         default=list, blank=True,
-        help_text='Weekdays an occurrence may start on, e.g. ["mon", "tue"]; empty means every day.',
+        help_text="Weekdays an occurrence may start on; none ticked means every day.",
     )
     date_from = models.DateField(null=True, blank=True, help_text="First start date (inclusive).")
     date_to = models.DateField(null=True, blank=True, help_text="Last start date (inclusive).")

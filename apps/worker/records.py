@@ -34,6 +34,14 @@ def _existing_trigger(trigger_id: int | None) -> int | None:
     return trigger_id if triggers.filter(pk=trigger_id).exists() else None
 
 
+def _existing_limit(limit_id: int | None) -> int | None:
+    """The limit may have been deleted since it refused: the record then keeps the reason, not a link."""
+    if limit_id is None:
+        return None
+    limits = Run._meta.get_field("refused_by_limit").related_model.objects
+    return limit_id if limits.filter(pk=limit_id).exists() else None
+
+
 def _create_once(job_id: str, attempt: int, fields: dict) -> tuple[Run, bool]:
     try:
         with transaction.atomic():
@@ -98,6 +106,7 @@ def record_run(spec: JobSpec, verdict: Verdict, *, attempt: int, host: str, queu
         command=spec.command,
         trigger_id=_existing_trigger(spec.trigger_id),
         trigger_type=spec.trigger_type,
+        refused_by_limit_id=_existing_limit(verdict.refused_by_limit_id),
         delivery_id=spec.delivery_id,
         host=host,
         queue=queue,

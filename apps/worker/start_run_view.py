@@ -127,10 +127,10 @@ def start_run_view(request):
                 form.add_error("where", str(denied))
             else:
                 messages.success(request, format_html(
-                    'Queued {} on {} ({}). <a href="{}">Its runs</a> appear when it starts; the '
-                    '<a href="{}">fleet panel</a> shows it waiting. {}',
-                    queued.job_id, queued.target, queued.queue,
+                    'Queued <a href="{}" id="started-job">{}</a> on {} ({}): its runs appear there when it starts; '
+                    'the <a href="{}">fleet panel</a> shows it waiting. {}',
                     reverse("admin:worker_run_changelist") + "?" + urlencode({"job_id": queued.job_id}),
+                    queued.job_id, queued.target, queued.queue,
                     reverse("admin:fleet_fleetpanel_changelist"), queued.note))
                 return redirect(reverse("admin:start_run"))
     else:

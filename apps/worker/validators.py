@@ -175,8 +175,27 @@ def validate_scoped_limit(limit, others=None) -> None:
         clash = next((row.scope for row in siblings if bare_repo(row.scope) == repo and row.scope != limit.scope), None)
         if clash:
             errors["scope"] = f"conflicts with the limit for {clash}: keep either the bare or the forge-qualified row."
+    dollar_windows = [name for name in ("day_usd", "week_usd", "month_usd") if getattr(limit, name) is not None]
+    if dollar_windows and _deployment_per_run_cap() is None:
+        errors.setdefault(dollar_windows[0], NEEDS_PER_RUN_CAP)
     if errors:
         raise ValidationError(errors)
+
+
+NEEDS_PER_RUN_CAP = ("a dollar window needs a per-run cap, and none is set: set “max cost per run” on the dispatch "
+                     "settings page (or PI_MAX_COST_USD), or leave the dollar windows blank. Without it every run "
+                     "in this scope would be refused (cost-cap-unset).")
+
+
+def _deployment_per_run_cap() -> int | None:
+    """The per-run cap every job has (the settings row over PI_MAX_COST_USD), in micro-dollars; a trigger's
+    run.maxCostUsd only lowers it, and a manual run has none of its own."""
+    from apps.worker.gates import runtime_settings
+
+    try:
+        return runtime_settings.current().max_cost_micros
+    except runtime_settings.SettingsInvalid:
+        return runtime_settings.from_environment().max_cost_micros
 
 
 DISPATCH_FIELDS = ("daily_cap", "weekly_cap", "monthly_cap", "soft_hold_pct", "max_turns", "max_tokens",
@@ -200,6 +219,16 @@ def validate_dispatch_settings(row, *, fields: bool = False) -> None:
             if windows and per_job is None:
                 errors[windows[0]] = ("a dollar window needs a per-job cap: set the max cost per run here (or "
                                       "PI_MAX_COST_USD), or leave the window blank.")
+            if per_job is None and not windows and not fields:
+                # Checked where the row is saved, not by the runtime: a scoped limit's window would then refuse
+                # every run in its scope (cost-cap-unset), so the cap it relies on cannot be cleared.
+                from apps.worker.models import ScopedLimit
+
+                relying = ScopedLimit.objects.exclude(day_usd=None, week_usd=None, month_usd=None).first()
+                if relying is not None:
+                    errors["max_cost_usd"] = (f"the scoped limit for {relying.scope} has a dollar window, which needs "
+                                              "a per-run cap: keep one here (or PI_MAX_COST_USD), or clear that "
+                                              "limit's dollar windows first.")
             for name in windows:
                 if per_job is not None and parse_usd(effective[name]) < per_job:
                     errors[name] = ("is smaller than the max cost per run: every run holds that much first, so "

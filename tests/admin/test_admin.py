@@ -7,7 +7,7 @@ import pytest
 from django.utils import timezone
 
 from apps.receiver.models import Trigger
-from apps.worker.models import Run
+from apps.worker.models import DispatchSettings, Run
 
 pytestmark = pytest.mark.django_db
 
@@ -45,7 +45,8 @@ def test_run_detail_shows_every_recorded_field(admin_client, finished_run):
 
     readable = {"target", "cost", "usage", "started_at", "ended_at", "delivery_id", "publish_url", "lost_retry",
                 "parent_job_id", "chain_children", "chain_refusals", "sandbox_until", "resumed"}
-    said_by = {"resume_reason": "resumed_display"}  # "no: <why> (<token>)" in the resumed line
+    said_by = {"resume_reason": "resumed_display",  # "no: <why> (<token>)" in the resumed line
+               "refused_by_limit": "refused_by_limit_display"}  # the limit's scope, linked to its page
     for field in Run._meta.fields:
         if field.name != "id":
             name = f"{field.name.removesuffix('_at').removesuffix('_id').removesuffix('_url')}_display" \
@@ -87,13 +88,16 @@ def test_trigger_list_summarises_the_predicate(admin_client, label_trigger):
 def test_settings_page_shows_the_values_in_effect_and_refuses_bad_input(admin_client, settings):
     settings.PI_DAILY_CAP = 25
     first = admin_client.get("/admin/worker/dispatchsettings/", follow=True)
-    assert first.redirect_chain[-1][0] == "/admin/worker/dispatchsettings/add/"  # no row yet: the form saves one
-    assert "daily cap: 25" in first.content.decode()
+    # No row yet: still its change page, never "Add" (the first save writes the row).
+    assert first.redirect_chain[-1][0] == "/admin/worker/dispatchsettings/1/change/"
+    page = first.content.decode()
+    assert "daily cap: 25" in page and "Change dispatch settings" in page and "Add dispatch" not in page
+    assert not DispatchSettings.objects.exists()
 
-    bad = admin_client.post("/admin/worker/dispatchsettings/add/", {"soft_hold_pct": 150, "job_memory": "lots"})
+    bad = admin_client.post("/admin/worker/dispatchsettings/1/change/", {"soft_hold_pct": 150, "job_memory": "lots"})
     assert "must be between 1 and 99" in bad.content.decode() and "like 512m or 4g" in bad.content.decode()
 
-    admin_client.post("/admin/worker/dispatchsettings/add/", {"daily_cap": 3, "job_memory": ""})
+    admin_client.post("/admin/worker/dispatchsettings/1/change/", {"daily_cap": 3, "job_memory": ""})
     assert "daily cap: 3" in admin_client.get("/admin/worker/dispatchsettings/", follow=True).content.decode()
     admin_client.post("/admin/worker/dispatchsettings/1/change/", {"daily_cap": 4, "job_memory": ""})
     assert "daily cap: 4" in admin_client.get("/admin/worker/dispatchsettings/1/change/").content.decode()
@@ -104,7 +108,7 @@ def test_pause_windows_and_limits_are_editable_with_field_errors(admin_client):
 
     created = admin_client.post("/admin/worker/pausewindow/add/", {
         "scope": "github:acme/web", "enabled": "on", "starts": "22:00", "ends": "06:00", "tz": "Europe/Amsterdam",
-        "days": '["fri"]', "note": "",
+        "days": ["fri"], "note": "",  # the days are checkboxes
     })
     assert created.status_code == 302 and PauseWindow.objects.get().days == ["fri"]
     assert "22:00-06:00 (overnight)" in admin_client.get("/admin/worker/pausewindow/").content.decode()

@@ -79,9 +79,11 @@ def test_a_get_of_the_settings_page_creates_no_row():
     nobody.force_login(User.objects.create_user("nobody", password="unused", is_staff=True))
     assert nobody.get("/admin/worker/dispatchsettings/").status_code == 403
 
-    assert staff_client("viewer").get("/admin/worker/dispatchsettings/").status_code == 200  # an empty list
+    viewer_page = staff_client("viewer").get("/admin/worker/dispatchsettings/", follow=True)
+    assert viewer_page.status_code == 200 and "Read only" in viewer_page.content.decode()
     manager = staff_client("manager", "manage_settings")
-    assert manager.get("/admin/worker/dispatchsettings/").url == "/admin/worker/dispatchsettings/add/"
+    assert manager.get("/admin/worker/dispatchsettings/").url == "/admin/worker/dispatchsettings/1/change/"
+    assert manager.get("/admin/worker/dispatchsettings/add/").url == "/admin/worker/dispatchsettings/1/change/"
 
     assert not DispatchSettings.objects.exists()
 
@@ -94,7 +96,8 @@ def test_the_manage_permissions_let_staff_change_them(label_trigger):
     manager.post("/admin/receiver/trigger/", {"action": "disable_selected", "_selected_action": [label_trigger.pk]})
     limit = {"scope": "acme/api", "day": 3, "note": ""}
     assert manager.post("/admin/worker/scopedlimit/add/", limit).status_code == 302
-    assert manager.post("/admin/worker/dispatchsettings/add/", {"daily_cap": 7, "job_memory": ""}).status_code == 302
+    assert manager.post("/admin/worker/dispatchsettings/1/change/", {"daily_cap": 7, "job_memory": ""}).status_code \
+        == 302
 
     assert list(Trigger.objects.values_list("image", "enabled")) == [("someone-elses:latest", False)]
     assert ScopedLimit.objects.get().day == 3 and DispatchSettings.objects.get().daily_cap == 7

@@ -29,10 +29,12 @@ def test_a_forge_run_is_queued_and_named(admin_client, settings, redis_conn):
                                          "target_type": "issue", "flow": "fix-bug", "task": "Look at the footer."},
                                  follow=True)
     text = response.content.decode()
-    assert "Queued run-" in text and "acme/web#7" in text
+    assert "acme/web#7" in text
     (job_id,) = queued_jobs(redis_conn)
     job = Job.fetch(job_id, connection=redis_conn)
-    assert job.origin == "pi-jobs" and f"/admin/worker/run/?job_id={job_id}" in text
+    # The message's job id is the link to the job's runs.
+    assert job.origin == "pi-jobs" and f'Queued <a href="/admin/worker/run/?job_id={job_id}" id="started-job">{job_id}</a>' \
+        in text
 
 
 def test_the_services_refusal_is_shown_beside_its_field_and_nothing_is_queued(admin_client, settings, redis_conn):

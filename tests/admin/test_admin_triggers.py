@@ -1,6 +1,7 @@
 """The trigger form: the type first, then only its fields, in words a person uses; lists as comma-separated text;
 one clear error per mistake. The rule's validation is still validation.py's (the importer and the API share it)."""
 
+import html
 import re
 
 import pytest
@@ -106,3 +107,55 @@ def test_wait_conditions_and_secrets_read_as_text(admin_client):
     assert rule.secrets == {"NPM_TOKEN": "npm/ci"} and rule.exclude_tools == ["bash", "write"]
     page = admin_client.get(f"/admin/receiver/trigger/{rule.pk}/change/").content.decode()
     assert "after 2026-12-01T09:00:00Z, profile ci-green" in page and 'value="NPM_TOKEN=npm/ci"' in page
+
+
+def test_a_trigger_has_a_name_the_list_and_its_runs_show(admin_client):
+    response = admin_client.post(ADD + "?on_type=label", {
+        "on_type": "label", "name": "Fix labelled bugs", "enabled": "on", "position": 1, "label_any": "pi",
+        "kind": "github", "flow": "fix-bug"})
+    assert response.status_code == 302, errors_of(response.content.decode())
+    rule = Trigger.objects.get()
+    assert rule.name == "Fix labelled bugs" and str(rule) == "Fix labelled bugs"
+
+
+def list_columns(page: str) -> list[str]:
+    headers = re.findall(r'<th scope="col"[^>]*>.*?<div class="text">(.*?)</div>', page, re.S)
+    return [re.sub(r"<[^>]+>", "", header).strip() for header in headers if re.sub(r"<[^>]+>", "", header).strip()]
+
+
+def test_the_list_says_what_fires_each_trigger_in_words(admin_client):
+    from datetime import timedelta
+    from decimal import Decimal
+
+    from django.utils import timezone
+
+    from apps.worker.models import Outcome, Run
+
+    named = Trigger.objects.create(position=0, name="Review PRs", kind="github", on_type="label", label_any=["pi"],
+                                   flow="review", max_cost_usd=Decimal("0.5"))
+    Trigger.objects.create(position=1, kind="azure", on_type="comment", phrase="@pi", flow="triage",
+                           repository="web")
+    Trigger.objects.create(position=2, kind="local", on_type="cron", cron_id="nightly", cron_pattern="0 6 * * *",
+                           folder="/srv/code/app", flow="upgrade", task="Upgrade.")
+    fired = timezone.now() - timedelta(hours=2)
+    Run.objects.create(job_id="gh-1", attempt=1, kind="github", trigger=named, started_at=fired, ended_at=fired,
+                       outcome=Outcome.COMPLETED)
+
+    page = admin_client.get("/admin/receiver/trigger/").content.decode()
+
+    assert list_columns(page) == ["Order", "Name", "Forge", "Type", "Repositories", "Fires on", "Flow", "Max cost",
+                                  "Enabled", "Last fired", "Runs", "One-shot"]
+    assert "run.kind" not in page.lower() and "on.type" not in page.lower()
+    text = html.unescape(re.sub(r"<[^>]+>", " ", page))
+    assert "Review PRs" in text and "Comment #1" in text and "Schedule #2" in text  # unnamed: type and order
+    assert "$0.50" in text and "the deployment's" in text
+    assert "web (in the work item's project)" in text and "/srv/code/app" in text and "every repository" in text
+    assert fired.strftime("%Y-%m-%d %H:%M") in text and "never" in text
+    filters = admin_client.get("/admin/receiver/trigger/?kind=github").content.decode()
+    assert "By forge" in filters and "By type" in filters and "By run.kind" not in filters
+
+
+def test_order_is_one_word_on_the_form_and_the_list(admin_client, label_trigger):
+    form = admin_client.get(f"/admin/receiver/trigger/{label_trigger.pk}/change/").content.decode()
+    assert "Order" in form and "Position" not in form
+    assert "Position" not in admin_client.get("/admin/receiver/trigger/").content.decode()

@@ -156,6 +156,17 @@ def test_triggers_are_the_importers_language_round_trip(client, operator):
     assert dry.status_code == 200 and dry.json()["triggers"] == 1 and dry.json()["dry_run"] is True
 
 
+def test_a_trigger_is_named_through_the_api_as_in_its_file(client, operator):
+    headers = bearer(operator, "admin")
+    made = call(client, "post", "/api/v1/triggers", headers, {**LABEL_RULE, "name": "Fix labelled bugs"}).json()
+    assert made["name"] == "Fix labelled bugs" == Trigger.objects.get(pk=made["id"]).name
+    renamed = call(client, "patch", f"/api/v1/triggers/{made['id']}", headers, {"name": "Labelled bugs"}).json()
+    assert renamed["name"] == "Labelled bugs" and renamed["on"] == made["on"]
+    assert client.get("/api/v1/triggers/export", **headers).json()["triggers"][0]["name"] == "Labelled bugs"
+    too_long = call(client, "patch", f"/api/v1/triggers/{made['id']}", headers, {"name": "x" * 101})
+    assert too_long.status_code == 400 and Trigger.objects.get(pk=made["id"]).name == "Labelled bugs"
+
+
 def test_a_manual_forge_run_is_queued_through_the_manual_run_service(client, operator, settings, redis_conn):
     settings.GITHUB_TOKEN = "ghp-x"
     answer = call(client, "post", "/api/v1/runs", bearer(operator, "operate"),
@@ -295,7 +306,13 @@ def test_spend_shows_every_window_in_force_dollars_included(client, operator, se
     assert {(line["ledger"], line["window"]) for line in lines} >= {("jobs", "day"), ("tokens", "day")}
 
 
-def test_a_scoped_limit_takes_dollar_caps_through_the_api(client, operator):
+def test_a_scoped_limit_takes_dollar_caps_through_the_api(client, operator, settings):
+    settings.PI_MAX_COST_USD = ""
+    refused = call(client, "post", "/api/v1/limits", bearer(operator, "admin"),
+                   {"scope": "acme/web", "day": 3, "day_usd": "12.50"})
+    assert refused.status_code == 400 and "needs a per-run cap" in refused.json()["fields"]["day_usd"][0]
+
+    settings.PI_MAX_COST_USD = "1"
     made = call(client, "post", "/api/v1/limits", bearer(operator, "admin"),
                 {"scope": "acme/web", "day": 3, "day_usd": "12.50"})
     assert made.status_code == 201, made.content

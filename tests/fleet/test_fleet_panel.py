@@ -66,7 +66,7 @@ def test_the_panel_shows_state_hosts_queues_waiting_failed_and_spend(admin_clien
     assert "gh-broke" in page and "failed runner-infra" in page
     day = page.split('id="meter-day"')[1].split("</tr>")[0]
     assert "<td>4</td>" in day and "<td>10</td>" in day and "40%" in day
-    assert "3005" in page and "1.5" in page  # tokens and cost today
+    assert "3,005" in page and "1.5" in page  # tokens and cost today
 
 
 def test_the_panel_redirects_from_the_fleet_app_url(admin_client):

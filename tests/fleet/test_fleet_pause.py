@@ -69,7 +69,9 @@ def test_all_is_the_queue_union(redis_conn, fleet_command):
 
     assert result.returncode == 0, result.stderr
     assert set(flags(redis_conn)) == {"pi-jobs", "pi-jobs@live1", "pi-jobs@existing", "pi-jobs@flagged"}
-    assert "paused 4 queue(s)" in result.stdout and "degraded" not in result.stdout
+    assert "paused 3 queue(s)" in result.stdout and "degraded" not in result.stdout
+    assert "already paused, so left as they were (their note and auto-resume time kept): pi-jobs@flagged" \
+        in result.stdout
 
 
 def test_an_unreadable_registry_keeps_the_last_known_union_and_says_so(redis_conn, fleet_command):
@@ -160,7 +162,9 @@ def test_a_new_pause_is_not_cleared_by_the_old_pauses_expiry(redis_conn):
     old_until = timezone.now() + timedelta(seconds=1)
     pauses.pause(redis_conn, ["pi-jobs"], by="t", until=old_until)
     seen = pauses.read_flags(redis_conn)["pi-jobs"]
-    pauses.pause(redis_conn, ["pi-jobs"], by="t", note="longer")  # re-paused, no end
+    time.sleep(1.1)
+    # A reader saw the old pause, which has ended by now; before it clears the flag, a new pause (no end) is set.
+    pauses.pause(redis_conn, ["pi-jobs"], by="t", note="longer")
 
     assert redis_conn.eval(pauses._EXPIRE_IF_UNCHANGED, 2, pauses.flag_key("pi-jobs"), pauses.INDEX,
                            seen.until.isoformat(), "pi-jobs") == 0
@@ -178,3 +182,50 @@ def test_status_lists_every_queue_and_host_in_text(redis_conn, fleet_command):
     assert "pi-jobs@hostA  paused" in text and "carol" in text and "swap disk" in text
     assert "hostA  live" in text
     assert redis_conn.exists(LAST_UNION)
+
+
+def test_pausing_a_paused_queue_keeps_its_note_and_auto_resume_time(redis_conn):
+    until = (timezone.now() + timedelta(hours=2)).replace(microsecond=0)
+    pauses.pause(redis_conn, ["pi-jobs"], by="alice", note="deploy 4.2", until=until)
+
+    again = pauses.pause(redis_conn, ["pi-jobs", "pi-jobs@hostA"], by="bob", note="freeze")
+
+    assert (again.changed, again.unchanged) == (["pi-jobs@hostA"], ["pi-jobs"])
+    assert "already paused, so left as they were (their note and auto-resume time kept): pi-jobs" in again.summary()
+    first, second = flags(redis_conn)["pi-jobs"], flags(redis_conn)["pi-jobs@hostA"]
+    assert (first.by, first.note, first.until) == ("alice", "deploy 4.2", until)
+    assert (second.by, second.note, second.until) == ("bob", "freeze", None)
+    assert sorted(FleetAction.objects.filter(action="pause").values_list("actor", "queues")) == [
+        ("alice", ["pi-jobs"]), ("bob", ["pi-jobs@hostA"])]  # the audit names only what changed
+
+
+def test_a_pause_past_its_auto_resume_time_is_replaced_by_a_new_one(redis_conn):
+    redis_conn.hset(pauses.flag_key("pi-jobs"), mapping={
+        "by": "alice", "at": (timezone.now() - timedelta(hours=3)).isoformat(), "note": "old",
+        "until": (timezone.now() - timedelta(minutes=1)).isoformat()})
+    redis_conn.sadd(pauses.INDEX, "pi-jobs")
+
+    result = pauses.pause(redis_conn, ["pi-jobs"], by="bob", note="new")
+
+    assert result.changed == ["pi-jobs"]
+    flag = flags(redis_conn)["pi-jobs"]
+    assert (flag.by, flag.note, flag.until) == ("bob", "new", None)
+
+
+def test_status_into_a_pipe_whose_reader_left_ends_without_a_traceback(redis_conn, worker_env):
+    """`fleet status | head`: head reads what it shows and exits; the rest of the answer must go quietly."""
+    import subprocess
+    import sys
+
+    from tests.conftest import FAST_FLEET_ENV, ROOT
+
+    for index in range(40):
+        publish(redis_conn, f"host{index:02d}")
+    for arguments in (["status"], ["status", "--json"]):
+        process = subprocess.Popen([sys.executable, "manage.py", "fleet", *arguments], cwd=ROOT,
+                                   env={**worker_env, **FAST_FLEET_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        process.stdout.close()  # the reader is gone before the first line is written
+        _, errors = process.communicate(timeout=60)
+
+        assert "Traceback" not in errors.decode() and "BrokenPipeError" not in errors.decode(), errors.decode()
+        assert process.returncode == 0

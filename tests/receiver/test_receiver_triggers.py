@@ -382,6 +382,27 @@ def test_disabled_rules_and_notes_survive_the_round_trip():
     assert exported["triggers"][3]["note"] == "paused during the freeze"
 
 
+def test_names_survive_the_round_trip_and_a_bad_one_is_refused(tmp_path):
+    run_command("import_triggers", str(ANCESTOR))
+    Trigger.objects.filter(position=2).update(name="Review labelled pull requests")
+
+    exported = json.loads(run_command("export_triggers")[0])
+    assert exported["triggers"][2]["name"] == "Review labelled pull requests"
+    assert "name" not in exported["triggers"][0]  # no name, no key: the ancestor's file stays its own
+
+    path = tmp_path / "named.json"
+    path.write_text(json.dumps(exported))
+    Trigger.objects.all().update(name="")
+    run_command("import_triggers", str(path))
+    assert Trigger.objects.get(position=2).name == "Review labelled pull requests"
+
+    exported["triggers"][1]["name"] = ["not", "text"]
+    path.write_text(json.dumps(exported))
+    with pytest.raises(CommandError, match="trigger at index 1: name must be text of at most 100 characters"):
+        run_command("import_triggers", str(path))
+    assert Trigger.objects.get(position=1).name == ""  # nothing changed
+
+
 # --- the admin uses the same validation --------------------------------------------------------------------------
 
 def admin_form(**overrides):

@@ -39,8 +39,10 @@ def test_limits_round_trip(tmp_path, capsys):
     assert sorted(exported["limits"], key=lambda row: row["scope"]) == sorted(LIMITS["limits"], key=lambda row: row["scope"])
 
 
-def test_the_ancestors_dollar_rows_import_and_export_as_version_2(tmp_path, capsys):
+def test_the_ancestors_dollar_rows_import_and_export_as_version_2(tmp_path, capsys, settings):
     from decimal import Decimal
+
+    settings.PI_MAX_COST_USD = "1"  # a dollar window needs a per-run cap
 
     dollars = {"version": 2, "limits": [
         {"scope": "acme/web", "day": 10, "dayUsd": "2.50", "monthUsd": 40},

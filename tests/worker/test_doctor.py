@@ -256,3 +256,24 @@ def test_housekeeping_not_run_for_two_days_warns(doctor, redis_conn):
     redis_conn.set(housekeeping.day_key(timezone.now()),
                    json.dumps({"state": "failed", "at": timezone.now().isoformat(), "error": "OperationalError"}))
     assert "today's run failed (OperationalError)" in line(doctor().stdout, "warn", "housekeeping")
+
+
+def test_live_against_the_demos_stand_ins_passes_and_spends_none_of_the_days_tokens(doctor, redis_conn):
+    """`make run`'s stand-ins (devtools/fake_forge.github_for_any_repository, the scripted provider): a fresh demo
+    passes `doctor --live`, and its probe call is not one of the day's tokens (PI_DAILY_TOKEN_CAP counts jobs)."""
+    from django.utils import timezone
+
+    from apps.worker.gates import budget
+
+    provider = ScriptedProvider(key="sk-demo-key")
+    try:
+        result = doctor("--live", ANTHROPIC_API_KEY="sk-demo-key", PI_PROVIDER_BASE_URL=provider.url,
+                        PI_MODEL="claude-sonnet-4-5", PI_DAILY_TOKEN_CAP="100000")
+        assert result.returncode == 0, result.stdout
+        assert "answered through a gateway (" in line(result.stdout, "ok", "provider-call")
+        assert [seen.key_accepted for seen in provider.seen] == [True]
+        assert budget.tokens_spent_today(redis_conn, timezone.now()) == 0
+        assert "token of pi-demo-bot, scopes repo" in line(result.stdout, "ok", "forge-github-live")
+        assert not [text for text in result.stdout.splitlines() if text.startswith("FAIL")]
+    finally:
+        provider.close()

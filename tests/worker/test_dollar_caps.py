@@ -249,16 +249,17 @@ def test_a_crash_between_reserve_and_settle_charges_the_whole_hold(start_worker,
 
 
 def test_the_settings_page_takes_the_dollar_caps_and_refuses_a_window_without_a_per_run_cap(admin_client):
-    bad = admin_client.post("/admin/worker/dispatchsettings/add/", {"daily_cost_usd": "10", "job_memory": ""})
+    bad = admin_client.post("/admin/worker/dispatchsettings/1/change/", {"daily_cost_usd": "10", "job_memory": ""})
     assert "a dollar window needs a per-job cap" in bad.content.decode() and not DispatchSettings.objects.exists()
 
-    admin_client.post("/admin/worker/dispatchsettings/add/", {"daily_cost_usd": "10", "max_cost_usd": "0.5",
-                                                              "job_memory": ""})
+    admin_client.post("/admin/worker/dispatchsettings/1/change/", {"daily_cost_usd": "10", "max_cost_usd": "0.5",
+                                                                   "job_memory": ""})
     page = admin_client.get("/admin/worker/dispatchsettings/1/change/").content.decode()
     assert "max cost usd: 0.500000" in page and "daily cost usd: 10.000000" in page
 
 
-def test_a_scoped_limit_takes_dollar_windows_in_the_admin(admin_client):
+def test_a_scoped_limit_takes_dollar_windows_in_the_admin(admin_client, settings):
+    settings.PI_MAX_COST_USD = "1"
     bad = admin_client.post("/admin/worker/scopedlimit/add/", {"scope": "acme/web", "day_usd": "0"})
     assert "must be more than 0" in bad.content.decode()
     admin_client.post("/admin/worker/scopedlimit/add/", {"scope": "acme/web", "week_usd": "12.5"})

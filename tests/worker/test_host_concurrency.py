@@ -78,7 +78,7 @@ def test_a_cap_of_one_runs_one_container_at_a_time_on_three_processes(start_work
 
 def test_lowering_it_in_the_admin_takes_effect_without_a_restart(start_worker, redis_conn, fast_fleet,
                                                                 admin_client):
-    assert admin_client.post(SETTINGS_PAGE + "add/", {"concurrency": 3}).status_code == 302
+    assert admin_client.post(SETTINGS_PAGE + "1/change/", {"concurrency": 3}).status_code == 302
     lifetimes = ContainerLifetimes()
     pool(start_worker, redis_conn, "hostL", 3)
     jobs = [enqueue_spec(forge_spec(f"gh-live-{i}", number=30 + i, body="fake-agent:sleep=4"), "pi-jobs@hostL")

@@ -98,6 +98,16 @@ def comments_posted(forges):
             and ("comments" in request["path"] or "notes" in request["path"] or "threads" in request["path"])]
 
 
+def test_a_job_without_a_target_title_names_its_pull_request_from_the_summary(tmp_path, forges, settings):
+    from apps.worker.forges.publishing import messages
+
+    untitled = forge_spec("job-untitled", number=7, title="")
+    assert messages.title(untitled, SUMMARY) == "Fix the footer overlap"
+    assert messages.title(untitled, "") == "pi: fix-bug for #7"
+    long = forge_spec("job-long", number=7, title="word " * 40)
+    assert len(messages.title(long, SUMMARY)) == messages.TITLE_CHARS and messages.title(long, "").endswith("… (#7)")
+
+
 def test_new_commits_become_one_draft_pull_request_against_the_default_branch(tmp_path, forge):
     spec = forge.spec("job-pr", number=7)
     dirs, workspace = start(tmp_path, spec)
@@ -113,8 +123,12 @@ def test_new_commits_become_one_draft_pull_request_against_the_default_branch(tm
     assert forge.git("log", "-1", "--format=%an <%ae>", head) == "pidispatch <pidispatch@users.noreply.localhost>"
     (pull,) = forge.pulls()
     assert (pull["head"], pull["base"], pull["draft"]) == ("pi/7-fix-bug", "main", True)
-    assert pull["title"].endswith("Fix the footer overlap") and pull["issues"] == [7]
-    assert "The footer now sits below the button." in pull["body"] and "job-pr" in pull["body"]
+    # The title is the issue's own ("A bug", forge_spec's), the agent's summary is the body.
+    assert pull["title"].endswith("A bug (#7)") and pull["issues"] == [7]
+    assert "Fix the footer overlap" in pull["body"] and "The footer now sits below the button." in pull["body"]
+    assert "job-pr" in pull["body"]
+    message = forge.git("log", "-1", "--format=%B", head)
+    assert message.startswith("A bug (#7)\n\nFix the footer overlap\n\nThe footer now sits below the button.")
     assert publication.pull_request == pull["number"] and publication.url
 
     # A retried publish step (the worker died after the push, say) finds the one it opened.
@@ -357,5 +371,6 @@ def test_the_jobs_own_secrets_are_scrubbed_from_the_pull_request(tmp_path, forge
 
     assert (publication.outcome, reason) == ("published", "")
     (pull,) = forge.pulls()
-    assert pull["title"].endswith("Publish with [scrubbed]") and "The token, once more: [scrubbed]" in pull["body"]
+    assert "Publish with [scrubbed]" in pull["body"] and "The token, once more: [scrubbed]" in pull["body"]
     assert value not in json.dumps(pull) and base64.b64encode(value.encode()).decode()[:12] not in json.dumps(pull)
+    assert value not in forge.git("log", "-1", "--format=%B", forge.branches()["pi/7-fix-bug"])

@@ -13,6 +13,11 @@ def money(value):
 
 
 @register.filter
+def count(value):
+    return admin_display.count(value)
+
+
+@register.filter
 def instant_of(value):
     """A datetime with seconds and its zone (the fleet panel's own `instant` takes unix seconds)."""
     return admin_display.instant(value)

@@ -15,6 +15,7 @@ from .base import (
     Verified,
     checked_delivery_id,
     digests_equal,
+    names,
     obj,
     parse_json_object,
     positive_int,
@@ -97,6 +98,14 @@ def _tags(value) -> tuple[str, ...]:
     return tuple(seen)
 
 
+def _pr_labels(pull: dict) -> tuple[str, ...]:
+    """The active labels of a pull request resource (`labels[].name`, `active` false once removed)."""
+    items = pull.get("labels")
+    active = [item for item in items if isinstance(item, dict) and item.get("active", True) is not False] \
+        if isinstance(items, list) else []
+    return names(active, "name")
+
+
 def _ref_name(value) -> str:
     ref = text(value)
     return ref[len("refs/heads/"):] if ref.startswith("refs/heads/") else ref
@@ -154,11 +163,15 @@ def normalise(event: str, delivery_id: str, payload: dict) -> ForgeEvent:
         if not project_name or not repo_name or "/" in repo_name:
             return ForgeEvent(route=None, drop="no-repository", action=action, actor=actor, **common)
         project_id = text(project.get("id")) or project_guid
+        # Azure sends a pull request's labels (tags) with the pull request, but no diff of them: only a new pull
+        # request's labels are an arrival; on `updated` they would fire again on every push.
+        labels = _pr_labels(pull) if action == "created" else ()
         return ForgeEvent(
             route="comment" if is_comment else "pull_request", action=action, rule_action=action, actor=actor,
             repo=f"{project_name}/{repo_name}", project=project_name,
             project_id=project_id.lower() if GUID.fullmatch(project_id) else "",
             repository_id=text(repository.get("id")), target_type="pull_request", number=number,
+            labels=labels, label_arrival=bool(labels),
             title=text(pull.get("title")), body=text(pull.get("description")),
             comment=text(obj(resource.get("comment")).get("content")) if is_comment else "",
             head={"ref": _ref_name(pull.get("sourceRefName"))} if text(pull.get("sourceRefName")) else {},

@@ -75,6 +75,9 @@ class ForgeEvent:
     number: int | None = None
     labels: tuple[str, ...] = ()  # the label set predicates see (whole set, or only the added labels)
     label_fallback: bool = False  # GitLab: a close that also added labels may fire a label rule instead
+    # A pull request event that brings labels the way an issue's label event does (labelled, opened or reopened
+    # with labels, a GitLab label edit): Label rules are tried beside the pull request rules, in file order.
+    label_arrival: bool = False
     pr_author: Actor = field(default_factory=lambda: Actor(id=None))  # GitHub: whose write access auto actions need
     # Container-only text, copied into the JobSpec and nowhere else.
     title: str = ""

@@ -35,6 +35,8 @@ DELIVERY_HEADERS = ("X-Forgejo-Delivery", "X-Gitea-Delivery", "X-Gogs-Delivery",
 
 ISSUE_ACTIONS = {"opened": "opened", "reopened": "reopened", "label_updated": "labeled", "closed": "closed"}
 PR_ACTIONS = {**ISSUE_ACTIONS, "synchronized": "synchronize"}
+# The pull request actions a Label rule sees, as on an issue: the item's whole label set, never a push.
+LABEL_ARRIVAL_ACTIONS = {"opened", "reopened", "labeled"}
 IGNORED_ACTIONS = {
     "label_cleared", "edited", "assigned", "unassigned", "milestoned", "demilestoned", "reviewed",
     "review_requested", "review_request_removed",
@@ -120,6 +122,7 @@ def normalise(event: str, delivery_id: str, payload: dict) -> ForgeEvent:
         return ForgeEvent(
             route="close" if action == "closed" else "pull_request", rule_action=action, repo=repo,
             target_type="pull_request", number=number, labels=names(pull.get("labels"), "name"),
+            label_arrival=ISSUE_ACTIONS.get(action) in LABEL_ARRIVAL_ACTIONS,
             title=text(pull.get("title")), body=text(pull.get("body")), head=head, base=base, **common,
         )
 

@@ -108,6 +108,7 @@ def normalise(event: str, delivery_id: str, payload: dict) -> ForgeEvent:
         return ForgeEvent(
             route="pull_request" if action != "closed" else "close", rule_action=action, actor=actor, repo=repo,
             target_type="pull_request", number=number, labels=names(pull.get("labels"), "name"),
+            label_arrival=action in LABEL_ROUTE_ACTIONS,
             pr_author=_account(pull.get("user")), title=text(pull.get("title")),
             body=text(pull.get("body")), head=head, base=base, **common,
         )

@@ -31,6 +31,7 @@ from .base import (
 FORGE = "gitlab"
 SIGNATURE_TOLERANCE_SECONDS = 300
 MR_ROUTE_ACTIONS = {"open", "update", "reopen", "approved"}
+MR_LABEL_ACTIONS = {"open", "update", "reopen"}
 
 
 def delivery_id_of(request) -> str:
@@ -149,7 +150,9 @@ def normalise(event: str, delivery_id: str, payload: dict) -> ForgeEvent:
             return ForgeEvent(route="close", rule_action="close", **where, **item, **common)
         if action in MR_ROUTE_ACTIONS:
             labels = _labels(payload, attrs) if action == "open" else _label_diff(payload)[1]
-            return ForgeEvent(route="pull_request", rule_action=action, labels=labels, **where, **item, **common)
+            # As on an issue: the labels the event added (all of them when it opens) are what a Label rule sees.
+            return ForgeEvent(route="pull_request", rule_action=action, labels=labels,
+                              label_arrival=action in MR_LABEL_ACTIONS and bool(labels), **where, **item, **common)
         return ForgeEvent(route=None, **where, **item, **common)  # merge, unapproved, ...: never fires
 
     if kind == "note" and action in ("", "create"):  # older GitLab sends no action on notes

@@ -557,7 +557,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         if refusal.reason == "cost-cap-unset":
             logger.error("dollar_cap_unset job=%s ledger=%s set=PI_MAX_COST_USD,max_cost_usd,run.maxCostUsd "
                          "why=a scoped limit's dollar window needs a per-job cap", spec.job_id, window.ledger)
-        return Verdict.refused(refusal.reason)
+        by_limit = limit.pk if limit is not None and window is not None and window.ledger != "all" else None
+        return Verdict.refused(refusal.reason, refused_by_limit_id=by_limit)
 
     # 11c. A model the job names exactly, and every model on its allowed list, must have a price when a dollar cap
     # applies (the gateway refuses their calls otherwise; refused here, before any spend).
@@ -579,7 +580,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             period = budget.window_keys("all", now)[refusal.window].rsplit(":", 1)[-1]
             budget.soft_hold_reached.send_robust(sender=budget.CapRefusal, window=refusal.window, period=period,
                                                  job_id=spec.job_id)
-        return Verdict.refused(refusal.reason, budget_reserved=refusal.budget_reserved)
+        by_limit = limit.pk if refusal.reason == "scope-cap" and limit is not None else None
+        return Verdict.refused(refusal.reason, budget_reserved=refusal.budget_reserved, refused_by_limit_id=by_limit)
 
     # 13. The container: the only step that spends. A cancel that arrived during the gates stops it here.
     if cancel.is_cancel_requested(spec.job_id, redis):

@@ -40,6 +40,8 @@ class Verdict:
     started_at: datetime = field(default_factory=timezone.now)
     ended_at: datetime = field(default_factory=timezone.now)
     budget_reserved: bool = False
+    # The ScopedLimit (pk) whose cap refused the job: the record links the operator to it.
+    refused_by_limit_id: int | None = None
     retryable: bool = False
     # The agent's own account of its work (the runner's summary line): forge text for the publish step,
     # never recorded or logged.

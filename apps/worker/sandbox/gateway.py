@@ -131,8 +131,12 @@ def _private_folder(path: Path) -> None:
 
 class EgressGateway:
     def __init__(self, *, job_id: str, upstream: Upstream, key: str, allow: frozenset[tuple[str, int]],
-                 limits: Limits, redis, owner: tuple[int, int], on_stop: Callable[[str], None]):
+                 limits: Limits, redis, owner: tuple[int, int], on_stop: Callable[[str], None],
+                 counts_in_the_day: bool = True):
         self.job_id = job_id
+        # False for `doctor --live`'s probe: its few tokens are no job's, so the day's counter (the daily token
+        # cap, the tokens-today figures) neither holds nor takes them.
+        self.counts_in_the_day = counts_in_the_day
         self.upstream = upstream
         self._key = key
         self.allow = allow
@@ -142,7 +146,8 @@ class EgressGateway:
         self.on_stop = on_stop
         self.report = EgressReport(meter=Meter())
         self.budget = call_budget.CallBudget(max_tokens=limits.max_tokens, max_cost_micros=limits.max_cost_micros,
-                                             daily_token_cap=limits.daily_token_cap, redis=redis,
+                                             daily_token_cap=limits.daily_token_cap if counts_in_the_day
+                                             else None, redis=redis,
                                              now=call_budget.now_utc)
         self.folder = socket_root() / sha256(job_id.encode()).hexdigest()[:20]
         self.provider_socket = self.folder / "provider.sock"
@@ -264,7 +269,7 @@ class EgressGateway:
 
     def _count_tokens(self, key: str, tokens: int) -> None:
         """Into the day's counter; what Redis cannot take now is settled by the worker after the run."""
-        if not tokens:
+        if not tokens or not self.counts_in_the_day:
             return
         try:
             budget.add_tokens(self.redis, key, tokens + self.unrecorded_tokens)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
+import sys
 from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings
@@ -73,6 +75,16 @@ class Command(BaseCommand):
             one = sub.add_parser(name, help=text)
             one.add_argument("job_id")
             one.add_argument("--by", help="who does it (default: cli:<OS user>)")
+
+    def execute(self, *args, **options):
+        try:
+            result = super().execute(*args, **options)
+            sys.stdout.flush()  # inside the try: a reader gone by now would fail the interpreter's own last flush
+            return result
+        except BrokenPipeError:
+            # `fleet status | head`: the reader has what it wanted and left; the rest of the answer goes nowhere.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(0)
 
     def handle(self, *args, **options):
         redis = get_redis()

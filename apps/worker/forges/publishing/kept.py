@@ -1,7 +1,8 @@
 """Work that did not reach the forge, kept on the worker host so an operator can publish it again.
 
     <PI_JOB_ROOT>/<job id>/work.bundle       the commits (git bundle; prerequisite: the start commit)
-    <PI_JOB_ROOT>/<job id>/publication.json  where they go: ids, names, and the agent's summary for the body
+    <PI_JOB_ROOT>/<job id>/publication.json  where they go: ids, names, the target's title and the agent's
+                                             summary (forge text, for the pull request's title and body)
     <PI_JOB_ROOT>/<job id>/KEEP_UNTIL        an ISO instant; until then the folder sweeps leave the folder alone
 
 Everything else of the job's folder (the prompt, the clone) goes as usual. `publish_again(run)` rebuilds the
@@ -67,7 +68,8 @@ def strip_to_kept(job_root: Path) -> None:
 def _spec_ids(spec) -> dict:
     return {"job_id": spec.job_id, "kind": spec.kind, "repo": spec.repo, "project_id": spec.project_id,
             "repository_id": spec.repository_id, "target_type": spec.target_type, "number": spec.number,
-            "flow": spec.flow, "command": spec.command, "replica": spec.replica}
+            "flow": spec.flow, "command": spec.command, "replica": spec.replica,
+            "title": getattr(spec, "title", "")}  # the pull request's title, forge text like the summary
 
 
 def _destination(destination) -> dict:
@@ -130,7 +132,7 @@ def _rebuild(job_root: Path, destination, description: dict, client, credential)
 
 
 class _SpecIds:
-    """What publishing reads of a job, rebuilt from the kept description (no texts: they were never kept)."""
+    """What publishing reads of a job, rebuilt from the kept description (of its texts, only the title)."""
 
     def __init__(self, **values):
         self.__dict__.update(values)

@@ -1,4 +1,5 @@
-"""The words the worker publishes: a pull request's title and body, a comment, from the agent's summary.
+"""The words the worker publishes: a pull request's title (the target's) and body, a commit's message and a
+comment, from the agent's summary.
 
 The summary is the agent's own text (forge data: it may quote the issue), bounded by the runner; it goes to
 the forge and nowhere else, and only as `postable_summary` leaves it (no secret of the deployment's in it, in any
@@ -16,6 +17,7 @@ from apps.worker.jobs import JobSpec
 from apps.worker.scrubbing import Scrubber
 
 TITLE_CHARS = 72
+COMMIT_BODY_CHARS = 16_000
 CUT_MARKER = "\n\n… (cut: the rest is longer than the forge allows)"
 CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 # What stands for a withheld summary in the kept work, so that "Publish again" never posts it.
@@ -48,11 +50,25 @@ def footer(spec: JobSpec) -> str:
 
 
 def title(spec: JobSpec, summary: str) -> str:
+    """The target's own title (`Login fails on Safari (#7)`): the forge's public text, going back to the forge and
+    nowhere else. Without one (a schedule's job) the summary's first line, else the flow."""
+    target = " ".join(_clean(getattr(spec, "title", "") or "").split())
+    if target:
+        number = f" (#{spec.number})" if spec.number is not None and spec.target_type == "issue" else ""
+        room = TITLE_CHARS - len(number)
+        return (target if len(target) <= room else target[:room - 1].rstrip() + "…") + number
     first = next((line.strip().lstrip("#").strip() for line in _clean(summary).splitlines() if line.strip()), "")
     if not first:
         what = spec.flow or spec.command
         first = f"pi: {what} for #{spec.number}" if spec.number is not None else f"pi: {what}"
     return first if len(first) <= TITLE_CHARS else first[:TITLE_CHARS - 1].rstrip() + "…"
+
+
+def commit_message(spec: JobSpec, summary: str) -> str:
+    """The message of the commit that holds what the agent left uncommitted: the title, then the agent's summary
+    (its own commits keep their own messages)."""
+    text = _clean(summary)
+    return title(spec, summary) + ("\n\n" + fit(text, COMMIT_BODY_CHARS, CUT_MARKER) if text else "") + "\n"
 
 
 def body(spec: JobSpec, summary: str, limit: int, note: str = "") -> str:

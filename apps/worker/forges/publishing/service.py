@@ -120,7 +120,8 @@ def publish_run(spec, workspace, job_root: Path, workspace_folder: Path, summary
         summary, credentials=[*credentials, *forge_tokens(workspace)], job_secrets=job_secrets)
     try:
         work = collect(workspace_folder, start_sha=destination.start_sha, store=job_root / "publish.git",
-                       identity=bot_identity(), origin_url=workspace.origin_url, finished_at=finished_at)
+                       identity=bot_identity(), origin_url=workspace.origin_url, finished_at=finished_at,
+                       message=messages.commit_message(spec, summary))
     except WorkUnreadable as unreadable:
         logger.warning("publish_refused job=%s reason=%s", spec.job_id, unreadable.reason)
         return Publication(unreadable.reason), unreadable.reason

@@ -163,9 +163,10 @@ def _check_no_nested_repository(workspace: Path) -> None:
 
 
 def collect(workspace: Path, *, start_sha: str, store: Path, identity: Identity, origin_url: str,
-            finished_at: float) -> Work:
+            finished_at: float, message: str = UNCOMMITTED_MESSAGE + "\n") -> Work:
     """`origin_url` is the clone's own remote (the one `remote.*` its config may hold); `finished_at` (when the
-    agent's container ended) dates the commit of what it left uncommitted."""
+    agent's container ended) dates the commit of what it left uncommitted, and `message` is that commit's
+    message (messages.commit_message: forge text, for the forge only)."""
     _check_agents_repository(workspace)
     _check_no_nested_repository(workspace)
     if store.exists():
@@ -187,7 +188,8 @@ def collect(workspace: Path, *, start_sha: str, store: Path, identity: Identity,
     commits = (git(store, "rev-list", "--reverse", "--topo-order", f"{start_sha}..{agent_head}").stdout.split()
                if descends else [])
     head = _rewrite(store, start_sha, commits, identity)
-    head = _commit_work_tree(store, workspace, parent=head, identity=identity, when=f"{int(finished_at)} +0000")
+    head = _commit_work_tree(store, workspace, parent=head, identity=identity, when=f"{int(finished_at)} +0000",
+                             message=message)
     count = int(git(store, "rev-list", "--count", f"{start_sha}..{head}").stdout.strip() or 0)
     git(store, "update-ref", PUBLISHED_REF, head)
     return work_between(store, start_sha, head, count)
@@ -229,7 +231,8 @@ def _rewrite(store: Path, start: str, commits: list[str], identity: Identity) ->
     return head
 
 
-def _commit_work_tree(store: Path, workspace: Path, *, parent: str, identity: Identity, when: str) -> str:
+def _commit_work_tree(store: Path, workspace: Path, *, parent: str, identity: Identity, when: str,
+                      message: str) -> str:
     """What the work tree holds beyond `parent`, as one commit; `parent` itself when it holds nothing more.
     The index lives in the worker's repository and git reads the tree with that repository's configuration."""
     index = store / "pi-index"
@@ -240,7 +243,7 @@ def _commit_work_tree(store: Path, workspace: Path, *, parent: str, identity: Id
     index.unlink(missing_ok=True)
     if tree == git(store, "rev-parse", f"{parent}^{{tree}}").stdout.strip():
         return parent
-    return git(store, "commit-tree", tree, "-p", parent, stdin=f"{UNCOMMITTED_MESSAGE}\n".encode(),
+    return git(store, "commit-tree", tree, "-p", parent, stdin=message.encode(),
                env=identity.environment(when)).stdout.strip()
 
 

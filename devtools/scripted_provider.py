@@ -27,9 +27,9 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 from urllib.parse import parse_qs, urlsplit
 
 MARKER = re.compile(r"scripted:([a-z0-9][a-z0-9-]{0,62})")

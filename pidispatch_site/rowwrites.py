@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
-from functools import lru_cache
+from functools import cache
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
@@ -28,7 +28,7 @@ def _connection():
     return connections[DEFAULT_DB_ALIAS]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _insert_statement(model: type[Model], vendor: str):
     fields = tuple(field for field in model._meta.concrete_fields if not field.primary_key)
     quote = _connection().ops.quote_name
@@ -37,7 +37,7 @@ def _insert_statement(model: type[Model], vendor: str):
     return fields, sql
 
 
-@lru_cache(maxsize=None)
+@cache
 def _update_statement(model: type[Model], names: tuple[str, ...], vendor: str):
     fields = tuple(model._meta.get_field(name) for name in names)
     quote = _connection().ops.quote_name

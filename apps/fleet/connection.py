@@ -1,12 +1,12 @@
 """The one Redis connection pool of a process (redis-py pools are fork-aware)."""
 
-from functools import lru_cache
+from functools import cache
 
 import redis
 from django.conf import settings
 
 
-@lru_cache(maxsize=None)
+@cache
 def _client(url: str) -> redis.Redis:
     # Short timeouts: a Redis outage must turn into a fast, handled error on the webhook path,
     # never a hung request.

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 
 from django.utils import timezone
 from redis.exceptions import RedisError
@@ -135,7 +134,7 @@ def parse_until(value: str | None, now: datetime | None = None) -> datetime | No
 def suggested_until(now: datetime | None = None) -> str:
     """An auto-resume time the pause dialog offers as its example: the next full hour but one, UTC, in the form
     parse_until reads (the page's script renews it when the dialog opens)."""
-    soon = (now or timezone.now()).astimezone(dt_timezone.utc) + timedelta(hours=2)
+    soon = (now or timezone.now()).astimezone(UTC) + timedelta(hours=2)
     return soon.replace(minute=0, second=0, microsecond=0).isoformat()
 
 

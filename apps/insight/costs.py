@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
-from functools import lru_cache
+from functools import cache
 from urllib.parse import urlencode
 
 from django.db import connection, transaction
@@ -304,7 +304,7 @@ def _write_partials(partials: dict[date, dict], generations: dict[date, int], ki
         pass  # the next view reads those days from the database again
 
 
-@lru_cache(maxsize=None)
+@cache
 def _quick_redis(url: str):
     """For the drop on the run record's write path: a worker settling a run while Redis is down must not wait
     the shared pool's connect timeout (the drop is best-effort, bounded by PARTIAL_TTL_SECONDS)."""

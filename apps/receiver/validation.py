@@ -13,8 +13,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 
 from croniter import croniter
@@ -694,7 +693,7 @@ def fields_from_entry(entry: dict) -> dict:
 
 def iso_instant(moment: datetime) -> str:
     """`2026-11-29T15:20:00.123Z`, the form the ancestor writes."""
-    return moment.astimezone(dt_timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 # --- the model's hook -----------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import hashlib
 import logging
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -295,7 +295,7 @@ return {"created", "", 0}
 """
 
 
-@lru_cache(maxsize=None)
+@cache
 def _enqueue_script(connection):
     return connection.register_script(_ENQUEUE_SCRIPT)
 

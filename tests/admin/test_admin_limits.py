@@ -3,8 +3,7 @@ at save (naming the setting), the list shows the dollar columns, a refused run l
 a pause window's days are checkboxes; help texts render as text."""
 
 import re
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
@@ -118,6 +117,6 @@ def test_a_weekday_window_gate_still_reads_the_saved_days():
 
     PauseWindow.objects.create(scope="*", starts="00:00", ends="23:59", tz="UTC", days=["mon"])
     window = PauseWindow.objects.get()
-    monday = datetime(2026, 11, 30, 12, 0, tzinfo=dt_timezone.utc)
+    monday = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
     assert paused_until([window], ["*"], monday) is not None
     assert paused_until([window], ["*"], monday.replace(day=1, month=12)) is None

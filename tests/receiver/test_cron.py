@@ -4,7 +4,7 @@ pending occurrence, exactly one job per occurrence across hosts, edits applied w
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from rq import Queue
@@ -17,7 +17,7 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.django_db
 HOST_A = HostIdentity("hostA", True)
-T0 = datetime(2026, 3, 4, 12, 0, 30, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 4, 12, 0, 30, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def test_a_new_schedule_waits_for_its_next_occurrence(redis_conn, schedule):
 
     result = tick(redis_conn, HOST_A, T0 + timedelta(minutes=5))
 
-    stamp = int(datetime(2026, 3, 4, 12, 5, tzinfo=timezone.utc).timestamp())
+    stamp = int(datetime(2026, 3, 4, 12, 5, tzinfo=UTC).timestamp())
     assert result.fired == [f"cron-{trigger.pk}-{stamp}"]
     assert host_jobs(redis_conn) == result.fired
     job = Queue("pi-jobs@hostA", connection=redis_conn).fetch_job(result.fired[0])
@@ -53,7 +53,7 @@ def test_downtime_fires_only_the_latest_missed_occurrence(redis_conn, schedule):
     tick(redis_conn, HOST_A, T0)
     result = tick(redis_conn, HOST_A, T0 + timedelta(hours=3))  # 36 occurrences were missed
     assert len(result.fired) == 1 and result.fired[0].endswith(
-        str(int(datetime(2026, 3, 4, 15, 0, tzinfo=timezone.utc).timestamp())))
+        str(int(datetime(2026, 3, 4, 15, 0, tzinfo=UTC).timestamp())))
 
 
 def test_at_most_one_pending_occurrence(redis_conn, schedule):

@@ -2,7 +2,7 @@
 reservations still count, and slots come back only when no container started."""
 
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import docker
 import pytest
@@ -13,7 +13,7 @@ from apps.worker.models import DispatchSettings, Outcome, Run, ScopedLimit
 from tests.jobspecs import enqueue_spec, forge_spec
 
 pytestmark = pytest.mark.django_db(transaction=True)
-NOW = datetime(2026, 3, 4, 12, 0, tzinfo=timezone.utc)  # a Wednesday
+NOW = datetime(2026, 3, 4, 12, 0, tzinfo=UTC)  # a Wednesday
 
 
 def test_window_keys_are_utc_calendar_windows_with_monday_weeks():
@@ -147,13 +147,13 @@ def test_a_container_that_never_started_gives_its_slot_back(run_worker, redis_co
 
     run = Run.objects.get(job_id=job_id)
     assert (run.outcome, run.reason) == (Outcome.FAILED, "container-never-started")
-    day_key = budget.window_keys("all", datetime.now(timezone.utc))["day"]
+    day_key = budget.window_keys("all", datetime.now(UTC))["day"]
     assert int(redis_conn.get(day_key)) == 0
     assert engine.containers.list(all=True, filters={"name": f"pi-job-{job_id}"}) == []
 
 
 def test_the_daily_token_cap_refuses_once_spent_and_runs_add_their_tokens(run_worker, redis_conn):
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     ok = enqueue_spec(forge_spec("gh-tok1", body="fake-agent:tokens-in=700 fake-agent:tokens-out=300"))
     run_worker("pi-jobs", env_overrides={"PI_DAILY_TOKEN_CAP": "1000"})
     assert Run.objects.get(job_id=ok).outcome == Outcome.COMPLETED
@@ -185,4 +185,4 @@ def test_an_invalid_settings_row_refuses_every_job_before_any_spend(run_worker, 
 
     run = Run.objects.get(job_id=job_id)
     assert (run.outcome, run.reason, run.budget_reserved) == (Outcome.POLICY, "settings-overlay-invalid", False)
-    assert redis_conn.get(budget.window_keys("all", datetime.now(timezone.utc))["day"]) is None
+    assert redis_conn.get(budget.window_keys("all", datetime.now(UTC))["day"]) is None

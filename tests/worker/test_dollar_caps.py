@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
@@ -20,7 +20,7 @@ from tests.jobspecs import enqueue_spec, forge_spec
 from tests.process_support import horse_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
-NOW = datetime(2026, 3, 4, 12, 0, tzinfo=timezone.utc)  # a Wednesday
+NOW = datetime(2026, 3, 4, 12, 0, tzinfo=UTC)  # a Wednesday
 
 
 def window(redis, ledger="all", name="day", now=NOW) -> tuple[int, int]:
@@ -30,7 +30,7 @@ def window(redis, ledger="all", name="day", now=NOW) -> tuple[int, int]:
 
 
 def today(redis) -> tuple[int, int]:
-    return window(redis, now=datetime.now(timezone.utc))
+    return window(redis, now=datetime.now(UTC))
 
 
 # --- amounts -----------------------------------------------------------------------------------------
@@ -120,7 +120,7 @@ def test_the_windows_in_force_say_cap_used_and_held(redis_conn, settings):
     settings.PI_MAX_COST_USD, settings.PI_DAILY_COST_USD = "1", "5"
     DispatchSettings.objects.create(weekly_cost_usd=Decimal("20"))
     ScopedLimit.objects.create(scope="acme/web", month_usd=Decimal("7.5"))
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     runtime = runtime_settings.current()
     limit = ScopedLimit.objects.get()
     settled = budget.reserve_dollars(redis_conn, forge_spec("gh-w1"), limit, runtime, now)

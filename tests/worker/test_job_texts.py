@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from rq.job import Job
@@ -71,7 +71,7 @@ def test_a_retried_job_keeps_its_texts_until_its_last_attempt_fails(redis_conn, 
 
 
 def test_a_deferred_job_keeps_its_texts(redis_conn, run_worker):
-    later = (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat()
+    later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     job_id = enqueue_spec(marked_spec("gh-texts-deferred", wait_for=({"after": later},)))
 
     run_worker("pi-jobs")

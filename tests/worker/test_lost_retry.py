@@ -7,7 +7,7 @@ and the lost attempt's record says which, on the run page and in the API."""
 import os
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
@@ -38,12 +38,12 @@ def runs(job_id):
 
 def dollars_today(redis) -> tuple[int, int]:
     """(used, held) micro-dollars of the deployment's dollar window today."""
-    used, held = redis.hmget(budget.usd_window_keys("all", datetime.now(timezone.utc))["day"], "used", "held")
+    used, held = redis.hmget(budget.usd_window_keys("all", datetime.now(UTC))["day"], "used", "held")
     return int(used or 0), int(held or 0)
 
 
 def runs_reserved_today(redis) -> int:
-    return budget.deployment_counts(redis, datetime.now(timezone.utc))["day"]
+    return budget.deployment_counts(redis, datetime.now(UTC))["day"]
 
 
 def rq_status(redis, job_id):

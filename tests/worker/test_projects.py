@@ -4,7 +4,7 @@ project's `project:<id>` scoped-limit row caps its members together (job counts 
 every job that may call the model. Real Redis; real worker processes and the demo image for the container."""
 
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import docker
@@ -19,7 +19,7 @@ from tests.jobspecs import enqueue_spec, forge_spec, local_spec
 from tests.process_support import ContainerLifetimes, assert_no_overlap
 
 pytestmark = pytest.mark.django_db(transaction=True)
-NOW = datetime(2026, 3, 4, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 3, 4, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -144,7 +144,7 @@ def test_a_projects_dollar_window_refuses_the_second_job_and_its_size_reaches_th
     assert (ran.outcome, ran.project, ran.dollars_reserved) == (Outcome.COMPLETED, "storefront", Decimal("1"))
     assert (refused.outcome, refused.reason, refused.project) == (Outcome.POLICY, "dollar-cap", "storefront")
     assert (other.outcome, other.project) == (Outcome.COMPLETED, "")
-    today = datetime.now(timezone.utc)
+    today = datetime.now(UTC)
     assert used_and_held(redis_conn, "project:storefront", now=today) == (1_000_000, 0)
 
     assert seen[first]["Memory"] == 512 * 1024**2 and seen[first]["NanoCpus"] == 5 * 10**8

@@ -2,7 +2,7 @@
 the worker deferring a job in an active window to the latest window end."""
 
 import time
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from datetime import time as clock
 from zoneinfo import ZoneInfo
 
@@ -15,7 +15,7 @@ from apps.worker.gates.quiet_hours import active_until, paused_until
 from apps.worker.models import Outcome, PauseWindow, Run
 from tests.jobspecs import enqueue_spec, forge_spec
 
-UTC = timezone.utc
+UTC = UTC
 
 
 def window(scope="*", starts="22:00", ends="06:00", tz="UTC", days=(), date_from=None, date_to=None):

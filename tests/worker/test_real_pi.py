@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from datetime import UTC
 from decimal import Decimal
 from pathlib import Path
 
@@ -224,7 +225,7 @@ def test_the_gateway_cuts_a_run_at_its_token_budget(post_github, label_trigger, 
 
 def test_the_gateway_ends_a_run_at_its_dollar_cap_and_the_window_is_charged_what_it_metered(
         post_github, label_trigger, run_worker, real_pi, model, redis_conn):
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from apps.worker.gates import budget
 
@@ -245,7 +246,7 @@ def test_the_gateway_ends_a_run_at_its_dollar_cap_and_the_window_is_charged_what
     assert run.cost == expected_cost(model)
     assert (run.dollar_basis, run.dollars_reserved, run.dollars_charged) == ("metered", Decimal("0.30"), run.cost)
     assert run.cost == Decimal("0.272400") <= Decimal("0.30")
-    used, held = redis_conn.hmget(budget.usd_window_keys("all", datetime.now(timezone.utc))["day"], "used", "held")
+    used, held = redis_conn.hmget(budget.usd_window_keys("all", datetime.now(UTC))["day"], "used", "held")
     assert (int(used), int(held)) == (int(run.cost * 1_000_000), 0)
 
 

@@ -5,7 +5,7 @@ only past its maximum wait; every exit of the gate leaves the slots free."""
 import json
 import re
 import stat
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from rq import Queue
@@ -17,7 +17,7 @@ from apps.worker.models import Outcome, Run
 from tests.conftest import wait_for
 from tests.jobspecs import enqueue_spec, forge_spec
 
-UTC = timezone.utc
+UTC = UTC
 PROFILE = "slow"
 
 

@@ -6,7 +6,7 @@ import stat
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from rq import Queue
@@ -19,7 +19,7 @@ from tests.jobspecs import enqueue_spec, forge_spec
 
 pytestmark = pytest.mark.django_db
 
-UTC = timezone.utc
+UTC = UTC
 
 
 class Check:

@@ -1,7 +1,7 @@
 """A deferred job keeps its id, waits in RQ's scheduled registry, uses no attempt, and comes back."""
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from rq import Queue
@@ -23,7 +23,7 @@ def test_a_deferred_job_returns_under_the_same_id_without_using_an_attempt(run_w
     assert registry.get_scheduled_time("defer-me").timestamp() > time.time()
     assert queue.started_job_registry.get_job_ids() == []
 
-    registry.schedule(job, datetime.now(timezone.utc))  # its time has come
+    registry.schedule(job, datetime.now(UTC))  # its time has come
     time.sleep(1.1)
     run_worker("pi-jobs")
 

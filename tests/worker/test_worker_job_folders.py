@@ -5,7 +5,7 @@ folder is touched, least of all a local job's workspace, which is the operator's
 
 import os
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -43,7 +43,7 @@ def test_the_sweep_removes_job_folders_no_live_process_holds_and_keeps_the_rest(
     worker = start_worker(*QUEUES, env=HOST)
     wait_for(lambda: "Listening on" in worker.output(), timeout=60, what="the worker to take work")
     root = settings.PI_JOB_ROOT
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     prepared_in_a_process("gh-abandoned", root)
     prepared_in_a_process("gh-kept", root, keep_until=(now + timedelta(hours=1)).isoformat())
     prepared_in_a_process("gh-expired", root, keep_until=(now - timedelta(minutes=1)).isoformat())

@@ -16,7 +16,7 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import jwt
@@ -116,7 +116,7 @@ class GitHubApp:
             raise failure_for(response)
         token = self._parse(response.data, repo)
         if reuse and token.expires_at is not None:
-            ttl = (token.expires_at - datetime.now(timezone.utc)).total_seconds() - REUSE_MARGIN_SECONDS
+            ttl = (token.expires_at - datetime.now(UTC)).total_seconds() - REUSE_MARGIN_SECONDS
             self.token_cache.put(key, token, ttl)
         return token
 
@@ -164,5 +164,5 @@ class GitHubApp:
             except ValueError:
                 expires_at = None
         if expires_at is None:
-            expires_at = datetime.now(timezone.utc) + timedelta(minutes=55)
+            expires_at = datetime.now(UTC) + timedelta(minutes=55)
         return InstallationToken(token=data["token"], source="app", expires_at=expires_at, repositories=names)

@@ -33,7 +33,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
-from functools import lru_cache
+from functools import cache
 
 from django.db.models import Q
 from django.dispatch import Signal
@@ -267,7 +267,7 @@ return amount
 """
 
 
-@lru_cache(maxsize=None)
+@cache
 def _script(connection, source: str):
     """Sent once per connection, then run by its SHA (EVALSHA)."""
     return connection.register_script(source)

@@ -7,7 +7,7 @@ window's zone and compared as instants, so DST changes move the wall clock, not 
 
 from __future__ import annotations
 
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.core.exceptions import ValidationError
@@ -54,7 +54,7 @@ def _occurrence(window, start_day: date, zone: ZoneInfo) -> tuple[datetime, date
     start = datetime.combine(start_day, window.starts, tzinfo=zone)
     end_day = start_day + timedelta(days=1) if window.ends < window.starts else start_day
     end = datetime.combine(end_day, window.ends, tzinfo=zone)
-    return start.astimezone(timezone.utc), end.astimezone(timezone.utc)
+    return start.astimezone(UTC), end.astimezone(UTC)
 
 
 def active_until(window, now: datetime) -> datetime | None:

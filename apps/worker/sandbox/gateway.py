@@ -32,11 +32,11 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from hashlib import sha256
 from pathlib import Path
-from typing import Callable
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -401,14 +401,14 @@ class EgressGateway:
                             reader.feed(chunk)
                         await response.write(chunk)
                     await response.write_eof()
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                except (TimeoutError, aiohttp.ClientError, OSError):
                     response.force_close()  # the provider or the container went away mid-answer
                     cut = True
                 return response
         except aiohttp.ClientConnectorError as exc:
             sent = False  # no connection: nothing reached the provider
             return self._provider_fault(exc)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             return self._provider_fault(exc)
         finally:
             # Whatever ended the call (an answer, a fault, the gateway closing mid-call): its reservation settles.
@@ -451,7 +451,7 @@ class EgressGateway:
     async def _proxy_connection(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter):
         try:
             head = await asyncio.wait_for(client_reader.readuntil(b"\r\n\r\n"), 30)
-        except (asyncio.LimitOverrunError, asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
+        except (TimeoutError, asyncio.LimitOverrunError, asyncio.IncompleteReadError, ConnectionError):
             client_writer.close()
             return
         request_line, *header_lines = head.decode("latin-1").split("\r\n")
@@ -486,7 +486,7 @@ class EgressGateway:
         try:
             upstream_reader, upstream_writer = await asyncio.wait_for(asyncio.open_connection(host, port),
                                                                       CONNECT_TIMEOUT_SECONDS)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             await self._answer(client_writer, 502, f"{host}:{port} could not be reached")
             return
         name = log_safe(host, port)

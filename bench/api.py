@@ -119,8 +119,8 @@ def run(args) -> int:
           f"{args.repeat} requests each\n")
     ok = True
     for name, query in (("runs list, first page", {}), ("runs list, deep cursor page", {"cursor": deep_cursor})):
-        measured = percentiles(lambda: get(api_view, query, True), args.repeat)
-        baseline = percentiles(lambda: get(bare_view, query, False), args.repeat)
+        measured = percentiles(lambda query=query: get(api_view, query, True), args.repeat)
+        baseline = percentiles(lambda query=query: get(bare_view, query, False), args.repeat)
         ok &= report(name, measured, baseline)
         print()
     return 0 if ok else 1

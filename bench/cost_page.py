@@ -120,19 +120,19 @@ def run(args) -> int:
         assert response.status_code == 200, (path, response.status_code)
         queries = []  # counted in the request (Django empties its own query log when a request starts)
 
-        def count(execute, sql, params, many, context):
+        def count(execute, sql, params, many, context, queries=queries):
             queries.append(sql)
             return execute(sql, params, many, context)
 
         with connection.execute_wrapper(count):
             client.get(path)
-        measured = timed(lambda: client.get(path), args.repeat)
+        measured = timed(lambda path=path: client.get(path), args.repeat)
         passed = measured[0] < TARGET_MS
         ok &= passed
         print(f"{'cost page ' + window + f' ({len(queries)} SQL queries)':<48} p50 {measured[0]:8.2f} ms  "
               f"p99 {measured[1]:8.2f} ms   target p50 < {TARGET_MS} ms: {'PASS' if passed else 'FAIL'}")
     for window in ("7d", "30d"):
-        measured = cold(lambda: client.get(f"/admin/insight/spend/?window={window}"), max(3, args.repeat // 5))
+        measured = cold(lambda window=window: client.get(f"/admin/insight/spend/?window={window}"), max(3, args.repeat // 5))
         print(f"{'  cold (no kept partials) ' + window:<48} p50 {measured[0]:8.2f} ms  p99 {measured[1]:8.2f} ms")
     client.get("/metrics")
     metrics = timed(lambda: client.get("/metrics"), args.repeat)

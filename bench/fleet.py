@@ -275,14 +275,14 @@ def run_simulated(args) -> int:
                 found, degraded = resolve_scope(redis, all_queues=True)
                 assert pauses.resume(redis, found, by="bench", degraded=degraded).ok
 
-            def set_per_queue():
+            def set_per_queue(queues=queues):
                 for queue in queues:
                     redis.set(f"bench:pause:{queue}", "1")
 
             def route():
                 assert routing.queue_for(frozenset({"secrets:vault", "wait:ci-green"}), job_id="gh-route") != "pi-jobs"
 
-            def read_host_rows():
+            def read_host_rows(host_keys=host_keys):
                 pipe = redis.pipeline(transaction=False)
                 for key in host_keys:
                     pipe.hgetall(key)
@@ -291,7 +291,7 @@ def run_simulated(args) -> int:
             def fleet_status():
                 call_command("fleet", "status", stdout=io.StringIO())
 
-            def queue_lengths():
+            def queue_lengths(queues=queues):
                 pipe = redis.pipeline(transaction=False)
                 for queue in queues:
                     pipe.llen(f"rq:queue:{queue}")

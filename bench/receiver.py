@@ -48,7 +48,7 @@ PAYLOAD = json.loads((ROOT / "tests" / "payloads" / "github" / "issues_labeled.j
 def _bare(request):
     from django.http import JsonResponse
 
-    request.body  # read the same bytes the hook reads
+    request.body  # noqa: B018 (read the same bytes the hook reads)
     return JsonResponse({"status": "ok"}, status=202)
 
 
@@ -460,7 +460,7 @@ def main() -> int:
                   f"ratio full/bare {ratio:.2f}x the cost per delivery   "
                   f"target <= 2.5x: {'OK' if ratio <= 2.5 else 'MISSED'}")
             for target in layers if args.layers else ():
-                layer_ratios = [b["rate"] / r["rate"] for b, r in zip(closed["bare view"], closed[target.name])]
+                layer_ratios = [b["rate"] / r["rate"] for b, r in zip(closed["bare view"], closed[target.name], strict=True)]
                 print(f"  median ratio {target.name}: {statistics.median(layer_ratios):.2f}x")
 
             if fast_paths:
@@ -468,7 +468,7 @@ def main() -> int:
                       "round; kept where it saves at least 10%):")
             for fast_path, target in fast_paths:
                 extra = statistics.median(f["rate"] / r["rate"] - 1
-                                          for f, r in zip(closed["full intake"], closed[target.name]))
+                                          for f, r in zip(closed["full intake"], closed[target.name], strict=True))
                 print(f"    {fast_path:62} {extra:+6.1%}   {'earns its keep' if extra >= 0.10 else 'under 10%'}")
 
             print(f"open loop, {args.rate:g} deliveries/s for {args.seconds:g} s:")

@@ -38,10 +38,10 @@ def keys_holding(redis, text: str = MARKER) -> list[str]:
     found = []
     for key in redis.scan_iter(count=1000):
         kind = redis.type(key).decode()
-        values = {"string": lambda: [redis.get(key)], "hash": lambda: redis.hvals(key),
-                  "list": lambda: redis.lrange(key, 0, -1), "set": lambda: redis.smembers(key),
-                  "zset": lambda: redis.zrange(key, 0, -1),
-                  "stream": lambda: [v for _, entry in redis.xrange(key) for v in entry.values()]}[kind]()
+        values = {"string": lambda key=key: [redis.get(key)], "hash": lambda key=key: redis.hvals(key),
+                  "list": lambda key=key: redis.lrange(key, 0, -1), "set": lambda key=key: redis.smembers(key),
+                  "zset": lambda key=key: redis.zrange(key, 0, -1),
+                  "stream": lambda key=key: [v for _, entry in redis.xrange(key) for v in entry.values()]}[kind]()
         for value in values:
             try:
                 value = zlib.decompress(value)

@@ -48,7 +48,7 @@ class ContainerLifetimes:
 
 def assert_no_overlap(intervals):
     ordered = sorted(intervals.values())
-    for (_, first_end), (second_start, _) in zip(ordered, ordered[1:]):
+    for (_, first_end), (second_start, _) in zip(ordered, ordered[1:], strict=False):
         assert second_start >= first_end, "two containers ran at the same time"
 
 

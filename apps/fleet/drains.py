@@ -87,7 +87,7 @@ def read_flags(redis) -> dict[str, DrainFlag]:
     for name in names:
         pipe.hgetall(flag_key(name))
     flags = {}
-    for name, raw in zip(names, pipe.execute()):
+    for name, raw in zip(names, pipe.execute(), strict=True):
         data = {text(k): text(v) for k, v in raw.items()}
         at = data.get("at", "")
         flags[name] = DrainFlag(host=name, by=data.get("by", ""), at=datetime.fromisoformat(at) if at else None,

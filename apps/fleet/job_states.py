@@ -42,7 +42,7 @@ def job_states(redis, job_ids) -> dict[str, JobState]:
         pipe = redis.pipeline(transaction=False)
         for job_id in job_ids:
             pipe.hget(Job.key_for(job_id), "status")
-        statuses = {job_id: text(status) for job_id, status in zip(job_ids, pipe.execute())}
+        statuses = {job_id: text(status) for job_id, status in zip(job_ids, pipe.execute(), strict=True)}
     except RedisError as exc:
         redis_error = f"Redis unreachable ({type(exc).__name__})"
 

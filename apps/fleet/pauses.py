@@ -186,7 +186,7 @@ def _collect(result: SwitchResult, queues: list[str], pipe, verdict, replies_per
             result.failed[queue] = type(exc).__name__
         return
     per_queue = [replies[index::replies_per_queue] for index in range(replies_per_queue)]
-    for queue, *answers in zip(queues, *per_queue):
+    for queue, *answers in zip(queues, *per_queue, strict=True):
         errors = [reply for reply in answers if isinstance(reply, Exception)]
         if errors:
             result.failed[queue] = _error_code(errors[0])
@@ -221,7 +221,7 @@ def read_flags(redis, now: datetime | None = None) -> dict[str, PauseFlag]:
     for name in names:
         pipe.hgetall(flag_key(name))
     flags = {}
-    for name, raw in zip(names, pipe.execute(raise_on_error=False)):
+    for name, raw in zip(names, pipe.execute(raise_on_error=False), strict=True):
         if isinstance(raw, Exception):
             flags[name] = _unreadable(name, raw)
         elif raw:
@@ -242,7 +242,7 @@ def paused_among(redis, queues, now: datetime | None = None) -> set[str]:
     for queue in queues:
         pipe.hmget(flag_key(queue), "at", "until")
     flags = {}
-    for queue, reply in zip(queues, pipe.execute(raise_on_error=False)):
+    for queue, reply in zip(queues, pipe.execute(raise_on_error=False), strict=True):
         if isinstance(reply, Exception):
             flags[queue] = _unreadable(queue, reply)
             continue

@@ -267,7 +267,7 @@ def read_hosts(redis, now: float | None = None, *, processes: bool = True) -> li
         raise RegistryUnreadable(f"host registry unreadable ({type(exc).__name__})") from exc
 
     hosts = []
-    for (name, indexed_beat), raw, workers, card in zip(names, rows_raw, members, cards):
+    for (name, indexed_beat), raw, workers, card in zip(names, rows_raw, members, cards, strict=True):
         processes = []
         for worker_name in workers:
             raw_entry = next(entries)

@@ -129,7 +129,7 @@ def _latest_failures(redis, candidates: list[tuple[str, str]]) -> list[FailedJob
     for job_id, _ in candidates:
         pipe.hget(Job.key_for(job_id), "ended_at")
     failed = []
-    for (job_id, queue), ended in zip(candidates, pipe.execute()):
+    for (job_id, queue), ended in zip(candidates, pipe.execute(), strict=True):
         try:
             ended_at = utcparse(text(ended)).timestamp() if ended else None
         except ValueError:

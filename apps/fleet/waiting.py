@@ -99,13 +99,13 @@ def list_waiting(redis, queues, limit: int = 200) -> list[WaitingJob]:
     pipe = redis.pipeline(transaction=False)
     for queue in queues:
         pipe.zrange(ScheduledJobRegistry(queue, connection=redis).key, 0, limit - 1, withscores=True)
-    scheduled = sorted(((text(job_id), queue, score) for queue, members in zip(queues, pipe.execute())
+    scheduled = sorted(((text(job_id), queue, score) for queue, members in zip(queues, pipe.execute(), strict=True)
                         for job_id, score in members), key=lambda item: item[2])[:limit]
     pipe = redis.pipeline(transaction=False)
     for job_id, _, _ in scheduled:
         pipe.hgetall(note_key(job_id))
     waiting = []
-    for (job_id, queue, score), raw in zip(scheduled, pipe.execute()):
+    for (job_id, queue, score), raw in zip(scheduled, pipe.execute(), strict=True):
         data = {text(k): text(v) for k, v in raw.items()}
         reason = data.get("reason", "")
         try:

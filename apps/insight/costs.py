@@ -203,8 +203,8 @@ def _partials_in_one_pass(start: datetime, end: datetime, groupings: dict) -> di
     partials: dict[date, dict] = {}
     for record in found:
         # GROUPING(x) is 0 for the columns the row is grouped by, which name its set.
-        name = by_columns[frozenset(column for column, flag in zip(columns, record[:len(columns)]) if flag == 0)]
-        values = dict(zip(("day", *columns, *MEASURES), record[len(columns):]))
+        name = by_columns[frozenset(column for column, flag in zip(columns, record[:len(columns)], strict=True) if flag == 0)]
+        values = dict(zip(("day", *columns, *MEASURES), record[len(columns):], strict=True))
         partials.setdefault(values["day"], {}).setdefault(name, []).append(_row(values, groupings[name]))
     return partials
 
@@ -280,9 +280,9 @@ def _read_partials(days: list[date], kind: str) -> tuple[dict[date, dict], dict[
         found = _redis().mget([partial_key(day, kind) for day in days] + [generation_key(day) for day in days])
     except (RedisError, OSError):
         return {}, {}
-    generations = {day: int(value or 0) for day, value in zip(days, found[len(days):])}
+    generations = {day: int(value or 0) for day, value in zip(days, found[len(days):], strict=True)}
     partials = {}
-    for day, value in zip(days, found[:len(days)]):
+    for day, value in zip(days, found[:len(days)], strict=True):
         partial = json.loads(value) if value else None
         if partial and partial.get("generation") == generations[day]:
             partials[day] = partial
@@ -490,7 +490,7 @@ def _model_partials(start: datetime, end: datetime) -> dict[date, list[dict]]:
         if isinstance(day, str):  # SQLite's date function answers text
             day = date.fromisoformat(day)
         partials.setdefault(day, []).append(_row(dict(zip(("name", *MEASURES[:2], "spend", "tokens", "estimated"),
-                                                           values)), ("name",)))
+                                                           values, strict=True)), ("name",)))
     return partials
 
 

@@ -161,7 +161,7 @@ class DispatchCollector:
         found = iter(pipe.execute())
         enqueued = [next(found) if head else None for head in heads]
         now = time.time()
-        for queue, head, at in zip(snapshot.queues, heads, enqueued):
+        for queue, head, at in zip(snapshot.queues, heads, enqueued, strict=True):
             for state, value in (("queued", queue.queued), ("scheduled", queue.scheduled),
                                  ("started", queue.running), ("failed", queue.failed)):
                 jobs.add_metric([queue.name, state], value)

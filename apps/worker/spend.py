@@ -140,7 +140,7 @@ def _scoped_lines(redis, now: datetime) -> list[BudgetLine]:
         return []
     values = redis.mget([key for _, _, key, _ in wanted])
     return [BudgetLine("jobs", name, int(value or 0), cap, scope=scope)
-            for (scope, name, _, cap), value in zip(wanted, values)]
+            for (scope, name, _, cap), value in zip(wanted, values, strict=True)]
 
 
 def budget_in_force(redis, now: datetime | None = None) -> Budget:

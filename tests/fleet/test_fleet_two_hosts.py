@@ -34,7 +34,7 @@ def two_hosts(start_worker, redis_conn, fast_fleet):
         for name in ("hostA", "hostB")
     }
     for name in workers:
-        wait_for(lambda: (row := host_row(redis_conn, name)) and row.liveness == "live", timeout=60,
+        wait_for(lambda name=name: (row := host_row(redis_conn, name)) and row.liveness == "live", timeout=60,
                  what=f"{name}'s registry row")
     return workers
 
@@ -46,7 +46,7 @@ def test_host_affine_jobs_reach_only_their_host(two_hosts):
 
     for index in range(2):
         for host in ("a", "b"):
-            run = wait_for(lambda: run_of(f"gh-for-{host}-{index}"), timeout=120, what="the host job's run")
+            run = wait_for(lambda host=host, index=index: run_of(f"gh-for-{host}-{index}"), timeout=120, what="the host job's run")
             assert run.outcome == Outcome.COMPLETED
             assert (run.host, run.queue) == (f"host{host.upper()}", f"pi-jobs@host{host.upper()}")
 

@@ -94,7 +94,7 @@ def test_processes_starting_at_once_on_a_fresh_installation_agree_on_one_key(tmp
 
     answers = [process.communicate(timeout=120) for process in starts]
 
-    failed = [stderr for process, (_, stderr) in zip(starts, answers) if process.returncode]
+    failed = [stderr for process, (_, stderr) in zip(starts, answers, strict=True) if process.returncode]
     assert not failed, failed[0]
     keys = {json.loads(stdout)["key"] for stdout, _ in answers}
     assert keys == {(var / "secret_key").read_text()} and len(keys.pop()) > 50

@@ -146,7 +146,7 @@ def reserve(redis, rows: MatchedRows, caps, now: datetime) -> Reservation:
             continue
         windows = _windows(f"s:{scope_hash(limit.scope)}", {DAY: limit.day, WEEK: limit.week, MONTH: limit.month}, now)
         counts = _increment(redis, windows)
-        over = next((window for window, count in zip(windows, counts) if count > window.cap), None)
+        over = next((window for window, count in zip(windows, counts, strict=True) if count > window.cap), None)
         if over is not None:
             _give_back(redis, held)
             raise CapRefusal(reason, over.name, budget_reserved=False)
@@ -154,9 +154,9 @@ def reserve(redis, rows: MatchedRows, caps, now: datetime) -> Reservation:
 
     windows = _windows("all", {DAY: caps.daily_cap, WEEK: caps.weekly_cap, MONTH: caps.monthly_cap}, now)
     counts = _increment(redis, windows)
-    over = [window for window, count in zip(windows, counts) if count > window.cap]
+    over = [window for window, count in zip(windows, counts, strict=True) if count > window.cap]
     soft = [
-        window for window, count in zip(windows, counts)
+        window for window, count in zip(windows, counts, strict=True)
         if caps.soft_hold_pct and count > window.cap * caps.soft_hold_pct // 100
     ]
     if over or soft:
@@ -170,7 +170,7 @@ def deployment_counts(redis, now: datetime) -> dict[str, int]:
     """Runs reserved so far in the deployment's current day, week and month (refusals included)."""
     keys = window_keys("all", now)
     values = redis.mget([keys[DAY], keys[WEEK], keys[MONTH]])
-    return {name: int(value or 0) for name, value in zip((DAY, WEEK, MONTH), values)}
+    return {name: int(value or 0) for name, value in zip((DAY, WEEK, MONTH), values, strict=True)}
 
 
 # --- daily tokens -----------------------------------------------------------------------------------
@@ -453,7 +453,7 @@ def dollar_windows_in_force(redis, now: datetime | None = None) -> list[DollarWi
             pipe.hmget(window.key, "used", "held")
         answers = pipe.execute()
     return [DollarWindow(w.ledger, w.scope, w.window, w.key, w.cap_micros, int(used or 0), int(held or 0))
-            for w, (used, held) in zip(windows, answers)]
+            for w, (used, held) in zip(windows, answers, strict=True)]
 
 
 # --- scoped limits --------------------------------------------------------------------------------

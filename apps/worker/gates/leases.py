@@ -89,7 +89,7 @@ def _holder_is_running(redis, holder: str) -> bool:
 def _clear_gone_holders(redis, keys: list[str]) -> bool:
     """Free the slots whose holder no longer runs; True when any was freed."""
     freed = False
-    for key, value in zip(keys, redis.mget(keys)):
+    for key, value in zip(keys, redis.mget(keys), strict=True):
         if value is not None and not _holder_is_running(redis, value.decode()):
             freed |= bool(redis.eval(_RELEASE, 1, key, value))
     return freed

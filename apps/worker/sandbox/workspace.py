@@ -71,7 +71,7 @@ def _config_entries(path: Path, owner: tuple[int, int]) -> list[tuple[str, str, 
         raise WorkspaceRefused("workspace-not-a-repo", "git could not read the repository's configuration")
     fields = listing.stdout.decode(errors="replace").split("\0")
     entries = []
-    for scope, origin, entry in zip(fields[0::3], fields[1::3], fields[2::3]):
+    for scope, origin, entry in zip(fields[0::3], fields[1::3], fields[2::3], strict=False):
         key, has_value, value = entry.partition("\n")
         if scope != "command":
             entries.append((origin, key.lower(), value if has_value else None))

@@ -20,6 +20,7 @@ var/image-cache/ so another engine on this host (make run's, make test's) import
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import re
@@ -133,10 +134,8 @@ def _prune(client, repository: str, digest: str) -> None:
     for image in client.images.list(name=repository, filters={"label": contract.INPUTS_LABEL}):
         if image.labels.get(contract.INPUTS_LABEL) != digest:
             for name in image.tags:
-                try:
+                with contextlib.suppress(docker.errors.APIError):
                     client.images.remove(name)
-                except docker.errors.APIError:
-                    pass
 
 
 # --- the Dockerfile way ------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ services the same way. No Django import here: settings read the URLs this module
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -154,10 +155,8 @@ def _wait_for_group(group: int, seconds: float = 5.0) -> None:
         except (ProcessLookupError, PermissionError):
             return
         time.sleep(0.05)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(group, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def stop_stray_children(seconds: float = 5.0) -> list[int]:
@@ -213,7 +212,7 @@ def _reaped(pid: int, block: bool = False) -> bool:
 
 def spawn(command: list[str], log: Path | None = None, env: dict | None = None) -> subprocess.Popen:
     """Start a process in its own session, so a terminal's Ctrl-C reaches only us and we stop it in order."""
-    out = open(log, "ab") if log else None
+    out = open(log, "ab") if log else None  # noqa: SIM115 (the child writes it after we return)
     return subprocess.Popen(
         command, stdout=out or None, stderr=subprocess.STDOUT if out else None,
         env=env, start_new_session=True, cwd=ROOT,

@@ -2,6 +2,7 @@
 a private redis-server (REDIS_URL) and a private Docker engine (DOCKER_HOST) holding the demo image.
 """
 
+import contextlib
 import json
 import os
 import subprocess
@@ -159,7 +160,7 @@ def worker_env(settings, tmp_path, github_stand_in):
     from tests.receiver_support import STAND_IN_TOKEN
 
     github_stand_in.forget_published()
-    env = {
+    return {
         **os.environ,
         "DATABASE_URL": database_url(),
         "GITHUB_WEBHOOK_SECRET": WEBHOOK_SECRET,
@@ -176,7 +177,6 @@ def worker_env(settings, tmp_path, github_stand_in):
         # of it turn it on (tests/worker/test_housekeeping_daily.py).
         "PI_HOUSEKEEPING_DAILY": "false",
     }
-    return env
 
 
 @pytest.fixture
@@ -232,7 +232,7 @@ class WorkerProcess:
 
     def __init__(self, command, env, log_path):
         self.log_path = log_path
-        self._log = open(log_path, "w")
+        self._log = open(log_path, "w")  # noqa: SIM115 (the worker's log, closed in stop())
         self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
 
@@ -262,10 +262,8 @@ class WorkerProcess:
             pass
         except subprocess.TimeoutExpired:
             pass
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, 9)
-        except ProcessLookupError:
-            pass
         self.process.wait(timeout=30)
         self._log.close()
 
@@ -314,7 +312,5 @@ def job_containers():
 
     yield listing
     for leftover in listing().values():
-        try:
+        with contextlib.suppress(docker.errors.APIError):
             leftover.remove(force=True)
-        except docker.errors.APIError:
-            pass

@@ -22,6 +22,7 @@ PostgreSQL).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import json
 import os
@@ -136,7 +137,7 @@ class SupervisedWorker:
         self.held_down = False
         self.starts = 0
         self._stopping = False
-        self._log = open(host.folder / f"worker-{tag}.log", "a")
+        self._log = open(host.folder / f"worker-{tag}.log", "a")  # noqa: SIM115 (every restart's log, kept open)
         self._start()
         threading.Thread(target=self._supervise, daemon=True).start()
 
@@ -159,10 +160,8 @@ class SupervisedWorker:
     def kill(self):
         """SIGKILL the worker and its work horse, as a host's power going out would; held down until revive()."""
         self.held_down = True
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.process.wait(30)
 
     def revive(self):
@@ -175,10 +174,8 @@ class SupervisedWorker:
             self.process.wait(40)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             pass
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.process.wait(30)
         self._log.close()
 
@@ -232,7 +229,7 @@ class Host:
     def start_engine(self):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.data_root.mkdir(parents=True, exist_ok=True)
-        log = open(self.folder / "dockerd.log", "ab")
+        log = open(self.folder / "dockerd.log", "ab")  # noqa: SIM115 (dockerd writes it as long as it runs)
         self.engine_process = subprocess.Popen(self.inside([
             shutil.which("dockerd"), f"--storage-driver={services.storage_driver(self.data_root)}",
             "--iptables=false", "--bridge=none", "-H", self.docker_host, "--data-root", str(self.data_root),
@@ -275,10 +272,8 @@ class Host:
         if self.engine_process is None:
             return
         if self.engine_process.poll() is None:
-            try:
+            with contextlib.suppress(Exception):  # a dead engine has none to remove
                 services.remove_job_containers(self.docker_host)
-            except Exception:  # a dead engine has none to remove
-                pass
             os.killpg(self.engine_process.pid, signal.SIGTERM)
             try:
                 self.engine_process.wait(60)
@@ -294,10 +289,8 @@ def unwire_everything():
         name = line.split()[0] if line.split() else ""
         if name.startswith(NAMESPACE_PREFIX):
             for pid in ip("netns", "pids", name, check=False).stdout.split():
-                try:
+                with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
             ip("netns", "delete", name, check=False)
     for line in ip("-o", "link", "show", check=False).stdout.splitlines():
         name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
@@ -325,7 +318,7 @@ class Fleet:
     # the services' side
 
     def start(self):
-        self._lock = open(LOCK, "w")
+        self._lock = open(LOCK, "w")  # noqa: SIM115 (the flock is held until the fleet stops)
         fcntl.flock(self._lock, fcntl.LOCK_EX)  # one fleet per machine: a second run waits here
         unwire_everything()
         ip("addr", "add", f"{SERVICES_ADDRESS}/32", "dev", "lo")  # the machine's loopback: reached by no one else
@@ -381,7 +374,7 @@ class Fleet:
         return env
 
     def _root_process(self, command: list[str], name: str) -> subprocess.Popen:
-        log = open(self.scratch / f"{name}.log", "ab")
+        log = open(self.scratch / f"{name}.log", "ab")  # noqa: SIM115 (the process writes it as long as it runs)
         return subprocess.Popen(command, cwd=ROOT, env=self.base_env() | {"REDIS_URL": self._loopback_redis()},
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -1,5 +1,6 @@
 """Building and enqueueing JobSpecs directly, for tests of the worker side, and finding their texts in Redis."""
 
+import contextlib
 import zlib
 
 from apps.worker.jobs import JobSpec, enqueue
@@ -43,10 +44,8 @@ def keys_holding(redis, text: str = MARKER) -> list[str]:
                   "zset": lambda key=key: redis.zrange(key, 0, -1),
                   "stream": lambda key=key: [v for _, entry in redis.xrange(key) for v in entry.values()]}[kind]()
         for value in values:
-            try:
+            with contextlib.suppress(zlib.error):
                 value = zlib.decompress(value)
-            except zlib.error:
-                pass
             if text.encode() in value:
                 found.append(key.decode())
                 break

@@ -12,6 +12,7 @@ Redis keys (no expiry: a pause outlives every process, including the host that d
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -144,10 +145,10 @@ def pause(redis, queues, *, by: str, note: str = "", until: datetime | None = No
     until) and is reported unchanged. Per-queue results: a failure names exactly which queues changed."""
     now = now or timezone.now()
     queues = _checked(queues)
-    try:
-        paused_among(redis, queues, now)  # a pause past its auto-resume time ends first, so this one replaces it
-    except RedisError:
-        pass  # the pause itself below says which queues it could not reach
+    # A pause past its auto-resume time ends first, so this one replaces it; without Redis, the pause itself
+    # below says which queues it could not reach.
+    with contextlib.suppress(RedisError):
+        paused_among(redis, queues, now)
     args = (by, now.isoformat(), (note or "")[:NOTE_MAX], until.isoformat() if until else "")
     result = SwitchResult("pause", degraded=degraded)
     pipe = redis.pipeline(transaction=False)

@@ -56,4 +56,4 @@ class QueueConfigMap(dict):
         return super().__contains__(name) or (isinstance(name, str) and host_of_queue(name) is not None)
 
     def get(self, name, default=None):
-        return self[name] if name in self else default
+        return self[name] if name in self else default  # noqa: SIM401 (this is get(): self.get would recurse)

@@ -275,7 +275,7 @@ def read_hosts(redis, now: float | None = None, *, processes: bool = True) -> li
             if process and process.host == name:
                 processes.append(process)
         row = {text(k): text(v) for k, v in raw.items()}
-        declared = {text(k): text(v) for k, v in card.items()} if not row else row  # a gone host: its card
+        declared = row or {text(k): text(v) for k, v in card.items()}  # a gone host: its card
         beat_at = _number(row.get("beat_at")) if row else indexed_beat
         concurrency = _number(row.get("concurrency"))
         if now - indexed_beat > GONE_KEPT_SECONDS:

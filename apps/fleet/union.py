@@ -14,6 +14,7 @@ Redis keys:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -84,10 +85,8 @@ def _flagged(redis) -> set[str]:
 
 
 def _remember(redis, queues: set[str], now: float) -> None:
-    try:
+    with contextlib.suppress(RedisError):
         redis.set(LAST_UNION, json.dumps({"at": now, "queues": sorted(queues)}))
-    except RedisError:
-        pass
 
 
 def _last_union(redis) -> tuple[set[str], float | None]:

@@ -55,7 +55,7 @@ def clean_detail(detail) -> dict:
     for key, value in (detail or {}).items() if isinstance(detail, dict) else ():
         if len(clean) >= DETAIL_MAX_KEYS or not isinstance(key, str) or not DETAIL_KEY.fullmatch(key):
             continue
-        if isinstance(value, bool) or isinstance(value, (int, float)):
+        if isinstance(value, (bool, int, float)):
             clean[key] = value
         elif isinstance(value, datetime):
             clean[key] = value.isoformat()

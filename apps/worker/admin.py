@@ -317,7 +317,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         text = sentence_for(run)
         if url := _published_url(run):
             return format_html('{} <a href="{}">the pull request or comment</a>',
-                               "The agent's summary, published:" if not text else text, url)
+                               text or "The agent's summary, published:", url)
         if text is None:
             return "Nothing: a failed attempt that is retried, or a completed run, posts no status sentence."
         url = admin_display.target_url(run.kind, run.target)

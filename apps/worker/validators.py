@@ -5,6 +5,7 @@ around them (a database edit) is refused rather than believed."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 from django.conf import settings
@@ -142,10 +143,8 @@ def validate_scoped_limit(limit, others=None) -> None:
     except ScopeError as exc:
         errors["scope"] = str(exc)
     if limit.memory:
-        try:
+        with contextlib.suppress(ValidationError):  # the field's own validator says so
             limit.memory = canonical_memory(limit.memory)
-        except ValidationError:
-            pass  # the field's own validator says so
     is_model = "scope" not in errors and limit.scope.startswith(MODEL_PREFIX)
     is_project = "scope" not in errors and limit.scope.startswith(PROJECT_PREFIX)
     capped = COUNT_FIELDS + DOLLAR_FIELDS + SIZE_FIELDS

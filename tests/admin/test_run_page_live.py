@@ -168,8 +168,8 @@ def test_a_published_run_shows_its_paths_commits_and_diff_beside_the_posted_summ
     files = page.eval_on_selector_all(".run-changes table.changed-files tr", "rows => rows.map(row => row.innerText)")
     assert any(row.split() == ["app/main.py", "+2", "-1"] for row in files), files
     assert any(row.split()[0] == "pi-output.md" and row.split()[1].startswith("+") for row in files), files
-    assert page.text_content(".run-changes ol.commits").split() == [branch_head[:12], *"Changes the agent left "
-                                                                                       "uncommitted".split()]
+    assert page.text_content(".run-changes ol.commits").split() == [branch_head[:12], "Changes", "the", "agent", "left",
+                                                                    "uncommitted"]
     diff = page.text_content(".run-changes pre.diff")
     assert "-print('old line')" in diff and "+print('fixed')" in diff and "+# fake pi output" in diff
     assert "Posted on the forge" in page.text_content(".run-changes")

@@ -12,6 +12,7 @@ the install's paths mapped to this checkout (/opt/pidispatch) and to the test's 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import http.client
 import json
@@ -232,7 +233,7 @@ class Running:
     def __init__(self, launch: Launch, log: Path):
         self.launch = launch
         self.log_path = log
-        self._log = open(log, "w")
+        self._log = open(log, "w")  # noqa: SIM115 (the unit's log, closed when it stops)
         self.process = subprocess.Popen(launch.command, cwd=launch.cwd, env=launch.env, stdout=self._log,
                                         stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -248,10 +249,8 @@ class Running:
             self.process.send_signal(self.launch.kill_signal)
         else:  # the unit's cgroup: every process it started, whatever session it made for itself
             for pid in [self.process.pid, *descendants(self.process.pid)]:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, self.launch.kill_signal)
-                except ProcessLookupError:
-                    pass
         try:
             code = self.process.wait(timeout=min(self.launch.stop_timeout, 120))
         except subprocess.TimeoutExpired:
@@ -262,10 +261,8 @@ class Running:
 
     def kill(self):
         for pid in [*descendants(self.process.pid), self.process.pid]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.process.wait(timeout=30)
         self._log.close()
 

@@ -5,6 +5,7 @@ The stack runs for real (`python -m devtools.stack run`) in a folder of its own 
 private redis-server and dockerd and the demo image (the fake runner: seconds, not the real pi's minute).
 """
 
+import contextlib
 import json
 import os
 import re
@@ -135,16 +136,12 @@ def make_run(tmp_path):
     # After a failed test: let it stop what it started, then kill whatever is left.
     if stack.process.poll() is None:
         stack.process.send_signal(signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             stack.process.wait(60)
-        except subprocess.TimeoutExpired:
-            pass
     stack.kill()
     for pid in started_by(var):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     for line in Path("/proc/mounts").read_text().splitlines():  # and a killed engine's mounts
         if f" {var}/" in line:
             subprocess.run(["umount", "-l", line.split()[1]], check=False)

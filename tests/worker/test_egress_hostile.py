@@ -432,9 +432,10 @@ with running_gateway(redis.Redis.from_url(os.environ["REDIS_URL"]), upstream, jo
 
 
 def peak_rss_mb(pid: int) -> float:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
     raise AssertionError("no VmHWM")
 
 

@@ -4,6 +4,7 @@ nothing recorded) until the database answers; it never lands in RQ's failed regi
 The worker reaches the test's database through a path the test can cut and restore while the worker runs:
 a symlinked folder for SQLite, a TCP relay for PostgreSQL (CI runs the suite on both)."""
 
+import contextlib
 import os
 import socket
 import threading
@@ -79,10 +80,8 @@ class PostgresThroughRelay:
 
     def cut(self):
         for end in (self.listener, *(end for pair in self.pairs for end in pair)):
-            try:
+            with contextlib.suppress(OSError):
                 end.shutdown(socket.SHUT_RDWR)  # wakes the accept and the pumps; close alone would not
-            except OSError:
-                pass
             end.close()
         self.pairs.clear()
 

@@ -120,10 +120,8 @@ def _read_bounded(process: subprocess.Popen, limit: int, deadline: float) -> tup
 def _stop(process: subprocess.Popen) -> None:
     """SIGTERM to the script's whole session, SIGKILL after the grace."""
     for sig, grace in ((signal.SIGTERM, KILL_GRACE_SECONDS), (signal.SIGKILL, 30.0)):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            pass
         try:
             process.wait(timeout=grace)
             return

@@ -30,6 +30,7 @@ What it adds to RQ's forking worker:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -74,10 +75,8 @@ PR_SET_PDEATHSIG = 1
 def die_with_parent() -> None:
     """Linux: this child process is SIGKILLed when its parent dies, so a SIGKILLed worker leaves no work
     horse running a job unwatched and no scheduler promoting jobs behind a dead worker's back."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
 
 
 class DispatchScheduler(RQScheduler):
@@ -94,7 +93,7 @@ class DispatchScheduler(RQScheduler):
             while not self._stop_requested and not redis_outage.answers(self.connection):
                 time.sleep(self.interval)
             if self._stop_requested:
-                return  # its locks expire on their own
+                return None  # its locks expire on their own
             outage.answered()
 
 

@@ -204,12 +204,12 @@ def horse_lost(worker, job: Job, *, stopped_by_operator: bool) -> None:
 def abandoned_job_handler(job: Job, exc_type, exc_value, traceback):
     """RQ's registry cleanup found a started job whose heartbeat stopped: settle it before RQ can retry it."""
     if exc_type is not AbandonedJobError:
-        return None
+        return None  # noqa: RET501 (an RQ exception handler: None lets the next handler run)
     host = job.worker_name or ""
     process = registry.read_process(job.connection, job.worker_name) if job.worker_name else None
     # Leaves the job one retry when it runs again: RQ's cleanup then puts it back itself (`job.retry`).
     settle(job, host=process.host if process else host, settled_by="rq-cleanup", fail_in_rq=False)
-    return None
+    return None  # noqa: RET501 (and RQ's own handling goes on)
 
 
 def give_up(worker, job: Job) -> None:

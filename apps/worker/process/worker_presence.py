@@ -4,6 +4,7 @@ the admin within a beat); withdrawn on a clean shutdown (the keys are described 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -70,7 +71,5 @@ class Presence:
         self.beat()
 
     def withdraw(self) -> None:
-        try:
+        with contextlib.suppress(RedisError):  # the entry expires on its own
             registry.withdraw(self.redis, self.host.name, self.worker_name)
-        except RedisError:
-            pass  # the entry expires on its own

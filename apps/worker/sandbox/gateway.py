@@ -27,6 +27,7 @@ Log lines carry host:port and counts only, never a path, a header or a body.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -534,8 +535,6 @@ class EgressGateway:
         body = (message + "\n").encode()
         writer.write(f"HTTP/1.1 {status} {phrases.get(status, 'Error')}\r\nContent-Type: text/plain\r\n"
                      f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
-        try:
+        with contextlib.suppress(ConnectionError):
             await writer.drain()
-        except ConnectionError:
-            pass
         writer.close()

@@ -132,7 +132,8 @@ def run(args) -> int:
         print(f"{'cost page ' + window + f' ({len(queries)} SQL queries)':<48} p50 {measured[0]:8.2f} ms  "
               f"p99 {measured[1]:8.2f} ms   target p50 < {TARGET_MS} ms: {'PASS' if passed else 'FAIL'}")
     for window in ("7d", "30d"):
-        measured = cold(lambda window=window: client.get(f"/admin/insight/spend/?window={window}"), max(3, args.repeat // 5))
+        measured = cold(lambda window=window: client.get(f"/admin/insight/spend/?window={window}"),
+                        max(3, args.repeat // 5))
         print(f"{'  cold (no kept partials) ' + window:<48} p50 {measured[0]:8.2f} ms  p99 {measured[1]:8.2f} ms")
     client.get("/metrics")
     metrics = timed(lambda: client.get("/metrics"), args.repeat)

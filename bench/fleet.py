@@ -66,7 +66,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--database-url", help="a PostgreSQL URL to use (its database is created/reused)")
     parser.add_argument("--simulated", action="store_true",
-                        help="a simulated fleet of --hosts hosts, a tenth dead: every fleet operation and its cost per host")
+                        help="a simulated fleet of --hosts hosts, a tenth dead: every fleet operation and its cost "
+                             "per host")
     args = parser.parse_args()
 
     with harness.private_services(args.database_url, DJANGO_ALLOWED_HOSTS="localhost"):
@@ -93,7 +94,8 @@ def run(args) -> int:
                                                    capabilities=("wait:ci-green",)),
                          registry.ProcessFacts(worker_name=f"w-{name}", pid=1, proc="bench/ns/1/1",
                                                started_at=time.time(), queues=("pi-jobs", f"pi-jobs@{name}"),
-                                               job=registry.RunningJob(f"gh-{index}", time.time(), "acme/web#1", "pi-jobs")))
+                                               job=registry.RunningJob(f"gh-{index}", time.time(), "acme/web#1",
+                                                                       "pi-jobs")))
         register_queues(redis, [f"pi-jobs@{name}"])
     harness.seed_runs(args.runs)
 
@@ -167,7 +169,8 @@ def process_facts(index: int, process: int):
     from apps.fleet import registry
 
     name = host_name(index)
-    busy = registry.RunningJob(f"gh-{index}-{process}", time.time() - 60, "acme/web#1", "pi-jobs") if process == 0 else None
+    busy = (registry.RunningJob(f"gh-{index}-{process}", time.time() - 60, "acme/web#1", "pi-jobs") if process == 0
+            else None)
     return registry.ProcessFacts(worker_name=f"w-{name}-{process}", pid=1000 + process, proc="bench/ns/1/1",
                                  started_at=time.time() - 3600, queues=("pi-jobs", f"pi-jobs@{name}"), job=busy)
 

@@ -424,8 +424,9 @@ def main() -> int:
 
             for target in closed_targets:  # warm up (imports, connections, SQLite pages)
                 closed_loop(port, target, f"{run}-warm", 4, 25)
-            print(f"receiver bench: gunicorn {args.workers} sync workers, "
-                  f"{'PostgreSQL' if 'postgres' in env['DATABASE_URL'] else 'SQLite synchronous=' + env.get('SQLITE_SYNCHRONOUS', 'FULL')}"
+            database = ("PostgreSQL" if "postgres" in env["DATABASE_URL"]
+                        else "SQLite synchronous=" + env.get("SQLITE_SYNCHRONOUS", "FULL"))
+            print(f"receiver bench: gunicorn {args.workers} sync workers, {database}"
                   f", private Redis (appendfsync {args.redis_appendfsync}); "
                   f"{'ignored deliveries (no trigger matches)' if args.ignored else 'every delivery queues a job'}")
             print(f"closed loop, {args.clients} clients x {args.requests} signed deliveries per round, "
@@ -460,7 +461,8 @@ def main() -> int:
                   f"ratio full/bare {ratio:.2f}x the cost per delivery   "
                   f"target <= 2.5x: {'OK' if ratio <= 2.5 else 'MISSED'}")
             for target in layers if args.layers else ():
-                layer_ratios = [b["rate"] / r["rate"] for b, r in zip(closed["bare view"], closed[target.name], strict=True)]
+                layer_ratios = [b["rate"] / r["rate"]
+                                for b, r in zip(closed["bare view"], closed[target.name], strict=True)]
                 print(f"  median ratio {target.name}: {statistics.median(layer_ratios):.2f}x")
 
             if fast_paths:

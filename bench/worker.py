@@ -318,7 +318,8 @@ def main() -> int:
                 measures.full.append(time.perf_counter() - start)
                 run = Run.objects.get(job_id=spec.job_id)
                 deadline = time.time() + 5
-                while (spec.job_id not in phases or "start" not in events.get(spec.job_id, {})) and time.time() < deadline:
+                while ((spec.job_id not in phases or "start" not in events.get(spec.job_id, {}))
+                       and time.time() < deadline):
                     time.sleep(0.01)
                 if spec.job_id in phases and "start" in events.get(spec.job_id, {}):
                     gates_seconds, container_seconds, workspace_seconds = phases[spec.job_id]

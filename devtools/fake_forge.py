@@ -538,7 +538,8 @@ class FakeForge:
     def _issue_page(self, forges: tuple[str, ...], path: str, number: int):
         issue = next((self.issues[(forge, path.lower(), number)] for forge in forges
                       if (forge, path.lower(), number) in self.issues), None)
-        if issue is None and "github" in forges and path in self.issue_feeds and number in self.issue_feeds[path].issues:
+        if (issue is None and "github" in forges and path in self.issue_feeds
+                and number in self.issue_feeds[path].issues):
             issue = self.issue_feeds[path].issues[number]
         pulls = [pr for pr in self.pull_requests if pr["forge"] in forges and number in pr["issues"]
                  and (self._page_path(pr).lower() == path.lower() or pr["repo"].lower() == path.lower()

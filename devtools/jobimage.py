@@ -88,7 +88,8 @@ def labels() -> dict[str, str]:
 def _client(docker_host: str | None, timeout: int = 600):
     import docker
 
-    return docker.DockerClient(base_url=docker_host, timeout=timeout) if docker_host else docker.from_env(timeout=timeout)
+    return (docker.DockerClient(base_url=docker_host, timeout=timeout) if docker_host
+            else docker.from_env(timeout=timeout))
 
 
 def _image_with_inputs(client, digest: str):

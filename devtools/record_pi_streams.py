@@ -84,7 +84,8 @@ class FakeModelHandler(BaseHTTPRequestHandler):
         self.end_headers()
         for piece in step():
             self.wfile.write(piece)
-        usage = {"prompt_tokens": 1200 * self.server.calls, "completion_tokens": 80, "total_tokens": 1200 * self.server.calls + 80}
+        usage = {"prompt_tokens": 1200 * self.server.calls, "completion_tokens": 80,
+                 "total_tokens": 1200 * self.server.calls + 80}
         self.wfile.write(_chunk(usage=usage))
         self.wfile.write(b"data: [DONE]\n\n")
 

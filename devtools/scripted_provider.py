@@ -347,7 +347,8 @@ def _openai_responses(action, model, step, prompt, completion, streaming):
 
 def _anthropic(action, model, step, prompt, completion, streaming):
     if isinstance(action, ToolCall):
-        block, stop = {"type": "tool_use", "id": f"toolu_{step}", "name": action.name, "input": action.arguments}, "tool_use"
+        block = {"type": "tool_use", "id": f"toolu_{step}", "name": action.name, "input": action.arguments}
+        stop = "tool_use"
     else:
         block, stop = {"type": "text", "text": action.text}, "end_turn"
     usage = {"input_tokens": prompt, "output_tokens": completion, "cache_read_input_tokens": 0,

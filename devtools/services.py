@@ -413,7 +413,8 @@ def build_rootfs(busybox: Path) -> bytes:
                 info = tarfile.TarInfo(f"bin/{applet}")
                 info.type, info.linkname = tarfile.SYMTYPE, "busybox"
                 tar.addfile(info)
-        add_file("etc/passwd", f"root:x:0:0:root:/root:/bin/sh\npi:x:{JOB_UID}:{JOB_UID}:pi:/home/pi:/bin/sh\n".encode())
+        add_file("etc/passwd",
+                 f"root:x:0:0:root:/root:/bin/sh\npi:x:{JOB_UID}:{JOB_UID}:pi:/home/pi:/bin/sh\n".encode())
         add_file("etc/group", f"root:x:0:\npi:x:{JOB_UID}:\n".encode())
         add_file("usr/local/bin/pi-runner", DEMO_RUNNER.read_bytes(), 0o755)
     return buffer.getvalue()

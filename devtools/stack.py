@@ -332,7 +332,8 @@ def run_platform(args) -> int:
         if running != os.getpid() and dev_env.stack_alive(running):
             # A second one would start a second Redis on the same data folder, and take the first's addresses.
             raise SetupError(f"make run is running in this checkout already (pid {running}); its services are in "
-                             f"{DEV_ENV}. Use them, or stop it first (Ctrl-C in its terminal, or kill -TERM {running}).")
+                             f"{DEV_ENV}. Use them, or stop it first (Ctrl-C in its terminal, "
+                             f"or kill -TERM {running}).")
         env = {**os.environ, **_dev_secrets()}
         stack.before_stop.append(_withdraw_services)
         services.ensure_package("git", "git")  # jobs clone their repository; the demo forge serves one

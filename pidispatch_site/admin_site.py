@@ -40,7 +40,8 @@ class PidispatchAdminSite(admin.AdminSite):
         context = {
             "strip": strip(get_redis()),
             # Linked for those who may open them (the fleet panel's and the cost page's own permissions).
-            "fleet_url": reverse("admin:fleet_fleetpanel_changelist") if request.user.has_perm("fleet.view_fleet") else "",
+            "fleet_url": (reverse("admin:fleet_fleetpanel_changelist") if request.user.has_perm("fleet.view_fleet")
+                          else ""),
             "cost_url": reverse("admin:insight_spend_changelist") if request.user.has_perm("worker.view_run") else "",
             "start_run_url": reverse("admin:start_run") if request.user.has_perm("worker.start_run") else "",
             **(extra_context or {}),

@@ -309,7 +309,8 @@ PI_DATABASE_RECHECK_SECONDS = env.int("PI_DATABASE_RECHECK_SECONDS", default=10)
 PI_CRON_TZ = env("PI_CRON_TZ", default="UTC")
 PI_RETRY_ATTEMPTS = 2
 PI_RETRY_BACKOFF_SECONDS = env.int("PI_RETRY_BACKOFF_SECONDS", default=60)
-# How long a worker running a job rides out a Redis outage before it gives the job up (apps/worker/process/redis_outage.py).
+# How long a worker running a job rides out a Redis outage before it gives the job up
+# (apps/worker/process/redis_outage.py).
 PI_REDIS_OUTAGE_SECONDS = env.int("PI_REDIS_OUTAGE_SECONDS", default=60)
 # How many times one job runs again, as a new attempt, after the worker running it died (0: never); the
 # settings row overrides it live (apps/worker/process/worker_lost.py).

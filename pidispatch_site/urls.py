@@ -1,4 +1,5 @@
-"""The site's routes: the public edge's webhooks and health check, then the private instance's admin, API and metrics."""
+"""The site's routes: the public edge's webhooks and health check, then the private instance's admin, API and
+metrics."""
 
 from django.conf import settings
 from django.contrib import admin
@@ -25,7 +26,8 @@ if not settings.PI_PUBLIC_EDGE:
         # The private server's root is the operator's home (the public edge has none: 404).
         path("", RedirectView.as_view(pattern_name="admin:index"), name="home"),
         # The fleet panel is the fleet app's page in the admin.
-        path("admin/fleet/", RedirectView.as_view(pattern_name="admin:fleet_fleetpanel_changelist"), name="fleet-panel"),
+        path("admin/fleet/", RedirectView.as_view(pattern_name="admin:fleet_fleetpanel_changelist"),
+             name="fleet-panel"),
         *run_logs.urlpatterns,  # a run's `View log` (worker.view_run_log), before the admin's own pages
         path("admin/", admin.site.urls),
         path("api/v1/", include(("pidispatch_site.api", "api"), namespace="api")),

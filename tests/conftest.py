@@ -44,10 +44,12 @@ SHELL_OWN_ENV = {"PWD", "SHLVL", "OLDPWD", "_"}
 # reordering under SELECT FOR UPDATE, the cron producer, housekeeping's batches under SELECT FOR UPDATE SKIP LOCKED),
 # its types and ranges (the API's filters, cursors and ids; the sessions' bytea transcripts read by another host;
 # the poller's cursors, GitHub's ids past 2**31), its outage (a worker losing it mid-job), the systemd units'
-# processes (run as a multi-host deployment runs them, on its database), and the fleet drills, which run on it alone. .ci/run runs the whole suite on SQLite, then these on
-# PostgreSQL (`-m database`): running everything twice bought nothing the second time but half the CI's time.
+# processes (run as a multi-host deployment runs them, on its database), and the fleet drills, which run on it
+# alone. .ci/run runs the whole suite on SQLite, then these on PostgreSQL (`-m database`): running everything twice
+# bought nothing the second time but half the CI's time.
 DATABASE_SENSITIVE = {
-    "tests/receiver/test_receiver_inbox.py", "tests/receiver/test_receiver_dedup.py", "tests/receiver/test_rowwrites.py",
+    "tests/receiver/test_receiver_inbox.py", "tests/receiver/test_receiver_dedup.py",
+    "tests/receiver/test_rowwrites.py",
     "tests/receiver/test_one_shots.py", "tests/receiver/test_receiver_one_shot.py", "tests/receiver/test_cron.py",
     "tests/receiver/test_receiver_triggers.py", "tests/receiver/test_github_intake.py",
     "tests/admin/test_cost_page.py", "tests/admin/test_admin_runs.py", "tests/site/test_metrics.py",
@@ -308,7 +310,8 @@ def job_containers():
 
     def listing(host=None):
         filters = {"label": f"pidispatch.host={host}"} if host else {"label": "pidispatch.job"}
-        return {c.labels["pidispatch.job"]: c for c in engine.containers.list(all=True, filters=filters, ignore_removed=True)}
+        return {c.labels["pidispatch.job"]: c
+                for c in engine.containers.list(all=True, filters=filters, ignore_removed=True)}
 
     yield listing
     for leftover in listing().values():

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 PAYLOADS = Path(__file__).resolve().parent / "payloads"
-CORPUS = Path(__file__).resolve().parent / "payloads" / "corpus"  # a copy of ../shared/corpus (Zulip fixtures, Apache-2.0)
+# A copy of ../shared/corpus (Zulip fixtures, Apache-2.0).
+CORPUS = Path(__file__).resolve().parent / "payloads" / "corpus"
 
 GITHUB_SECRET = "test-webhook-secret"
 GITLAB_TOKEN_SECRET = "gitlab-shared-token"

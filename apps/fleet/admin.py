@@ -98,7 +98,8 @@ class FleetPanelAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     def _refused(self, request: HttpRequest, exc: Exception):
         """Bad input or no Redis: say why; nothing was changed."""
-        why = str(exc) if isinstance(exc, ValueError) else f"Redis unreachable ({type(exc).__name__}); nothing was changed"
+        why = (str(exc) if isinstance(exc, ValueError)
+               else f"Redis unreachable ({type(exc).__name__}); nothing was changed")
         self.message_user(request, why, messages.ERROR)
         return self._back()
 
@@ -125,7 +126,8 @@ class FleetPanelAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                 result = pauses.resume(redis, queues, by=self._actor(request), degraded=degraded)
         except (ValueError, RedisError) as exc:
             return self._refused(request, exc)
-        level = messages.SUCCESS if result.ok and not result.degraded else messages.WARNING if result.ok else messages.ERROR
+        level = (messages.SUCCESS if result.ok and not result.degraded
+                 else messages.WARNING if result.ok else messages.ERROR)
         self.message_user(request, result.summary(), level)
         if result.audit_error:
             self.message_user(request, f"the audit row could not be written ({result.audit_error})", messages.WARNING)
@@ -141,10 +143,12 @@ class FleetPanelAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         return self._cancel(request) if request.method == "POST" else HttpResponseNotAllowed(["POST"])
 
     def retry_view(self, request: HttpRequest) -> HttpResponse:
-        return self._failed(request, failed.retry_failed) if request.method == "POST" else HttpResponseNotAllowed(["POST"])
+        return (self._failed(request, failed.retry_failed) if request.method == "POST"
+                else HttpResponseNotAllowed(["POST"]))
 
     def discard_view(self, request: HttpRequest) -> HttpResponse:
-        return self._failed(request, failed.discard_failed) if request.method == "POST" else HttpResponseNotAllowed(["POST"])
+        return (self._failed(request, failed.discard_failed) if request.method == "POST"
+                else HttpResponseNotAllowed(["POST"]))
 
     def drain_view(self, request: HttpRequest) -> HttpResponse:
         return self._drain(request, drain=True) if request.method == "POST" else HttpResponseNotAllowed(["POST"])

@@ -105,7 +105,8 @@ def cancel_job(redis, job_id: str, *, by: str, ack_seconds: float | None = None)
         status = job.get_status(refresh=True)
         if status == JobStatus.QUEUED and redis.lrem(Queue(job.origin, connection=redis).key, 0, job_id):
             result = _removed(redis, job, "queued")
-        elif status == JobStatus.SCHEDULED and redis.zrem(ScheduledJobRegistry(job.origin, connection=redis).key, job_id):
+        elif (status == JobStatus.SCHEDULED
+              and redis.zrem(ScheduledJobRegistry(job.origin, connection=redis).key, job_id)):
             result = _removed(redis, job, "deferred")
         elif status == JobStatus.DEFERRED and redis.zrem(DeferredJobRegistry(job.origin, connection=redis).key, job_id):
             result = _removed(redis, job, "waiting on a dependency")
@@ -122,7 +123,8 @@ def cancel_job(redis, job_id: str, *, by: str, ack_seconds: float | None = None)
     logger.info("fleet_cancel job=%s outcome=%s", job_id, result.outcome)
     if result.changed:
         return CancelResult(result.job_id, result.outcome, result.message,
-                            audit.record("cancel", actor=by, queues=[job.origin], job_id=job_id, outcome=result.message))
+                            audit.record("cancel", actor=by, queues=[job.origin], job_id=job_id,
+                                         outcome=result.message))
     return result
 
 

@@ -10,7 +10,8 @@ class FleetActionQuerySet(models.QuerySet):
 
 
 class FleetAction(models.Model):
-    """One operator action on the fleet (pause, resume, cancel, retry or discard a failed job): who, when, what, and how it went.
+    """One operator action on the fleet (pause, resume, cancel, retry or discard a failed job): who, when, what, and
+    how it went.
 
     Written after the Redis change, best-effort: the stop switch never waits on the database.
     """

@@ -172,7 +172,8 @@ def publish(redis, host: HostFacts, process: ProcessFacts, now: float | None = N
         "beat_at": f"{now:.3f}",
     })
     pipe.expire(host_key(host.name), ttl)
-    pipe.hset(card_key(host.name), mapping={"declared": int(host.declared), "capabilities": ",".join(host.capabilities)})
+    pipe.hset(card_key(host.name),
+              mapping={"declared": int(host.declared), "capabilities": ",".join(host.capabilities)})
     pipe.expire(card_key(host.name), GONE_KEPT_SECONDS)
     pipe.sadd(host_workers_key(host.name), process.worker_name)
     pipe.expire(host_workers_key(host.name), ttl)

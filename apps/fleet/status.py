@@ -63,7 +63,8 @@ class FleetSnapshot:
 
     @property
     def totals(self) -> dict[str, int]:
-        return {name: sum(getattr(q, name) for q in self.queues) for name in ("queued", "scheduled", "running", "failed")}
+        return {name: sum(getattr(q, name) for q in self.queues)
+                for name in ("queued", "scheduled", "running", "failed")}
 
     def as_json(self) -> dict:
         def pause(flag):
@@ -77,12 +78,13 @@ class FleetSnapshot:
             "taken_at": iso_instant(self.taken_at),
             "degraded": self.degraded or None,
             "totals": self.totals,
-            "queues": [{**{k: v for k, v in asdict(q).items() if k != "pause"}, "paused": q.paused, "pause": pause(q.pause)}
-                       for q in self.queues],
+            "queues": [{**{k: v for k, v in asdict(q).items() if k != "pause"}, "paused": q.paused,
+                        "pause": pause(q.pause)} for q in self.queues],
             "hosts": None if self.hosts is None else [{
                 "name": h.name, "liveness": h.liveness, "beat_at": iso_instant(h.beat_at),
                 "beat_age_seconds": None if h.beat_at is None else round(h.beat_age(self.taken_at), 1),
-                "started_at": iso_instant(h.started_at), "version": h.version, "declared": h.declared, "routes": h.routes,
+                "started_at": iso_instant(h.started_at), "version": h.version, "declared": h.declared,
+                "routes": h.routes,
                 "processes": len(h.processes), "busy": h.busy, "concurrency": h.concurrency, "queues": list(h.queues),
                 "capabilities": list(h.capabilities), "image": h.image,
                 "drained": None if h.name not in self.drained else {
@@ -91,7 +93,8 @@ class FleetSnapshot:
                 "running": [{"job_id": j.job_id, "started_at": iso_instant(j.started_at), "target": j.target,
                              "queue": j.queue} for j in h.running],
             } for h in self.hosts],
-            "waiting": [{**asdict(w), "until": iso_instant(w.until), "since": iso_instant(w.since)} for w in self.waiting],
+            "waiting": [{**asdict(w), "until": iso_instant(w.until), "since": iso_instant(w.since)}
+                        for w in self.waiting],
             "failed": [{**asdict(f), "failed_at": iso_instant(f.failed_at)} for f in self.failed],
         }
 

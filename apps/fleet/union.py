@@ -73,7 +73,8 @@ def queue_union(redis, now: float | None = None, *, processes: bool = True) -> Q
         last, seen_at = _last_union(redis)
         queues |= last
         if seen_at:
-            problems.append(f"kept the {len(last)} queue(s) last seen {time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(seen_at))}")
+            problems.append(f"kept the {len(last)} queue(s) last seen "
+                            f"{time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(seen_at))}")
     else:
         _remember(redis, queues, now)
     ordered = tuple([SHARED_QUEUE] + sorted(queues - {SHARED_QUEUE}))

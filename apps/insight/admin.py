@@ -44,7 +44,8 @@ class SpendAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             budget_error = f"the budget counters could not be read ({type(exc).__name__})"
         largest = {b.name: max((row.spend for row in b.rows), default=0) for b in summary.breakdowns}
         breakdowns = [{"name": b.name, "more": b.more, "more_spend": b.more_spend,
-                       "rows": [{"row": row, "bar": chart.bar(row.spend, largest[b.name], estimated=bool(row.estimated))}
+                       "rows": [{"row": row,
+                                 "bar": chart.bar(row.spend, largest[b.name], estimated=bool(row.estimated))}
                                 for row in b.rows]} for b in summary.breakdowns]
         budget_lines = [{"line": line, "meter": chart.meter(line.percent, line.state)}
                         for line in (budget.lines if budget else ())]

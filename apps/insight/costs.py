@@ -191,7 +191,8 @@ def _partials_in_one_pass(start: datetime, end: datetime, groupings: dict) -> di
             .values("day", *columns, "cost", "tokens_total", "est"))
     rows_sql, params = rows.query.sql_with_params()
     quote = connection.ops.quote_name
-    sets = ", ".join("(" + ", ".join(quote(column) for column in ("day", *fields)) + ")" for fields in groupings.values())
+    sets = ", ".join("(" + ", ".join(quote(column) for column in ("day", *fields)) + ")"
+                     for fields in groupings.values())
     flags = ", ".join(f"GROUPING(r.{quote(column)})" for column in columns)
     sql = (f"SELECT {flags}, r.day, {', '.join(f'r.{quote(column)}' for column in columns)}, COUNT(*), "
            f"COUNT(*) FILTER (WHERE r.outcome = 'completed'), SUM(r.cost), SUM(r.tokens_total), SUM(r.est) "
@@ -203,7 +204,8 @@ def _partials_in_one_pass(start: datetime, end: datetime, groupings: dict) -> di
     partials: dict[date, dict] = {}
     for record in found:
         # GROUPING(x) is 0 for the columns the row is grouped by, which name its set.
-        name = by_columns[frozenset(column for column, flag in zip(columns, record[:len(columns)], strict=True) if flag == 0)]
+        name = by_columns[frozenset(column for column, flag in zip(columns, record[:len(columns)], strict=True)
+                                    if flag == 0)]
         values = dict(zip(("day", *columns, *MEASURES), record[len(columns):], strict=True))
         partials.setdefault(values["day"], {}).setdefault(name, []).append(_row(values, groupings[name]))
     return partials
@@ -458,7 +460,8 @@ MODEL_SQL = {
                COUNT(*), SUM(CASE WHEN r.outcome = 'completed' THEN 1 ELSE 0 END),
                SUM(CAST(json_extract(m.value, '$.cost') AS REAL)),
                SUM(COALESCE(json_extract(m.value, '$.input'), 0) + COALESCE(json_extract(m.value, '$.output'), 0)
-                   + COALESCE(json_extract(m.value, '$.cacheRead'), 0) + COALESCE(json_extract(m.value, '$.cacheWrite'), 0)),
+                   + COALESCE(json_extract(m.value, '$.cacheRead'), 0)
+                   + COALESCE(json_extract(m.value, '$.cacheWrite'), 0)),
                SUM(r.est)
         FROM ({runs}) r, json_each(r.usage, '$.models') m
         GROUP BY r.day, name""",
@@ -500,8 +503,8 @@ def _by_model(win: Window, grouped) -> Breakdown:
         name = values["name"]
         model = name.split("/", 1)[1] if name and "/" in name else name
         # The ledger's model names are the record's own; the run list finds them in its usage.
-        rows.append(_fill(Row(label=name or "(unknown)", link=run_list_url(win, usage__icontains=f'"model": "{model}"')),
-                          values))
+        rows.append(_fill(Row(label=name or "(unknown)",
+                              link=run_list_url(win, usage__icontains=f'"model": "{model}"')), values))
     return _top("model", rows)
 
 

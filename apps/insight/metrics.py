@@ -90,7 +90,8 @@ class DispatchCollector:
         runs = CounterMetricFamily("pidispatch_runs", "Run records (one per attempt) by outcome and reason.",
                                    labels=["outcome", "reason"])
         refusals = CounterMetricFamily("pidispatch_gateway_refusals",
-                                       "Runs the job's egress gateway stopped or refused, by reason.", labels=["reason"])
+                                       "Runs the job's egress gateway stopped or refused, by reason.",
+                                       labels=["reason"])
         cost = CounterMetricFamily("pidispatch_run_cost_dollars", "Dollars the run records cost (priced runs).")
         project_cost = CounterMetricFamily("pidispatch_project_cost_dollars",
                                            "Dollars the run records cost, by the project each run was enqueued "

@@ -81,7 +81,8 @@ class TriggerAdmin(ManagedChangesAdmin, admin.ModelAdmin):
     # --- one trigger type at a time ----------------------------------------------------------------------
 
     def _type(self, request, obj=None) -> str:
-        return (trigger_form.chosen_type(request.POST.get("on_type")) or trigger_form.chosen_type(request.GET.get("on_type"))
+        return (trigger_form.chosen_type(request.POST.get("on_type"))
+                or trigger_form.chosen_type(request.GET.get("on_type"))
                 or (obj.on_type if obj is not None else ""))
 
     def get_fieldsets(self, request, obj=None):

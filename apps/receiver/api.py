@@ -198,7 +198,8 @@ class TriggerViewSet(viewsets.ViewSet):
 class DeliverySerializer(NamedFieldsModelSerializer):
     """A verified delivery in the inbox: its ids, outcome and job ids, never its payload."""
 
-    holds_payload = serializers.SerializerMethodField(help_text="Whether the payload is kept (its text never is shown).")
+    holds_payload = serializers.SerializerMethodField(
+        help_text="Whether the payload is kept (its text never is shown).")
 
     class Meta:
         model = Delivery
@@ -230,7 +231,8 @@ DELIVERY_FILTERS = [
 
 @extend_schema_view(list=extend_schema(parameters=filter_parameters(DELIVERY_FILTERS),
                                        responses={200: brief_or_full(DeliverySerializer)}))
-class DeliveryViewSet(BriefMode, WholeNumberIds, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class DeliveryViewSet(BriefMode, WholeNumberIds, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                      viewsets.GenericViewSet):
     """The inbox: every verified delivery, its outcome and job ids (never its payload)."""
 
     serializer_class = DeliverySerializer

@@ -121,7 +121,8 @@ def github_config() -> GitHubConfig | None:
     if not (_setting("GITHUB_WEBHOOK_SECRET") or _setting("GITHUB_SELF_ID")):
         return None
     secret = _require("GitHub", "GITHUB_WEBHOOK_SECRET",
-                      "refusing to serve GitHub webhooks that cannot be verified. Set it to the secret of the GitHub webhook.")
+                      "refusing to serve GitHub webhooks that cannot be verified. "
+                      "Set it to the secret of the GitHub webhook.")
     self_id = _self_id("GitHub", "GITHUB", numeric=True, token_setting="GITHUB_TOKEN", alternative="GITHUB_APP_ID")
     return GitHubConfig(webhook_secret=secret.encode(), self_id=self_id)
 
@@ -164,7 +165,8 @@ def forgejo_config() -> ForgejoConfig | None:
         return None
     secret = _require("Forgejo", "FORGEJO_WEBHOOK_SECRET",
                       "refusing to serve Forgejo/Gitea webhooks that cannot be verified.")
-    _require("Forgejo", "FORGEJO_URL", "the instance root, e.g. https://codeberg.org (permissions are looked up there).")
+    _require("Forgejo", "FORGEJO_URL",
+             "the instance root, e.g. https://codeberg.org (permissions are looked up there).")
     _require("Forgejo", "FORGEJO_TOKEN", "each actor's repository permission is looked up through the API.")
     self_id = _self_id("Forgejo", "FORGEJO", numeric=True, token_setting="FORGEJO_TOKEN")
     return ForgejoConfig(webhook_secret=secret.encode(), self_id=self_id)

@@ -58,7 +58,8 @@ class Trigger(models.Model):
     on_type = models.CharField("type", max_length=32, choices=TriggerType.choices, default=TriggerType.LABEL)
     cron_id = models.CharField("on.id", max_length=64, blank=True, help_text="Cron: the schedule's unique name.")
     cron_pattern = models.CharField("on.pattern", max_length=120, blank=True,
-                                    help_text='Cron: 5 fields, or 6 with seconds first, e.g. "0 6 * * 1-5" (in PI_CRON_TZ, default UTC).')
+                                    help_text='Cron: 5 fields, or 6 with seconds first, e.g. "0 6 * * 1-5" '
+                                              '(in PI_CRON_TZ, default UTC).')
     label_any = models.JSONField(
         "on.any", default=list, blank=True, help_text="Fires when the item carries at least one of these labels."
     )

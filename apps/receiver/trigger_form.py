@@ -38,11 +38,11 @@ FIRES = {
 }
 RUNS = {"cron": ("kind", "folder", "flow", "command", "task"),
         "forge": ("kind", "flow", "command", "instructions", "repository")}
-LIMITS = {"cron": ("provider", "model", "allowed_models", "max_turns", "max_cost_usd", "resume", "github", "image", "backend", "packages",
-                   "skills_dir", "exclude_tools", "secrets", "secrets_profile"),
-          "forge": ("provider", "model", "allowed_models", "max_turns", "max_cost_usd", "replicas", "wait_for", "resume",
-                    "allow_ci_changes", "image", "backend", "packages", "skills_dir", "exclude_tools", "secrets",
-                    "secrets_profile")}
+LIMITS = {"cron": ("provider", "model", "allowed_models", "max_turns", "max_cost_usd", "resume", "github", "image",
+                   "backend", "packages", "skills_dir", "exclude_tools", "secrets", "secrets_profile"),
+          "forge": ("provider", "model", "allowed_models", "max_turns", "max_cost_usd", "replicas", "wait_for",
+                    "resume", "allow_ci_changes", "image", "backend", "packages", "skills_dir", "exclude_tools",
+                    "secrets", "secrets_profile")}
 # Kept as they are when not on the form.
 NEVER_RESET = {"name", "position", "enabled", "note", "on_type"}
 
@@ -109,7 +109,8 @@ WORDS = {
                                     "only one."),
 }
 EXAMPLES = {"label_any": "pi, urgent", "label_all": "pi, backend", "label_none": "wontfix, blocked",
-            "actions": "opened, reopened", "review_states": "approved, changes_requested", "exclude_tools": "bash, write",
+            "actions": "opened, reopened", "review_states": "approved, changes_requested",
+            "exclude_tools": "bash, write",
             "allowed_models": "anthropic/claude-sonnet-4-5, anthropic/claude-haiku-4-5",
             "wait_for": "after 2026-12-01T09:00:00Z, profile ci-green", "secrets": "NPM_TOKEN=npm/ci"}
 

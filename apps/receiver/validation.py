@@ -60,8 +60,8 @@ MAX_SKILLS_DIR = 500
 ON_KEYS = ("type", "id", "pattern", "any", "all", "none", "phrase", "action", "reviewState", "number", "once",
            "disarmed")
 RUN_KEYS = ("kind", "flow", "command", "task", "folder", "image", "instructions", "replicas", "waitFor",
-            "secrets", "secretsProfile", "repository", "excludeTools", "provider", "model", "models", "maxTurns", "maxCostUsd",
-            "resume", "allowCiChanges", "packages", "skillsDir", "github", "backend")
+            "secrets", "secretsProfile", "repository", "excludeTools", "provider", "model", "models", "maxTurns",
+            "maxCostUsd", "resume", "allowCiChanges", "packages", "skillsDir", "github", "backend")
 ON_KEYS_BY_TYPE = {
     "cron": {"type", "id", "pattern"},
     "label": {"type", "any", "all", "none"},
@@ -96,7 +96,8 @@ FIELD_PATHS = {
     "run.image": "image", "run.instructions": "instructions", "run.replicas": "replicas",
     "run.waitFor": "wait_for", "run.secrets": "secrets", "run.secretsProfile": "secrets_profile",
     "run.repository": "repository", "run.excludeTools": "exclude_tools", "run.provider": "provider",
-    "run.model": "model", "run.models": "allowed_models", "run.maxTurns": "max_turns", "run.maxCostUsd": "max_cost_usd", "run.resume": "resume",
+    "run.model": "model", "run.models": "allowed_models", "run.maxTurns": "max_turns",
+    "run.maxCostUsd": "max_cost_usd", "run.resume": "resume",
     "run.allowCiChanges": "allow_ci_changes", "run.packages": "packages", "run.skillsDir": "skills_dir",
     "run.github": "github", "run.backend": "backend",
 }
@@ -235,7 +236,8 @@ def entry_problems(entry) -> tuple[list[RuleProblem], list[str]]:
         if on_type == "cron" and key in FORGE_ONLY_RUN_KEYS:
             problems.add(f"run.{key}", f"run.{key} is for forge triggers, not cron triggers.")
         if on_type != "cron" and key in CRON_ONLY_RUN_KEYS:
-            problems.add(f"run.{key}", f"run.{key} is only for cron triggers (a forge job works on the issue's repository).")
+            problems.add(f"run.{key}",
+                         f"run.{key} is only for cron triggers (a forge job works on the issue's repository).")
 
     _check_on(on_type, kind, on, run, problems)
     _check_run(on_type, kind, on, run, problems)
@@ -292,7 +294,8 @@ def _check_on(on_type, kind, on, run, problems: _Problems) -> None:
     if kind not in FORGE_KINDS:
         return
     actions = on.get("action")
-    vocabulary = PR_ACTIONS[kind] if on_type == "pull_request" else ((CLOSE_WORDS[kind],) if kind in CLOSE_WORDS else ())
+    vocabulary = (PR_ACTIONS[kind] if on_type == "pull_request"
+                  else ((CLOSE_WORDS[kind],) if kind in CLOSE_WORDS else ()))
     if on_type == "issue" and kind == "azure":
         problems.add("run.kind", "issue (close) triggers are not available for Azure DevOps work items.")
         return
@@ -391,7 +394,8 @@ def _check_run(on_type, kind, on, run, problems: _Problems) -> None:
     if "image" in run:
         image = run["image"]
         if not _trimmed_nonempty(image) or image.startswith("-") or len(image) > MAX_IMAGE:
-            problems.add("run.image", "run.image must be an image reference without surrounding spaces or a leading '-'.")
+            problems.add("run.image",
+                         "run.image must be an image reference without surrounding spaces or a leading '-'.")
     if "instructions" in run:
         text = run["instructions"]
         if not isinstance(text, str) or not text.strip() or len(text) > MAX_INSTRUCTIONS:

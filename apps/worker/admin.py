@@ -174,9 +174,9 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             return f"replaced by attempt {later.attempt}'s folder"
         if run.sandbox_until <= timezone.now():
             return f"expired {admin_display.instant(run.sandbox_until)}"
-        return format_html("on host <strong>{}</strong> until {}: <code>python manage.py sandbox {}</code> on that host "
-                           "(<code>--pin</code> keeps it longer)", run.host, admin_display.instant(run.sandbox_until),
-                           run.job_id)
+        return format_html("on host <strong>{}</strong> until {}: <code>python manage.py sandbox {}</code> "
+                           "on that host (<code>--pin</code> keeps it longer)", run.host,
+                           admin_display.instant(run.sandbox_until), run.job_id)
 
     @admin.display(description="log")
     def view_log(self, run: Run) -> str:

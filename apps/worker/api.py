@@ -275,8 +275,8 @@ class RunViewSet(BriefMode, WholeNumberIds, mixins.ListModelMixin, mixins.Retrie
                 raise RedisUnavailable(refused.message) from None
             field = "cron_trigger" if refused.field == "trigger" else refused.field
             if refused.reason:  # the host's folder: no path, owner or state of it leaves the host
-                raise ValidationError({"cron_trigger" if "cron_trigger" in values else "folder": [FOLDER_NOT_ALLOWED]}) \
-                    from None
+                raise ValidationError(
+                    {"cron_trigger" if "cron_trigger" in values else "folder": [FOLDER_NOT_ALLOWED]}) from None
             raise ValidationError({field: [refused.message]}) from None
         return Response({"job_id": queued.job_id, "queue": queued.queue, "target": queued.target, "note": queued.note,
                          "job_url": f"/api/v1/jobs/{queued.job_id}"}, status=status.HTTP_202_ACCEPTED)
@@ -443,7 +443,8 @@ class SpendView(APIView):
             "tokens_today": current.tokens_today, "token_cap": current.token_cap,
             "cost_today": money_text(current.cost_today), "caps_error": current.caps_error,
             # Every window in force on one footing (what the cost page shows): job counts, tokens, dollars.
-            "budget": [{"ledger": line.ledger, "window": line.window, "scope": line.scope, "used": money_text(line.used),
-                        "held": money_text(line.held), "cap": money_text(line.cap), "state": line.state}
+            "budget": [{"ledger": line.ledger, "window": line.window, "scope": line.scope,
+                        "used": money_text(line.used), "held": money_text(line.held), "cap": money_text(line.cap),
+                        "state": line.state}
                        for line in in_force.lines],
         })

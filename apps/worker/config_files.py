@@ -308,7 +308,8 @@ def parse_windows(text: str) -> list[PauseWindow]:
         window = PauseWindow(
             scope=entry.get("scope"), starts=_clock(entry.get("from"), where, "from"),
             ends=_clock(entry.get("to"), where, "to"), tz=entry.get("tz", "UTC"), days=entry.get("days", []),
-            date_from=_day(entry.get("dateFrom"), where, "dateFrom"), date_to=_day(entry.get("dateTo"), where, "dateTo"),
+            date_from=_day(entry.get("dateFrom"), where, "dateFrom"),
+            date_to=_day(entry.get("dateTo"), where, "dateTo"),
         )
         try:
             window.full_clean()

@@ -380,7 +380,8 @@ def _forge_live(forge: str) -> Finding:
         return Finding(WARN, check, f"the forge answered HTTP {response.status} when asked who the token is",
                        "check the forge's API URL setting")
     data = response.data if isinstance(response.data, dict) else {}
-    who = data.get("login") or data.get("username") or (data.get("authenticatedUser") or {}).get("providerDisplayName") or "?"
+    who = (data.get("login") or data.get("username")
+           or (data.get("authenticatedUser") or {}).get("providerDisplayName") or "?")
     if forge == "github":
         scopes = [s.strip() for s in response.headers.get("x-oauth-scopes", "").split(",") if s.strip()]
         if "x-oauth-scopes" not in response.headers:
@@ -444,7 +445,8 @@ def _profiles(setting: str, check: str, what: str) -> list[Finding]:
     try:
         profiles = parse_profiles(getattr(settings, setting), setting)
     except ImproperlyConfigured as error:
-        return [Finding(FAIL, check, str(error), f"fix {setting}: name:/absolute/path,... (the worker refuses to start)")]
+        return [Finding(FAIL, check, str(error),
+                        f"fix {setting}: name:/absolute/path,... (the worker refuses to start)")]
     if not profiles:
         return [Finding(OK, check, f"none declared ({setting})")]
     found = []
@@ -453,7 +455,8 @@ def _profiles(setting: str, check: str, what: str) -> list[Finding]:
             found.append(Finding(OK, check, f"{name}: {path} is executable"))
         else:
             found.append(Finding(FAIL, check, f"{name}: {path} is not an executable file on this host; jobs "
-                                 f"naming it {what}", f"install it at {path} and chmod +x it, or drop it from {setting}"))
+                                 f"naming it {what}",
+                                 f"install it at {path} and chmod +x it, or drop it from {setting}"))
     return found
 
 
@@ -614,7 +617,8 @@ def other_hosts(hosts, now: float) -> list[HostReport]:
             continue
         report.findings.append(Finding(OK, "registry", f"{processes(len(host.processes))}, {host.busy} busy"
                                        + (f", cap {host.concurrency}" if host.concurrency else "")
-                                       + (f", capabilities {', '.join(host.capabilities)}" if host.capabilities else "")))
+                                       + (f", capabilities {', '.join(host.capabilities)}"
+                                          if host.capabilities else "")))
         if host.version != code_version():
             report.findings.append(Finding(WARN, "version", f"runs pidispatch {host.version or '?'}, this host "
                                            f"{code_version()}", "upgrade the fleet's hosts together"))

@@ -359,7 +359,8 @@ class ScopedLimit(models.Model):
                                   validators=[validators.dollar_amount],
                                   help_text="Dollars per UTC day (needs a per-job cap: PI_MAX_COST_USD).")
     week_usd = models.DecimalField("week $", max_digits=13, decimal_places=6, null=True, blank=True,
-                                   validators=[validators.dollar_amount], help_text="Dollars per UTC week (from Monday).")
+                                   validators=[validators.dollar_amount],
+                                   help_text="Dollars per UTC week (from Monday).")
     month_usd = models.DecimalField("month $", max_digits=13, decimal_places=6, null=True, blank=True,
                                     validators=[validators.dollar_amount], help_text="Dollars per UTC calendar month.")
     # Version 3, project rows only: the project's containers' size (over PI_JOB_MEMORY / PI_JOB_CPUS), and its

@@ -1,4 +1,5 @@
-"""Name patterns shared by everything that builds jobs (triggers, manual runs, the API): flow, image, provider, model."""
+"""Name patterns shared by everything that builds jobs (triggers, manual runs, the API): flow, image, provider,
+model."""
 
 import re
 

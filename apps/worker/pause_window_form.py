@@ -7,7 +7,8 @@ from django import forms
 from apps.worker.gates.quiet_hours import WEEKDAYS
 from apps.worker.models import PauseWindow
 
-DAY_NAMES = dict(zip(WEEKDAYS, ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"), strict=True))
+DAY_NAMES = dict(zip(WEEKDAYS, ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"),
+                     strict=True))
 
 
 class PauseWindowForm(forms.ModelForm):

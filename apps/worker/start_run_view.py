@@ -36,7 +36,8 @@ class StartRunForm(forms.Form):
                                                                    "hostA. Empty: this host.")
     force = forms.BooleanField(required=False, label="Run even with uncommitted changes")
     # a forge target
-    forge = forms.ChoiceField(required=False, label="Forge", choices=[(forge.name, forge.label) for forge in forge_registry.FORGES])
+    forge = forms.ChoiceField(required=False, label="Forge",
+                              choices=[(forge.name, forge.label) for forge in forge_registry.FORGES])
     repository = forms.CharField(required=False, label="Repository", help_text="As the forge names it, e.g. acme/web")
     number = forms.IntegerField(required=False, min_value=1, label="Issue or PR number", help_text="e.g. 42")
     target_type = forms.ChoiceField(required=False, label="It is", initial="issue",
@@ -134,7 +135,8 @@ def start_run_view(request):
                     reverse("admin:fleet_fleetpanel_changelist"), queued.note))
                 return redirect(reverse("admin:start_run"))
     else:
-        form = StartRunForm(initial={key: value for key, value in request.GET.items() if key in StartRunForm.base_fields})
+        form = StartRunForm(initial={key: value for key, value in request.GET.items()
+                                     if key in StartRunForm.base_fields})
     return TemplateResponse(request, "admin/worker/start_run.html", {
         **admin.site.each_context(request), "title": "Start a run", "form": form, "hosts": _known_hosts(),
         "from_trigger": request.GET.get("trigger", ""),

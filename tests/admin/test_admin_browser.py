@@ -66,7 +66,8 @@ def test_the_front_page_says_what_state_the_system_is_in(operator_page, live_ser
     assert "paused by operator: “provider outage”" in page.text_content("#strip-fleet")
     assert "1 failed today" in page.text_content("#strip-jobs")
     labels = page.eval_on_selector_all("#content-main .module caption a", "els => els.map(e => e.textContent)")
-    assert labels.index("Fleet") < labels.index("Runs") < labels.index("Intake") < labels.index("Authentication and Authorization")
+    assert (labels.index("Fleet") < labels.index("Runs") < labels.index("Intake")
+            < labels.index("Authentication and Authorization"))
     shot(page, "index-paused")
 
     page.click("#strip-jobs a")
@@ -82,9 +83,11 @@ def test_a_failed_run_is_explained_and_the_list_fits_1366_px(operator_page, live
     page.set_viewport_size({"width": 1366, "height": 900})
     page.goto(f"{live_server.url}/admin/worker/run/")
     assert page.evaluate("document.documentElement.scrollWidth") <= 1366
-    widths = page.evaluate("[...document.querySelectorAll('#result_list thead th')].map(t => t.className + ':' + t.offsetWidth)")
+    widths = page.evaluate("[...document.querySelectorAll('#result_list thead th')]"
+                           ".map(t => t.className + ':' + t.offsetWidth)")
     assert page.evaluate("(r => r.scrollWidth <= r.clientWidth)(document.querySelector('#changelist .results'))"), (
-        " ".join(widths), page.evaluate("(r => [r.scrollWidth, r.clientWidth])(document.querySelector('#changelist .results'))"))
+        " ".join(widths),
+        page.evaluate("(r => [r.scrollWidth, r.clientWidth])(document.querySelector('#changelist .results'))"))
     assert "2 of 2, retried after runner-infra" in page.text_content("#result_list")
     hover = page.get_attribute("#result_list tr:first-child .reason", "title")
     assert hover.startswith(reasons.explain("container-exit-unknown").means)

@@ -121,7 +121,8 @@ def test_the_pause_dialog_fits_and_suggests_a_future_time_and_buttons_have_one_s
     page.goto(f"{live_server.url}/admin/fleet/")
     page.wait_for_selector("#fleet-state")
 
-    heights = {round(b["height"]) for b in (button.bounding_box() for button in page.locator("#content-main .button").all())
+    heights = {round(b["height"])
+               for b in (button.bounding_box() for button in page.locator("#content-main .button").all())
                if b is not None}
     assert len(heights) == 1, heights
 

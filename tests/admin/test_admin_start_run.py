@@ -33,8 +33,8 @@ def test_a_forge_run_is_queued_and_named(admin_client, settings, redis_conn):
     (job_id,) = queued_jobs(redis_conn)
     job = Job.fetch(job_id, connection=redis_conn)
     # The message's job id is the link to the job's runs.
-    assert job.origin == "pi-jobs" and f'Queued <a href="/admin/worker/run/?job_id={job_id}" id="started-job">{job_id}</a>' \
-        in text
+    assert job.origin == "pi-jobs" and (
+        f'Queued <a href="/admin/worker/run/?job_id={job_id}" id="started-job">{job_id}</a>' in text)
 
 
 def test_the_services_refusal_is_shown_beside_its_field_and_nothing_is_queued(admin_client, settings, redis_conn):

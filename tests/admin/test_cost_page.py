@@ -189,7 +189,8 @@ def test_the_budget_in_force_with_its_state_words(admin_client, redis_conn, sett
         with pytest.raises(budget.CapRefusal):
             budget.reserve(redis_conn, None, current(), now)
     page = admin_client.get(PAGE).content.decode()
-    assert re.search(r"<td class=\"num\">4</td> ?<td class=\"num\">—</td> ?<td class=\"num\">4</td>", row("jobs", "day"))
+    assert re.search(r"<td class=\"num\">4</td> ?<td class=\"num\">—</td> ?<td class=\"num\">4</td>",
+                     row("jobs", "day"))
     assert '<span class="state over">over</span>' in row("jobs", "day")
 
 

@@ -54,7 +54,8 @@ def serializer_metas_that_do_not_name_their_fields(source: str) -> list[str]:
     """`ClassName: what it does` for each serializer class whose Meta says `fields = "__all__"` or `exclude`."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        if not (isinstance(node, ast.ClassDef) and any(ast.unparse(base).endswith("Serializer") for base in node.bases)):
+        if not (isinstance(node, ast.ClassDef)
+                and any(ast.unparse(base).endswith("Serializer") for base in node.bases)):
             continue
         for meta in (item for item in node.body if isinstance(item, ast.ClassDef) and item.name == "Meta"):
             for statement in meta.body:

@@ -102,7 +102,8 @@ def test_cancel_of_a_job_running_on_another_host_is_the_same_from_the_api_and_th
     said = answer.json()["message"].replace("gh-api-cancel", "gh-admin-cancel")
     assert "acknowledged by the worker on host hostB" in said and said[0].upper() + said[1:] in page
     for job_id in ("gh-api-cancel", "gh-admin-cancel"):
-        run = wait_for(lambda job_id=job_id: Run.objects.filter(job_id=job_id).first(), timeout=60, what=f"{job_id}'s record")
+        run = wait_for(lambda job_id=job_id: Run.objects.filter(job_id=job_id).first(), timeout=60,
+                       what=f"{job_id}'s record")
         assert (run.outcome, run.reason, run.host) == (Outcome.POLICY, "operator-cancel", "hostB")
     wait_for(lambda: not job_containers("hostB"), timeout=30, what="both containers to be stopped")
 
@@ -136,7 +137,8 @@ def test_a_manual_run_is_the_same_job_from_the_api_the_admin_and_dispatch_run(re
     settings.PI_WORKER_NAME = "hostA"  # the admin's web process on the host that holds the folder
     admin.get("/admin/start-run/")
     page = admin.post("/admin/start-run/", {"where": "local", "folder": str(repo), "task": "Tidy the README",
-                                             "flow": "fix-bug", "csrfmiddlewaretoken": admin.cookies["csrftoken"].value},
+                                             "flow": "fix-bug",
+                                             "csrfmiddlewaretoken": admin.cookies["csrftoken"].value},
                       follow=True).content.decode()
     admin_job = next(job for job in Queue("pi-jobs@hostA", connection=redis_conn).get_job_ids()
                      if job not in (cli_job, answer.json()["job_id"]))

@@ -49,7 +49,8 @@ def test_a_drained_host_finishes_its_job_and_takes_no_other_while_the_fleet_goes
         enqueue_spec(forge_spec(f"gh-drain-shared-{index}", number=10 + index), "pi-jobs")
     enqueue_spec(forge_spec("gh-drain-own", number=20), "pi-jobs@hostA")
     for index in range(3):
-        run = wait_for(lambda index=index: run_of(f"gh-drain-shared-{index}"), timeout=90, what="the shared queue's jobs")
+        run = wait_for(lambda index=index: run_of(f"gh-drain-shared-{index}"), timeout=90,
+                       what="the shared queue's jobs")
         assert run.host == "hostB"  # the rest of the fleet took them
     time.sleep(2)
     assert run_of("gh-drain-own") is None and Queue("pi-jobs@hostA", connection=redis_conn).job_ids == ["gh-drain-own"]

@@ -35,7 +35,8 @@ def test_the_panel_shows_state_hosts_queues_waiting_failed_and_spend(admin_clien
     queue = Queue("pi-jobs", connection=redis_conn)
     held = queue.enqueue_call("tests.jobfuncs.defer_once", args=(1,), job_id="gh-held")
     queue.schedule_job(held, timezone.now() + timedelta(minutes=10))
-    waiting.note(redis_conn, "gh-held", queue="pi-jobs", reason="wait-for", until=timezone.now() + timedelta(minutes=10),
+    waiting.note(redis_conn, "gh-held", queue="pi-jobs", reason="wait-for",
+                 until=timezone.now() + timedelta(minutes=10),
                  detail={"waitingOn": "profile ci-green", "checks": 3}, target="acme/web#9",
                  since=time.time() - 3600)
     failed = queue.enqueue_call("tests.jobfuncs.defer_once", args=(1,), job_id="gh-broke")
@@ -110,7 +111,8 @@ def test_changes_are_posts_with_csrf(redis_conn):
 def test_pause_and_resume_a_queue_from_the_panel(redis_conn):
     client = staff("view_fleet", "pause_fleet")
 
-    page = csrf_post(client, PANEL + "pause/", {"scope": "queue", "queue": "pi-jobs", "confirm": "yes"}).content.decode()
+    page = csrf_post(client, PANEL + "pause/",
+                     {"scope": "queue", "queue": "pi-jobs", "confirm": "yes"}).content.decode()
 
     assert "Paused 1 queue(s): pi-jobs" in page and 'id="fleet-state">PAUSED' in page
     assert pauses.read_flags(redis_conn)["pi-jobs"].by == "operator"  # the person, as they log in
@@ -234,7 +236,8 @@ def test_retrying_needs_the_start_run_permission(redis_conn):
     client = staff("view_fleet", "cancel_job")
     assert "Retry now" not in client.get(PANEL).content.decode()
     client.get(PANEL)
-    answer = client.post(PANEL + "retry/", {"job_id": "gh-broke-3", "csrfmiddlewaretoken": client.cookies["csrftoken"].value})
+    answer = client.post(PANEL + "retry/",
+                         {"job_id": "gh-broke-3", "csrfmiddlewaretoken": client.cookies["csrftoken"].value})
     assert answer.status_code == 403 and redis_conn.exists("rq:job:gh-broke-3")
 
 

@@ -36,7 +36,8 @@ def test_pause_and_resume_one_queue_with_who_when_note_and_an_audit_row(redis_co
                            "--by", "alice")
 
     assert paused.returncode == 0, paused.stderr
-    assert "paused 1 queue(s): pi-jobs" in paused.stdout and f"resumes by itself at {until.isoformat()}" in paused.stdout
+    assert ("paused 1 queue(s): pi-jobs" in paused.stdout
+            and f"resumes by itself at {until.isoformat()}" in paused.stdout)
     flag = flags(redis_conn)["pi-jobs"]
     assert (flag.by, flag.note, flag.until) == ("alice", "deploy 4.2", until)
     assert timezone.now() - flag.at < timedelta(minutes=1)

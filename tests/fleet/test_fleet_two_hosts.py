@@ -46,7 +46,8 @@ def test_host_affine_jobs_reach_only_their_host(two_hosts):
 
     for index in range(2):
         for host in ("a", "b"):
-            run = wait_for(lambda host=host, index=index: run_of(f"gh-for-{host}-{index}"), timeout=120, what="the host job's run")
+            run = wait_for(lambda host=host, index=index: run_of(f"gh-for-{host}-{index}"), timeout=120,
+                           what="the host job's run")
             assert run.outcome == Outcome.COMPLETED
             assert (run.host, run.queue) == (f"host{host.upper()}", f"pi-jobs@host{host.upper()}")
 

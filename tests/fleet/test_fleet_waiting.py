@@ -17,8 +17,10 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
 def quiet_hours(minutes=30):
     now = datetime.now(UTC)
-    return PauseWindow.objects.create(scope="acme/web", starts=(now - timedelta(minutes=1)).time().replace(second=0, microsecond=0),
-                                      ends=(now + timedelta(minutes=minutes)).time().replace(second=0, microsecond=0), tz="UTC")
+    return PauseWindow.objects.create(scope="acme/web",
+                                      starts=(now - timedelta(minutes=1)).time().replace(second=0, microsecond=0),
+                                      ends=(now + timedelta(minutes=minutes)).time().replace(second=0, microsecond=0),
+                                      tz="UTC")
 
 
 def wake_now(redis_conn, job_id):
@@ -92,6 +94,7 @@ def test_held_jobs_lists_the_held_part_of_the_one_view(redis_conn):
     assert [(row["job_id"], row["held_seconds"], row["checks"], row["faults"], row["denials"]) for row in rows] == [
         ("gh-throttled", 900, 0, 0, 3), ("gh-held", 300, 2, 1, 0)]
     assert rows[1]["waiting_on"] == "profile ci-green" and rows[1]["queue"] == "pi-jobs"
-    assert rows[1]["next_look_at"] == pytest.approx((now + timedelta(minutes=1)).timestamp(), abs=1)  # RQ's whole seconds
+    # RQ's whole seconds
+    assert rows[1]["next_look_at"] == pytest.approx((now + timedelta(minutes=1)).timestamp(), abs=1)
     assert {job.job_id for job in waiting.list_waiting(redis_conn, ["pi-jobs"])} == {"gh-held", "gh-throttled",
                                                                                    "gh-quiet"}

@@ -363,7 +363,8 @@ def test_a_rolling_upgrade_of_one_host_loses_no_job(drill):
     vaults = declare_vaults(drill)
     label_triggers(drill.hosts)
     hostA, hostB = drill.hosts["hostA"], drill.hosts["hostB"]
-    env = drill.base_env() | {"REDIS_URL": drill._loopback_redis(), "DJANGO_SETTINGS_MODULE": "pidispatch_site.settings"}
+    env = drill.base_env() | {"REDIS_URL": drill._loopback_redis(),
+                              "DJANGO_SETTINGS_MODULE": "pidispatch_site.settings"}
     subprocess.run([sys.executable, "manage.py", "migrate", "worker", "0011", "-v", "0"], cwd=ROOT, env=env, check=True)
     for host in (hostA, hostB):
         for _ in range(2):

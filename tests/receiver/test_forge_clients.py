@@ -234,7 +234,8 @@ def test_azure_email_actor_is_found_in_the_user_directory(fake_forge):
         "page-2": (200, {"value": [{"principalName": "someone", "mailAddress": "Jamal@Fabrikam.com",
                                     "descriptor": f"aad.{ACTOR_GUID[:8]}"}]}),
     }
-    fake_forge.routes["/_apis/graph/users"] = lambda request: pages[(request["query"].get("continuationToken") or [None])[0]]
+    fake_forge.routes["/_apis/graph/users"] = (
+        lambda request: pages[(request["query"].get("continuationToken") or [None])[0]])
 
     answer = azure(fake_forge).authority(Subject(project_id=AZURE_PROJECT_ID, email="jamal@fabrikam.com"))
 

@@ -99,7 +99,8 @@ def test_non_matching_label_is_ignored_without_a_job(post_github, label_trigger,
     assert response.json() == {"status": "ignored", "reason": "no-allowlisted-label"}
     assert queued_job_ids(redis_conn) == []
     delivery = Delivery.objects.get(delivery_id="d-nomatch")
-    assert (delivery.status, delivery.reason, delivery.payload) == (DeliveryStatus.IGNORED, "no-allowlisted-label", None)
+    assert (delivery.status, delivery.reason, delivery.payload) == (DeliveryStatus.IGNORED, "no-allowlisted-label",
+                                                                    None)
 
 
 def test_label_predicates_all_and_none(post_github, redis_conn):

@@ -1,6 +1,6 @@
-"""Every real GitLab, Gitea and Azure DevOps payload of tests/payloads/corpus (a copy of ../shared/corpus), replayed through its endpoint with the
-headers and credentials the real forge sends: none answers 5xx, and each that should match a test trigger
-does (the others are ignored for the stated reason)."""
+"""Every real GitLab, Gitea and Azure DevOps payload of tests/payloads/corpus (a copy of ../shared/corpus), replayed
+through its endpoint with the headers and credentials the real forge sends: none answers 5xx, and each that should
+match a test trigger does (the others are ignored for the stated reason)."""
 
 import json
 import uuid
@@ -124,7 +124,8 @@ def corpus_request(entry: dict, mode: str = "token"):
     if entry["forge"] == "gitea":
         gogs = "Gogs" in entry["summary"]
         headers = forgejo_headers(body, entry["event_header"], delivery, flavour="gitea",
-                                  event_type="pull_request_comment" if "pull_request_comment" in entry["file"] else None)
+                                  event_type=("pull_request_comment" if "pull_request_comment" in entry["file"]
+                                              else None))
         if gogs:  # Gogs names its headers X-Gogs-*
             headers = {k: v for k, v in headers.items() if k.startswith("X-Gogs-")}
         return "forgejo", body, headers

@@ -149,7 +149,8 @@ def test_pull_request_label_outside_the_predicate_does_not_fire(send):
 @pytest.mark.parametrize("action", ["opened", "synchronize", "reopened"])
 @pytest.mark.parametrize("permission", ["admin", "maintain", "write"])
 def test_automatic_pr_actions_of_authors_who_may_write_fire(send, forges, redis_conn, action, permission):
-    rule(position=0, kind="github", on_type="pull_request", actions=["opened", "synchronize", "reopened"], flow="review")
+    rule(position=0, kind="github", on_type="pull_request", actions=["opened", "synchronize", "reopened"],
+         flow="review")
     forges.github_permission("acme/web", "maintainer-mia", permission)
 
     response = send("pull_request", pull_request(action), f"d-{action}-{permission}")
@@ -271,7 +272,8 @@ def test_review_states(send, writers, redis_conn):
     rule(position=0, kind="github", on_type="pull_request", actions=["review_submitted"],
          review_states=["changes_requested"], flow="address-review")
 
-    assert send("pull_request_review", review("APPROVED", body=""), "d-s1").json()["reason"] == "review-state-not-matched"
+    assert (send("pull_request_review", review("APPROVED", body=""), "d-s1").json()["reason"]
+            == "review-state-not-matched")
     assert send("pull_request_review", review("commented", body="  "), "d-s2").json()["reason"] == "no-review-body"
     assert send("pull_request_review", review("CHANGES_REQUESTED", body=""), "d-s3").status_code == 202
 

@@ -31,7 +31,8 @@ set_hypothesis_home_dir(str(django_settings.VAR_DIR / "hypothesis"))  # not a .h
 
 FORGES = ("github", "gitlab", "forgejo", "azure")
 BASE_PAYLOADS = {  # (the event header the forge sends with it, the payload)
-    "github": [("issues", load("github/issues_labeled.json")), ("issue_comment", load("github/issue_comment_created.json")),
+    "github": [("issues", load("github/issues_labeled.json")),
+               ("issue_comment", load("github/issue_comment_created.json")),
                ("pull_request", load("github/pull_request_opened.json")),
                ("pull_request_review", load("github/pull_request_review_submitted.json")),
                ("pull_request", load("github/pull_request_closed.json"))],

@@ -177,7 +177,8 @@ def test_forgejo_refusals(client, forges):
     headers = forgejo_headers(body, "issues", "d-1")
     unsigned = {k: v for k, v in headers.items() if "Signature" not in k}
     assert_refused(post(client, "forgejo", body, unsigned), 401, "missing-signature")
-    assert_refused(post(client, "forgejo", body, {**headers, "X-Forgejo-Signature": "0" * 64}), 401, "invalid-signature")
+    assert_refused(post(client, "forgejo", body, {**headers, "X-Forgejo-Signature": "0" * 64}), 401,
+                   "invalid-signature")
     no_delivery = {k: v for k, v in headers.items() if "Delivery" not in k}
     assert_refused(post(client, "forgejo", body, no_delivery), 400, "missing-event-headers")
 

@@ -36,7 +36,8 @@ def test_limits_round_trip(tmp_path, capsys):
     call_command("export_limits")
     exported = json.loads(capsys.readouterr().out)
     assert exported["version"] == 2  # a forge-qualified row needs version 2
-    assert sorted(exported["limits"], key=lambda row: row["scope"]) == sorted(LIMITS["limits"], key=lambda row: row["scope"])
+    assert (sorted(exported["limits"], key=lambda row: row["scope"])
+            == sorted(LIMITS["limits"], key=lambda row: row["scope"]))
 
 
 def test_the_ancestors_dollar_rows_import_and_export_as_version_2(tmp_path, capsys, settings):
@@ -72,7 +73,8 @@ def test_windows_round_trip(tmp_path, capsys):
     ({"version": 4, "limits": []}, "newer pi-dispatch \\(version 4; this build understands 3\\)"),
     ({"version": 1, "limits": [{"scope": "acme/*", "day": 1}]}, "limit at index 0: scope: "),
     ({"version": 1, "limits": [{"scope": "a/b", "day": 1}, {"scope": "a/b", "week": 1}]}, "listed twice"),
-    ({"version": 1, "limits": [{"scope": "a/b", "dayUsd": "1.5"}]}, "unknown key 'dayUsd' \\(dollar windows need version 2"),
+    ({"version": 1, "limits": [{"scope": "a/b", "dayUsd": "1.5"}]},
+     "unknown key 'dayUsd' \\(dollar windows need version 2"),
     ({"version": 2, "limits": [{"scope": "a/b", "weekUsd": "0"}]}, "limit at index 0: weekUsd must be more than 0"),
     ({"version": 2, "limits": [{"scope": "a/b", "monthUsd": "1.2345678"}]}, "monthUsd must be a plain number"),
     ({"version": 2, "limits": [{"scope": "a/b", "dayUsd": None}]}, "dayUsd must be a number of dollars"),

@@ -254,7 +254,8 @@ class Running:
         try:
             code = self.process.wait(timeout=min(self.launch.stop_timeout, 120))
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"{self.launch.unit.name} did not stop within its TimeoutStopSec:\n{self.output()}") from None
+            raise AssertionError(
+                f"{self.launch.unit.name} did not stop within its TimeoutStopSec:\n{self.output()}") from None
         for folder in self.launch.runtime_dirs:  # what systemd does once the unit has stopped
             shutil.rmtree(folder)
         return code, time.monotonic() - started

@@ -83,7 +83,8 @@ def test_the_numbers_follow_deliveries_queues_and_runs(client, post_github, labe
     assert value(after, "pidispatch_budget_state", ledger="jobs", window="day", scope="", state="over") == 1
     assert value(after, "pidispatch_budget_state", ledger="jobs", window="day", scope="", state="ok") == 0
     assert value(after, "pidispatch_budget_used", ledger="tokens", window="day", scope="") == 1545
-    assert value(after, "pidispatch_budget_cap", ledger="tokens", window="day", scope="") is None  # this process: no cap
+    # This process: no cap.
+    assert value(after, "pidispatch_budget_cap", ledger="tokens", window="day", scope="") is None
     assert value(after, "pidispatch_budget_state", ledger="tokens", window="day", scope="", state="off") == 1
 
 

@@ -95,7 +95,8 @@ def test_a_cron_trigger_runs_now_with_its_own_fields_once_a_minute(nightly, repo
     again = dispatch_run(hosta_env, "--trigger", "nightly-tidy")
 
     job_id = job_id_of(first)
-    assert job_id.startswith(f"manual-{nightly.pk}-") and "for cron trigger nightly-tidy on pi-jobs@hostA" in first.stdout
+    assert (job_id.startswith(f"manual-{nightly.pk}-")
+            and "for cron trigger nightly-tidy on pi-jobs@hostA" in first.stdout)
     assert job_id_of(again) == job_id and "already started this minute" in again.stdout
     assert Queue("pi-jobs@hostA", connection=redis_conn).get_job_ids() == [job_id]
     spec = spec_of(redis_conn, job_id)

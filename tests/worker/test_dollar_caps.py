@@ -167,7 +167,8 @@ def test_every_process_refuses_to_start_with_such_a_window(worker_env):
     for name, command in starts.items():
         result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
         assert result.returncode != 0, name
-        assert "PI_DAILY_COST_USD set without a per-job cap: set PI_MAX_COST_USD" in result.stderr, (name, result.stderr)
+        assert "PI_DAILY_COST_USD set without a per-job cap: set PI_MAX_COST_USD" in result.stderr, (
+            name, result.stderr)
 
 
 def test_a_live_window_without_a_per_job_cap_refuses_every_job(run_worker, redis_conn):

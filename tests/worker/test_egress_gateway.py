@@ -140,7 +140,8 @@ def test_the_token_budget_stops_forwarding_and_stops_the_job(provider, redis_con
     provider.scenarios["long"] = [ToolCall("bash", {"command": "true"})] * 5 + [Text("done")]
     limits = gateway.Limits(max_tokens=5200)
     with running_gateway(redis_conn, upstream_for("anthropic-messages", provider), limits=limits) as (egress, stops):
-        body = request_body("anthropic-messages", "claude-sonnet-4-5", True).replace(b"footer.", b"footer. scripted:long")
+        body = request_body("anthropic-messages", "claude-sonnet-4-5", True)
+        body = body.replace(b"footer.", b"footer. scripted:long")
         first, _ = post(egress.provider_socket, "/v1/messages", body)
         second, refusal = post(egress.provider_socket, "/v1/messages", body)
     assert first == 200 and second == 403 and b"token-budget" in refusal
@@ -154,7 +155,8 @@ def test_the_dollar_cap_stops_forwarding_and_stops_the_job(provider, redis_conn)
     provider.scenarios["long"] = [ToolCall("bash", {"command": "true"})] * 5 + [Text("done")]
     limits = gateway.Limits(max_cost_micros=22_000)
     with running_gateway(redis_conn, upstream_for("anthropic-messages", provider), limits=limits) as (egress, stops):
-        body = request_body("anthropic-messages", "claude-sonnet-4-5", True).replace(b"footer.", b"footer. scripted:long")
+        body = request_body("anthropic-messages", "claude-sonnet-4-5", True)
+        body = body.replace(b"footer.", b"footer. scripted:long")
         first, _ = post(egress.provider_socket, "/v1/messages", body)
         second, refusal = post(egress.provider_socket, "/v1/messages", body)
     assert first == 200 and second == 403 and b"cost-cap" in refusal

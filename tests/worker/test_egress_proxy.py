@@ -52,7 +52,8 @@ def test_an_allowed_tunnel_reaches_exactly_its_host_and_port(listener, redis_con
         answer = raw_exchange(egress.proxy_socket,
                               f"CONNECT 127.0.0.1:{listener.port} HTTP/1.1\r\n\r\n".encode()
                               + b"GET /inside HTTP/1.1\r\nHost: x\r\n\r\n")
-        other_port = raw_exchange(egress.proxy_socket, f"CONNECT 127.0.0.1:{listener.port + 1} HTTP/1.1\r\n\r\n".encode())
+        other_port = raw_exchange(egress.proxy_socket,
+                                  f"CONNECT 127.0.0.1:{listener.port + 1} HTTP/1.1\r\n\r\n".encode())
     assert answer.startswith(b"HTTP/1.1 200 Connection Established") and answer.endswith(b"hello")
     assert listener.received == [b"GET /inside HTTP/1.1\r\nHost: x\r\n\r\n"]
     assert other_port.startswith(b"HTTP/1.1 403")

@@ -1,7 +1,7 @@
 """Forge calls that respect the forge (apps/worker/forges/base.py), over real HTTP against the stand-in forge: the wait
 a rate limit or an outage asks for (`Retry-After`, the rate-limit reset headers) is the failure's, and a retried job
-or a delivery waiting in the inbox on a lookup waits at least that long; one connection carries a client's pages and steps; a refusal keeps the forge's own words for
-the run record (scrubbed, bounded) and nowhere else."""
+or a delivery waiting in the inbox on a lookup waits at least that long; one connection carries a client's pages and
+steps; a refusal keeps the forge's own words for the run record (scrubbed, bounded) and nowhere else."""
 
 import time
 from datetime import timedelta

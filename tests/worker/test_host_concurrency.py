@@ -29,7 +29,8 @@ def pool(start_worker, redis_conn, host, processes, **env):
 
 
 def panel_row(admin_client, host):
-    return admin_client.get("/admin/fleet/fleetpanel/").content.decode().split(f'data-host="{host}"')[1].split("</tr>")[0]
+    page = admin_client.get("/admin/fleet/fleetpanel/").content.decode()
+    return page.split(f'data-host="{host}"')[1].split("</tr>")[0]
 
 
 def completed(job_ids):

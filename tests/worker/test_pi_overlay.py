@@ -162,7 +162,8 @@ def test_import_pi_stages_the_setup_and_never_a_key(tmp_path):
     agent = tmp_path / "agent"
     skill(agent / "skills", "tidy", "Tidies.")
     leaky = skill(agent / "skills", "deploy", "Deploys.")
-    (leaky / "SKILL.md").write_text(f"---\nname: deploy\ndescription: d\n---\nexport ANTHROPIC_API_KEY={ANTHROPIC_KEY}\n")
+    (leaky / "SKILL.md").write_text("---\nname: deploy\ndescription: d\n---\n"
+                                    f"export ANTHROPIC_API_KEY={ANTHROPIC_KEY}\n")
     (agent / "auth.json").write_text(json.dumps({"anthropic": {"type": "api_key", "key": ANTHROPIC_KEY}}))
     (agent / "models.json").write_text(json.dumps({"providers": {"corp": {
         "baseUrl": "https://llm.example.com/v1", "apiKey": "CORP_KEY", "headers": {"x-token": "t0k"},

@@ -148,7 +148,8 @@ def test_what_is_never_pushed(tmp_path, clone, files, reason):
 
 def test_harmless_work_passes_and_a_trigger_may_allow_ci_changes(tmp_path, clone):
     assert refusal_of(tmp_path, clone, {"docs/link": ("symlink", "../README.md"), "docs/x.md": "x\n",
-                                        "sub/deep": ("symlink", ".."), "top": ("symlink", "sub/deep/README.md")}) is None
+                                        "sub/deep": ("symlink", ".."),
+                                        "top": ("symlink", "sub/deep/README.md")}) is None
 
 
 def test_a_link_out_that_the_repository_already_had_is_not_the_agents(tmp_path):

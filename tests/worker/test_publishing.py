@@ -42,8 +42,9 @@ class Forge:
         return self.root / f"{self.git_name}.git"
 
     def branches(self) -> dict[str, str]:
-        listing = subprocess.run(["git", "-C", str(self.bare), "for-each-ref", "--format=%(refname:short) %(objectname)",
-                                  "refs/heads"], capture_output=True, text=True, check=True).stdout
+        listing = subprocess.run(["git", "-C", str(self.bare), "for-each-ref",
+                                  "--format=%(refname:short) %(objectname)", "refs/heads"],
+                                 capture_output=True, text=True, check=True).stdout
         return dict(line.split() for line in listing.splitlines())
 
     def git(self, *args) -> str:
@@ -63,9 +64,9 @@ def forge(request, forges, tmp_path, settings):
     root = tmp_path / "remote"
     name = request.param
     if name == "github":
-        return Forge(name, forges, root, repo="acme/web", git_name="acme/web", credential=("x-access-token", "ghp-test"),
-                     spec_fields={"repo": "acme/web"}, register=lambda sha: forges.github_repository("acme/web", sha),
-                     pull_key="acme/web")
+        return Forge(name, forges, root, repo="acme/web", git_name="acme/web",
+                     credential=("x-access-token", "ghp-test"), spec_fields={"repo": "acme/web"},
+                     register=lambda sha: forges.github_repository("acme/web", sha), pull_key="acme/web")
     if name == "gitlab":
         return Forge(name, forges, root, repo="group/proj", git_name="group/proj", credential=("oauth2", "glpat-test"),
                      spec_fields={"repo": "group/proj", "project_id": "42"},
@@ -75,7 +76,8 @@ def forge(request, forges, tmp_path, settings):
                      credential=("pidispatch", "forgejo-test-token"), spec_fields={"repo": "kostekIV/test"},
                      register=lambda sha: forges.forgejo_repository("kostekIV/test", sha), pull_key="kostekIV/test")
     return Forge(name, forges, root, repo="Fabrikam/widgets", git_name="widgets", credential=("", "azure-pat"),
-                 spec_fields={"repo": "Fabrikam/widgets", "project_id": AZURE_PROJECT, "repository_id": AZURE_REPOSITORY},
+                 spec_fields={"repo": "Fabrikam/widgets", "project_id": AZURE_PROJECT,
+                              "repository_id": AZURE_REPOSITORY},
                  register=lambda sha: forges.azure_repository(AZURE_PROJECT, AZURE_REPOSITORY, "widgets", sha),
                  pull_key=AZURE_REPOSITORY)
 
@@ -183,7 +185,8 @@ def pull_request_on_branch(forge, *, fork=None):
     """An open pull request from `feature` (one commit on top of main), as someone opened it."""
     feature_sha = commit_files(forge.bare, {**FILES, "feature.txt": "wip\n"}, branch="feature")
     forge.git("update-ref", "refs/heads/main", forge.sha)
-    return forge.forges.add_pull_request(forge.name, forge.pull_key, head="feature", sha=feature_sha, fork=fork), feature_sha
+    pull = forge.forges.add_pull_request(forge.name, forge.pull_key, head="feature", sha=feature_sha, fork=fork)
+    return pull, feature_sha
 
 
 def test_a_job_on_a_pull_request_starts_from_its_head_and_pushes_to_its_branch(tmp_path, forge):
@@ -276,7 +279,8 @@ def test_a_forge_outage_is_retried_then_the_work_is_kept_and_published_again(tmp
     kept.strip_to_kept(dirs.root)
     now = timezone.now()
     run = Run.objects.create(job_id="job-outage", kind="github", started_at=now, ended_at=now,
-                             outcome=Outcome.FAILED, reason="publish-unavailable", publish_outcome="publish-unavailable")
+                             outcome=Outcome.FAILED, reason="publish-unavailable",
+                             publish_outcome="publish-unavailable")
     again = publish_again_from(dirs.root, run)
     assert again.outcome == "published" and len(forge.pulls()) == 1
     run.refresh_from_db()
@@ -296,7 +300,8 @@ def test_a_forge_refusal_ends_the_publish_as_policy(tmp_path, forge):
     spec = forge.spec("job-403", number=7)
     dirs, workspace = start(tmp_path, spec)
     (dirs.workspace / "fix.txt").write_text("fixed\n")
-    forge.forges.routes[("POST", "/repos/acme/web/pulls")] = (403, {"message": "Resource not accessible by integration"})
+    forge.forges.routes[("POST", "/repos/acme/web/pulls")] = (
+        403, {"message": "Resource not accessible by integration"})
 
     publication, reason = publish(spec, dirs, workspace)
 

@@ -109,7 +109,8 @@ def test_valid_window_is_normalised():
 def test_a_job_in_an_active_window_is_deferred_to_its_end_then_runs(run_worker, redis_conn):
     now = datetime.now(UTC)
     end = now + timedelta(seconds=4)
-    PauseWindow.objects.create(scope="acme/web", starts=(now - timedelta(minutes=1)).time().replace(second=0, microsecond=0),
+    PauseWindow.objects.create(scope="acme/web",
+                               starts=(now - timedelta(minutes=1)).time().replace(second=0, microsecond=0),
                                ends=(end + timedelta(minutes=1)).time().replace(second=0, microsecond=0), tz="UTC")
     job_id = enqueue_spec(forge_spec("gh-quiet"))
 

@@ -61,7 +61,8 @@ def test_a_long_output_keeps_its_start_and_end_and_the_cut_never_leaves_half_a_s
 def test_a_captured_run_keeps_its_scrubbed_log_for_those_allowed_to_read_it(run_worker, tmp_path, client):
     job_id = secret_job("gh-log-1")
 
-    run_worker("pi-jobs", env_overrides={"PI_CAPTURE_JOB_LOGS": "1", "PI_SECRET_PROFILES": f"vault:{resolver(tmp_path)}"})
+    run_worker("pi-jobs", env_overrides={"PI_CAPTURE_JOB_LOGS": "1",
+                                         "PI_SECRET_PROFILES": f"vault:{resolver(tmp_path)}"})
 
     run = Run.objects.get(job_id=job_id)
     assert run.outcome == Outcome.COMPLETED

@@ -61,7 +61,8 @@ def test_a_folders_concurrent_never_serialises_two_hosts(start_worker, repo):
     wait_for(lambda: len(lifetimes.intervals()) == 2, timeout=10, what="container events")
     lifetimes.close()
     assert set(Run.objects.values_list("outcome", flat=True)) == {Outcome.COMPLETED}
-    (a_start, a_end), (b_start, b_end) = lifetimes.intervals()["run-site-hostA"], lifetimes.intervals()["run-site-hostB"]
+    (a_start, a_end), (b_start, b_end) = (lifetimes.intervals()["run-site-hostA"],
+                                          lifetimes.intervals()["run-site-hostB"])
     assert a_start < b_end and b_start < a_end  # the two hosts ran the folder at the same time
 
 

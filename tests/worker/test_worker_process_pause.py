@@ -31,7 +31,8 @@ def test_a_paused_queue_is_skipped_while_the_other_queue_keeps_draining(start_wo
     enqueue_spec(forge_spec("gh-held-back"), "pi-jobs@hostA")
     enqueue_spec(forge_spec("gh-shared"), "pi-jobs")
 
-    assert wait_for(lambda: ran("gh-shared"), timeout=90, what="the shared queue to keep draining").outcome == Outcome.COMPLETED
+    shared = wait_for(lambda: ran("gh-shared"), timeout=90, what="the shared queue to keep draining")
+    assert shared.outcome == Outcome.COMPLETED
     time.sleep(2)  # several pause checks after the shared job: the host queue's job must still wait
     assert ran("gh-held-back") is None
     assert Queue("pi-jobs@hostA", connection=redis_conn).get_job_ids() == ["gh-held-back"]

@@ -26,7 +26,8 @@ def test_a_pool_of_two_processes_drains_the_host_queue_and_honours_pauses(start_
                     what="both processes busy at once")
     assert {job.job_id for job in busy.running} == {"gh-pool-0", "gh-pool-1"}
     for index in range(2):
-        run = wait_for(lambda index=index: Run.objects.filter(job_id=f"gh-pool-{index}").first(), timeout=90, what="the run")
+        run = wait_for(lambda index=index: Run.objects.filter(job_id=f"gh-pool-{index}").first(), timeout=90,
+                       what="the run")
         assert (run.outcome, run.host) == (Outcome.COMPLETED, "hostP")
 
     pauses.pause(redis_conn, ["pi-jobs@hostP"], by="test")

@@ -76,7 +76,8 @@ def _guid(person) -> str:
 
 def _actor(resource: dict, fields: dict) -> Actor:
     guid = (_guid(resource.get("revisedBy")) or _guid(resource.get("createdBy"))
-            or _guid(obj(resource.get("comment")).get("author")) or _guid(obj(resource.get("pullRequest")).get("createdBy")))
+            or _guid(obj(resource.get("comment")).get("author"))
+            or _guid(obj(resource.get("pullRequest")).get("createdBy")))
     if guid:
         return Actor(id=guid)
     changed_by = fields.get("System.ChangedBy")

@@ -6,8 +6,9 @@
 
 A child is an ordinary job on its parent's target: a local parent's folder on the parent's host (its host queue
 when the host is declared; forced when its parent was, since it starts from its parent's uncommitted work), or a
-forge parent's issue or pull request (the shared queue; it is cloned and published like any forge job). It takes the parent's image and the limits that can only lower a cap (max turns, max cost,
-excluded tools); never its secrets, secret profile, provider, model, wait conditions, instructions or comment text.
+forge parent's issue or pull request (the shared queue; it is cloned and published like any forge job). It takes
+the parent's image and the limits that can only lower a cap (max turns, max cost, excluded tools); never its
+secrets, secret profile, provider, model, wait conditions, instructions or comment text.
 Its id is `chain-<16 hex>` of the parent's id, flow and task: an attempt run again that asks the same again finds
 its children already queued (enqueue is unique on the id), so a chain never grows twice from one request.
 """
@@ -52,8 +53,8 @@ def may_have_children(spec: JobSpec) -> bool:
 def child_spec(spec: JobSpec, request: outbox.Request) -> JobSpec:
     common = dict(job_id=chain_job_id(spec.job_id, request.flow, request.task), kind=spec.kind, flow=request.flow,
                   task=request.task, image=spec.image, max_turns=spec.max_turns, max_cost_usd=spec.max_cost_usd,
-                  models=spec.models, exclude_tools=spec.exclude_tools, skills_dir=spec.skills_dir, packages=spec.packages,
-                  backend=spec.backend, trigger_type="chain", parent_job_id=spec.job_id,
+                  models=spec.models, exclude_tools=spec.exclude_tools, skills_dir=spec.skills_dir,
+                  packages=spec.packages, backend=spec.backend, trigger_type="chain", parent_job_id=spec.job_id,
                   chain_depth=spec.chain_depth + 1,
                   context={"event": "chain", "parentJobId": spec.job_id, "chainDepth": spec.chain_depth + 1})
     if spec.kind == "local":

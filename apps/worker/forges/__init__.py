@@ -15,8 +15,9 @@
                              issue_number=7, credential=credential)          # PullRequest (an open one reused)
 
 The receiver asks them who may start work and who "we" are; the worker mints a job's token, resolves and
-clones the default branch (apps/worker/sandbox/forge_workspace.py), posts status comments (apps/worker/forges/comments.py)
-and publishes a run's work through the pull request calls (within `max_comment_chars`, `max_file_bytes`).
+clones the default branch (apps/worker/sandbox/forge_workspace.py), posts status comments
+(apps/worker/forges/comments.py) and publishes a run's work through the pull request calls (within
+`max_comment_chars`, `max_file_bytes`).
 """
 
 from __future__ import annotations

@@ -549,7 +549,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
 
     # 11b. The dollar windows: the job's per-job cap held in each, in one atomic step (none when one has no room).
     try:
-        attempt.dollars = budget.reserve_dollars(redis, spec, rows.calling(job_models(spec, upstream, served)), runtime, now)
+        attempt.dollars = budget.reserve_dollars(redis, spec, rows.calling(job_models(spec, upstream, served)),
+                                                 runtime, now)
     except budget.DollarRefusal as refusal:
         window = refusal.window
         logger.info("dollar_refused job=%s reason=%s ledger=%s window=%s", spec.job_id, refusal.reason,

@@ -228,7 +228,7 @@ class DispatchWorker(Worker):
         worker_lost.give_up(self, job)
         raise error
 
-    # --- taking work: skip paused queues, take nothing on a drained host --------------------------------------------------------------
+    # --- taking work: skip paused queues, take nothing on a drained host ------------------------------------------
 
     def _active_queues(self):
         try:

@@ -166,7 +166,8 @@ def _record(job: Job, attempt: int, *, host: str, reason: str, budget_reserved: 
             if existing.lost_retry == LostRetry.RETRIED and reason == OPERATOR_CANCEL:
                 record_lost_retry(existing, LostRetry.CANCELLED)
             return existing.lost_retry
-        outcome = Verdict.refused(reason) if reason == OPERATOR_CANCEL else Verdict(outcome=Outcome.FAILED, reason=reason)
+        outcome = (Verdict.refused(reason) if reason == OPERATOR_CANCEL
+                   else Verdict(outcome=Outcome.FAILED, reason=reason))
         started = job.started_at or timezone.now()
         verdict = Verdict(outcome=outcome.outcome, reason=reason, budget_reserved=budget_reserved,
                           started_at=started if started.tzinfo else started.replace(tzinfo=UTC),

@@ -266,7 +266,8 @@ class EgressGateway:
         if self.report.stop_reason is None:
             self.report.stop_reason = reason
             logger.info("egress_stop job=%s reason=%s tokens=%d", self.job_id, reason, self.report.meter.tokens_total)
-            threading.Thread(target=self.on_stop, args=(reason,), name=f"egress-stop-{self.job_id}", daemon=True).start()
+            threading.Thread(target=self.on_stop, args=(reason,), name=f"egress-stop-{self.job_id}",
+                             daemon=True).start()
 
     def _count_tokens(self, key: str, tokens: int) -> None:
         """Into the day's counter; what Redis cannot take now is settled by the worker after the run."""

@@ -62,7 +62,8 @@ def render_prompt(spec: JobSpec) -> str:
     parts = [head, action]
     if spec.instructions:
         parts.append(spec.instructions)
-    data = "\n\n".join(text for text in (f"# {spec.title}" if spec.title else "", spec.body, spec.comment, spec.task) if text)
+    data = "\n\n".join(text for text in (f"# {spec.title}" if spec.title else "", spec.body, spec.comment, spec.task)
+                       if text)
     if data:
         fence = _fence(data)
         parts.append(

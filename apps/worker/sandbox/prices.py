@@ -30,7 +30,8 @@ def _operator_prices(path: str) -> dict[str, dict[str, Decimal]]:
     try:
         raw = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
-        raise ImproperlyConfigured(f"PI_MODEL_PRICES: {path} is not a readable JSON file ({type(exc).__name__})") from exc
+        raise ImproperlyConfigured(
+            f"PI_MODEL_PRICES: {path} is not a readable JSON file ({type(exc).__name__})") from exc
     return parse_operator_prices(raw)
 
 

@@ -20,8 +20,9 @@ one a call declares. The URL sent upstream is rebuilt from the table's own path,
 The body is parsed once, strictly (UTF-8, one JSON object, no duplicate key at any depth, no NaN, no comment or
 trailing comma), and what is forwarded is that document: serialised again when the gateway rewrote it (its output
 ceiling, its usage request), else the bytes it parsed, which then hold no construct two JSON parsers read apart,
-so no parser upstream can read another model or another ceiling than the gateway did. The model is the document's (Google: the checked path's). Features the meter
-cannot bound are refused: provider-side tools (web search, code execution, remote MCP servers, URL fetches),
+so no parser upstream can read another model or another ceiling than the gateway did. The model is the document's
+(Google: the checked path's). Features the meter cannot bound are refused: provider-side tools (web search, code
+execution, remote MCP servers, URL fetches),
 references to content stored at the provider (files, cached contents, earlier responses), several answers per
 call, priority tiers, and media the gateway cannot bound (documents, audio, video). Images travel inline only.
 """

@@ -185,8 +185,9 @@ class Command(BaseCommand):
             rows = [["HOST", "LIVENESS", "DRAINED", "BEAT", "PROCS", "BUSY", "CAP", "ROUTES", "QUEUES",
                      "CAPABILITIES", "RUNNING", "IMAGE", "VERSION"]]
             for h in snap.hosts:
-                running = ", ".join(f"{j.job_id} ({age(snap.taken_at - j.started_at)}{' ' + j.target if j.target else ''})"
-                                    for j in h.running)
+                running = ", ".join(
+                    f"{j.job_id} ({age(snap.taken_at - j.started_at)}{' ' + j.target if j.target else ''})"
+                    for j in h.running)
                 drained = snap.drained.get(h.name)
                 rows.append([h.name, h.liveness, f"yes, by {drained.by}" if drained else "no",
                              f"{age(h.beat_age(snap.taken_at))} ago", len(h.processes), h.busy,

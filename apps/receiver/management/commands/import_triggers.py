@@ -21,7 +21,8 @@ class Command(BaseCommand):
             parsed = triggerfile.parse(text)
         except triggerfile.TriggerFileError as error:
             listing = "\n".join(f"  - {problem}" for problem in error.problems)
-            raise CommandError(f"{path}: not imported, nothing changed. {len(error.problems)} problem(s):\n{listing}") from None
+            raise CommandError(f"{path}: not imported, nothing changed. "
+                               f"{len(error.problems)} problem(s):\n{listing}") from None
         for warning in parsed.warnings:
             self.stderr.write(self.style.WARNING(f"warning: {warning}"))
         if dry_run:

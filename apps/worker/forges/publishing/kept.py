@@ -123,8 +123,8 @@ def _rebuild(job_root: Path, destination, description: dict, client, credential)
     git(store, "init", "-q", "--bare")
     git(store, "fetch", "-q", "--depth=1", "--no-tags", destination.clone_url, destination.start_sha,
         authorization=client.git_authorization(credential), transport="http")
-    git(store, "fetch", "-q", "--no-tags", str(job_root / BUNDLE), f"{work_module.PUBLISHED_REF}:{work_module.PUBLISHED_REF}",
-        transport="file")
+    git(store, "fetch", "-q", "--no-tags", str(job_root / BUNDLE),
+        f"{work_module.PUBLISHED_REF}:{work_module.PUBLISHED_REF}", transport="file")
     head = git(store, "rev-parse", work_module.PUBLISHED_REF).stdout.strip()
     if head != description["head"]:
         raise NothingKept(description["jobId"])

@@ -27,7 +27,8 @@ def whole_number(text: str) -> int:
 
 
 class Command(BaseCommand):
-    help = "Queue a run of the agent on a local folder (a git repository) of this worker host, or run a cron trigger now."
+    help = ("Queue a run of the agent on a local folder (a git repository) of this worker host, "
+            "or run a cron trigger now.")
 
     def add_arguments(self, parser):
         parser.add_argument("folder", nargs="?", default=None,

@@ -13,7 +13,8 @@ run: $(INSTALLED)
 test: $(INSTALLED)
 	$(PY) -m devtools.stack test -- $(if $(PART),tests/$(PART)) $(PYTEST_ARGS)
 
-# ruff (pyflakes, pycodestyle, import order; pyproject.toml says which rules).
+# ruff (pyflakes, pycodestyle at 120 columns, import order, pyupgrade, bugbear, return, simplify; pyproject.toml
+# says which rules).
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .
 

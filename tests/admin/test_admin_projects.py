@@ -55,7 +55,8 @@ def test_a_project_row_takes_its_size_in_the_admin_and_a_repository_row_does_not
     assert "sizes go on project:&lt;id&gt; rows only" in refused.content.decode()
 
 
-def test_the_api_reads_and_changes_projects_under_their_own_permission(client):
+def test_the_api_reads_and_changes_projects_under_their_own_permission(client, settings):
+    settings.PI_MAX_COST_USD = "1"  # a model row's dollar window needs a per-run cap
     reader = user_with("reader", "view_project")
     manager = user_with("manager", "view_project", "manage_projects", "view_scopedlimit", "manage_limits")
     assert client.post("/api/v1/projects", {"slug": "x", "members": ["/srv/x"]}, content_type="application/json",

@@ -177,7 +177,8 @@ def test_the_inbox_refuses_an_unknown_filter_and_an_unknown_status(client, heade
 
 # --- money ----------------------------------------------------------------------------------------------------
 
-def test_money_is_a_decimal_string_of_six_places_at_most_everywhere(client, headers):
+def test_money_is_a_decimal_string_of_six_places_at_most_everywhere(client, headers, settings):
+    settings.PI_MAX_COST_USD = "1"  # a scoped limit's dollar window needs a per-run cap
     run("gh-cost-1", cost=Decimal("0.0126"), dollars_reserved=Decimal("2"), dollars_charged=Decimal("0.0126"))
     run("gh-cost-2", cost=Decimal("0.0126"))
     shown = client.get("/api/v1/runs?job_id=gh-cost-1", **headers).json()["results"][0]

@@ -78,7 +78,7 @@ def test_an_ancestor_file_with_the_four_keys_round_trips_and_reaches_the_jobs(tm
     fields = execution_fields(forge_rule)
     assert (fields["packages"], fields["skills_dir"], fields["backend"]) == (False, "/srv/skills/review", "local")
     from datetime import UTC, datetime
-    spec = cron._spec(cron_rule, datetime(2026, 12, 3, 3, tzinfo=UTC))
+    spec = cron.cron_job_spec(cron_rule, datetime(2026, 12, 3, 3, tzinfo=UTC))
     assert (spec.github, spec.packages, spec.skills_dir) == (True, True, "/srv/skills/nightly")
     # What a worker reads back is what was queued.
     assert JobSpec.from_payload(spec.to_payload()) == spec

@@ -20,6 +20,12 @@ CORPUS = Path(__file__).resolve().parents[1] / "payloads" / "config_files"
 LIMIT_FILES = sorted(CORPUS.glob("scoped-limits-*.json"))
 
 
+@pytest.fixture(autouse=True)
+def per_run_cap(settings):
+    """The corpus files hold dollar windows, which a deployment takes only with a per-run cap."""
+    settings.PI_MAX_COST_USD = "5"
+
+
 def rows(model) -> list[dict]:
     return [{k: v for k, v in model_to_dict(row).items() if k != "id"} for row in model.objects.order_by("pk")]
 

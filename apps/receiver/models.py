@@ -112,7 +112,7 @@ class Trigger(models.Model):
     provider = models.CharField("run.provider", max_length=64, blank=True)
     model = models.CharField("run.model", max_length=64, blank=True)
     allowed_models = models.JSONField(
-        "run.models", default=list, blank=True,
+        "run.models", default=list, db_default=[], blank=True,
         help_text="The models the agent may call, 1-16 provider/model entries (empty: PI_ALLOWED_MODELS, else any); "
                   "the gateway refuses any other (model-not-allowed).")
     max_turns = models.PositiveIntegerField("run.maxTurns", null=True, blank=True)
@@ -125,19 +125,19 @@ class Trigger(models.Model):
         help_text="Let the agent's work change CI definitions (.github/workflows/, .gitlab-ci.yml, ...). Off: such a "
                   "change is not pushed (ci-change-refused) and the work is kept for the operator.")
     packages = models.BooleanField(
-        "run.packages", default=True,
+        "run.packages", default=True, db_default=True,
         help_text="Load the pi packages staged in the worker's overlay (PI_GLOBAL_PI_DIR). Off: the job runs without "
                   "them (third-party code stays out of this rule's jobs).")
     skills_dir = models.CharField(
-        "run.skillsDir", max_length=500, blank=True,
+        "run.skillsDir", max_length=500, blank=True, db_default="",
         help_text="A folder of skills on the worker host, copied into the job (refused skills-dir-missing when it is "
                   "not there; the same bounds as a repository's .pi/).")
     github = models.BooleanField(
-        "run.github", default=False,
+        "run.github", default=False, db_default=False,
         help_text="Cron: publish the job's commits to the folder's GitHub repository (its origin) as a branch and a "
                   "pull request, by the worker; the container still holds no token.")
     backend = models.CharField(
-        "run.backend", max_length=32, blank=True,
+        "run.backend", max_length=32, blank=True, db_default="",
         help_text="The venue the job runs on (empty: local, the host's Docker engine); the host must bless it in "
                   "PI_BACKENDS.")
     resume = models.BooleanField("run.resume", default=False,

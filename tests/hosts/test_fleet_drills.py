@@ -365,7 +365,10 @@ def test_a_rolling_upgrade_of_one_host_loses_no_job(drill):
     hostA, hostB = drill.hosts["hostA"], drill.hosts["hostB"]
     env = drill.base_env() | {"REDIS_URL": drill._loopback_redis(),
                               "DJANGO_SETTINGS_MODULE": "pidispatch_site.settings"}
-    subprocess.run([sys.executable, "manage.py", "migrate", "worker", "0011", "-v", "0"], cwd=ROOT, env=env, check=True)
+    # One migration back, of a table no job's path touches (the pruned runs' project column): this release's own
+    # workers run on both hosts, so the migration held back must be one they can run without.
+    subprocess.run([sys.executable, "manage.py", "migrate", "insight", "0002", "-v", "0"], cwd=ROOT, env=env,
+                   check=True)
     for host in (hostA, hostB):
         for _ in range(2):
             host.start_worker(drill.host_env(host, **vaults[host.name]))
@@ -396,7 +399,7 @@ def test_a_rolling_upgrade_of_one_host_loses_no_job(drill):
         load.join()
     assert upgrade.returncode == 0, upgrade.stdout + upgrade.stderr
     assert "==> hostA: upgraded" in upgrade.stdout
-    assert MigrationRecorder(connection()).migration_qs.filter(app="worker", name__startswith="0012").exists()
+    assert MigrationRecorder(connection()).migration_qs.filter(app="insight", name__startswith="0003").exists()
 
     wait_for(lambda: len(final_runs(jobs)) == len(jobs), timeout=180, what="every delivery's run")
     assert {job_id: runs for job_id, runs in final_runs(jobs).items() if runs != [("completed", "")]} == {}

@@ -15,6 +15,7 @@ import docker
 import pytest
 
 from apps.fleet import registry
+from apps.worker.sandbox import image_contract
 from devtools.scripted_provider import ScriptedProvider
 from tests.conftest import PROVIDER_KEY, ROOT, WEBHOOK_SECRET
 from tests.receiver_support import STAND_IN_TOKEN
@@ -62,7 +63,7 @@ def test_a_working_host_can_run_a_job_and_says_what_to_improve(doctor, redis_con
     assert "appendonly no" in line(out, "warn", "redis-aof")
     assert "-> redis-cli CONFIG SET appendonly yes; CONFIG SET appendfsync always" in line(out, "warn", "redis-aof")
     assert os.environ["DOCKER_HOST"] in line(out, "ok", "docker")
-    assert "runner protocol 2" in line(out, "ok", "job-image")
+    assert f"runner protocol {image_contract.RUNNER_PROTOCOL}" in line(out, "ok", "job-image")
     assert "ANTHROPIC_API_KEY set (20 chars)" in line(out, "ok", "provider")
     assert "GITHUB_TOKEN set" in line(out, "ok", "forge-github")
     assert "GiB free under" in line(out, "ok", "disk")

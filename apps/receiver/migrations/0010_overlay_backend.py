@@ -13,21 +13,21 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='trigger',
             name='backend',
-            field=models.CharField(blank=True, help_text="The venue the job runs on (empty: local, the host's Docker engine); the host must bless it in PI_BACKENDS.", max_length=32, verbose_name='run.backend'),
+            field=models.CharField(blank=True, db_default='', help_text="The venue the job runs on (empty: local, the host's Docker engine); the host must bless it in PI_BACKENDS.", max_length=32, verbose_name='run.backend'),
         ),
         migrations.AddField(
             model_name='trigger',
             name='github',
-            field=models.BooleanField(default=False, help_text="Cron: publish the job's commits to the folder's GitHub repository (its origin) as a branch and a pull request, by the worker; the container still holds no token.", verbose_name='run.github'),
+            field=models.BooleanField(db_default=False, default=False, help_text="Cron: publish the job's commits to the folder's GitHub repository (its origin) as a branch and a pull request, by the worker; the container still holds no token.", verbose_name='run.github'),
         ),
         migrations.AddField(
             model_name='trigger',
             name='packages',
-            field=models.BooleanField(default=True, help_text="Load the pi packages staged in the worker's overlay (PI_GLOBAL_PI_DIR). Off: the job runs without them (third-party code stays out of this rule's jobs).", verbose_name='run.packages'),
+            field=models.BooleanField(db_default=True, default=True, help_text="Load the pi packages staged in the worker's overlay (PI_GLOBAL_PI_DIR). Off: the job runs without them (third-party code stays out of this rule's jobs).", verbose_name='run.packages'),
         ),
         migrations.AddField(
             model_name='trigger',
             name='skills_dir',
-            field=models.CharField(blank=True, help_text="A folder of skills on the worker host, copied into the job (refused skills-dir-missing when it is not there; the same bounds as a repository's .pi/).", max_length=500, verbose_name='run.skillsDir'),
+            field=models.CharField(blank=True, db_default='', help_text="A folder of skills on the worker host, copied into the job (refused skills-dir-missing when it is not there; the same bounds as a repository's .pi/).", max_length=500, verbose_name='run.skillsDir'),
         ),
     ]

@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='trigger',
             name='allowed_models',
-            field=models.JSONField(blank=True, default=list, help_text='The models the agent may call, 1-16 provider/model entries (empty: PI_ALLOWED_MODELS, else any); the gateway refuses any other (model-not-allowed).', verbose_name='run.models'),
+            field=models.JSONField(blank=True, db_default=[], default=list, help_text='The models the agent may call, 1-16 provider/model entries (empty: PI_ALLOWED_MODELS, else any); the gateway refuses any other (model-not-allowed).', verbose_name='run.models'),
         ),
     ]

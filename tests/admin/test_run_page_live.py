@@ -162,7 +162,10 @@ def test_a_published_run_shows_its_paths_commits_and_diff_beside_the_posted_summ
     # The commits are the ones pushed to the published branch.
     branch_head = subprocess.run(["git", "--git-dir", str(github.bare), "rev-parse", f"refs/heads/{pull['head']}"],
                                  capture_output=True, text=True, check=True).stdout.strip()
+    # The forge's commit carries the title; the record names the worker's commit by what it is instead.
     assert changes.commits == [{"sha": branch_head, "subject": "Changes the agent left uncommitted"}]
+    assert subprocess.run(["git", "--git-dir", str(github.bare), "log", "-1", "--format=%s", branch_head],
+                          capture_output=True, text=True, check=True).stdout.strip().endswith("(#7)")
 
     page.goto(f"{live_server.url}{reverse('admin:worker_run_change', args=[run.pk])}")
     files = page.eval_on_selector_all(".run-changes table.changed-files tr", "rows => rows.map(row => row.innerText)")

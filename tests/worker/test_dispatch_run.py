@@ -163,7 +163,7 @@ def test_the_api_and_the_admin_run_a_cron_trigger_as_dispatch_run_does(nightly, 
     admin = Client()
     admin.force_login(superuser)
     page = admin.post("/admin/start-run/", {"where": "cron", "cron_trigger": "nightly-tidy"}, follow=True)
-    assert f"Queued {job_id}" in page.content.decode()
+    assert "Queued " in page.content.decode() and f">{job_id}</a>" in page.content.decode()
     assert queued_job_ids(redis_conn) == [job_id]
 
     refused = admin.post("/admin/start-run/", {"where": "cron", "cron_trigger": "nope"}).content.decode()

@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
-from apps.worker.forges.publishing.work import Work, WorkUnreadable, git
+from apps.worker.forges.publishing.work import UNCOMMITTED_MESSAGE, Work, WorkUnreadable, git
 from apps.worker.scrubbing import Scrubber
 
 logger = logging.getLogger("pidispatch.publish")
@@ -54,9 +54,11 @@ def _clean(text: str, scrubber: Scrubber) -> str:
     return scrubber.scrub(text).replace("\x00", "\ufffd")
 
 
-def describe(work: Work, secrets) -> WorkChanges | None:
+def describe(work: Work, secrets, worker_subject: str = "") -> WorkChanges | None:
     """The work's paths, commits and bounded diff; None when git could not read them (the run is not failed for
-    it: the page then says nothing was kept)."""
+    it: the page then says nothing was kept). The worker's own commit of what the agent left uncommitted is
+    subjected with the target's title on the forge (`worker_subject`): the record names it by what it is instead,
+    so no issue title is kept with the run."""
     if work.empty:
         return WorkChanges()
     scrubber = Scrubber(secrets)
@@ -72,7 +74,8 @@ def describe(work: Work, secrets) -> WorkChanges | None:
             files.append({"path": path, "added": int(added) if added.isdigit() else None,
                           "removed": int(removed) if removed.isdigit() else None})
         log = git(work.store, "log", "--format=%H%x1f%s%x1e", "--reverse", f"{work.start}..{work.head}").stdout
-        commits = [{"sha": sha.strip(), "subject": subject} for sha, _, subject in
+        commits = [{"sha": sha.strip(), "subject": UNCOMMITTED_MESSAGE if worker_subject and
+                    subject == worker_subject else subject} for sha, _, subject in
                    (record.partition("\x1f") for record in log.split("\x1e")) if sha.strip()]
         # The smallest changes first, while their guessed size fits: one huge file never hides the rest.
         chosen, budget = [], limit

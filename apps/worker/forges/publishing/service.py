@@ -118,14 +118,16 @@ def publish_run(spec, workspace, job_root: Path, workspace_folder: Path, summary
     destination = destination_for(spec, workspace)
     summary, held_credential = messages.postable_summary(
         summary, credentials=[*credentials, *forge_tokens(workspace)], job_secrets=job_secrets)
+    worker_message = messages.commit_message(spec, summary)
     try:
         work = collect(workspace_folder, start_sha=destination.start_sha, store=job_root / "publish.git",
                        identity=bot_identity(), origin_url=workspace.origin_url, finished_at=finished_at,
-                       message=messages.commit_message(spec, summary))
+                       message=worker_message)
     except WorkUnreadable as unreadable:
         logger.warning("publish_refused job=%s reason=%s", spec.job_id, unreadable.reason)
         return Publication(unreadable.reason), unreadable.reason
-    described = work_changes.describe(work, [*credentials, *forge_tokens(workspace), *job_secrets])
+    described = work_changes.describe(work, [*credentials, *forge_tokens(workspace), *job_secrets],
+                                      worker_subject=worker_message.partition("\n")[0])
     if held_credential:
         logger.warning("publish_refused job=%s reason=%s commits=%d", spec.job_id, SUMMARY_HELD_SECRET, work.commits)
         if not work.empty:

@@ -98,7 +98,9 @@ def test_a_secret_the_agent_says_is_scrubbed_from_the_pull_request_it_opens_too(
     run = Run.objects.get(job_id=job_id)
     assert (run.outcome, run.publish_outcome) == (Outcome.COMPLETED, "published")
     (pull,) = [pr for pr in github_stand_in.created_pull_requests if pr["number"] == run.pull_request]
-    assert pull["title"].endswith("Done. It said [scrubbed]") and VALUE not in json.dumps(pull)
+    # The title is the issue's; the agent's summary, scrubbed, is the body.
+    assert pull["title"] == "A bug (#7)" and "Done. It said [scrubbed]" in pull["body"]
+    assert VALUE not in json.dumps(pull)
 
 
 @pytest.mark.docker

@@ -107,7 +107,8 @@ def test_a_labelled_issue_is_worked_on_by_the_real_pi_and_becomes_a_pull_request
     assert (run.publish_outcome, run.pushed_commits) == ("published", 1) and run.changed_files >= 1
     (pull,) = [pr for pr in github_stand_in.created_pull_requests if pr["number"] == run.pull_request]
     assert pull["head"].startswith("pi/7-fix-bug") and pull["base"] == "main" and pull["draft"] is True
-    assert pull["title"] == "Fix the README" and "The README now says what the repository is." in pull["body"]
+    # The pull request is titled by its issue (the forge's own text, for the forge only); the summary is its body.
+    assert pull["title"].endswith("(#7)") and "The README now says what the repository is." in pull["body"]
     assert pull["issues"] == [7] and job_id in pull["body"] and run.publish_url
     pushed = subprocess.run(["git", "-C", str(github_stand_in.git_root / "any.git"), "log", "-1",
                              "--format=%an|%s", pull["sha"]], capture_output=True, text=True, check=True).stdout

@@ -129,7 +129,7 @@ class Trigger(models.Model):
         help_text="Load the pi packages staged in the worker's overlay (PI_GLOBAL_PI_DIR). Off: the job runs without "
                   "them (third-party code stays out of this rule's jobs).")
     skills_dir = models.CharField(
-        "run.skillsDir", max_length=500, blank=True, db_default="",
+        "run.skillsDir", max_length=500, blank=True, default="", db_default="",
         help_text="A folder of skills on the worker host, copied into the job (refused skills-dir-missing when it is "
                   "not there; the same bounds as a repository's .pi/).")
     github = models.BooleanField(
@@ -137,7 +137,7 @@ class Trigger(models.Model):
         help_text="Cron: publish the job's commits to the folder's GitHub repository (its origin) as a branch and a "
                   "pull request, by the worker; the container still holds no token.")
     backend = models.CharField(
-        "run.backend", max_length=32, blank=True, db_default="",
+        "run.backend", max_length=32, blank=True, default="", db_default="",
         help_text="The venue the job runs on (empty: local, the host's Docker engine); the host must bless it in "
                   "PI_BACKENDS.")
     resume = models.BooleanField("run.resume", default=False,

@@ -150,7 +150,7 @@ class Run(models.Model):
     # so the operator sees why. The one forge text a record keeps: the forge's error, not the or a person's,
     # bounded, and scrubbed of every token this deployment holds (apps/worker/records.py). It can name an account the
     # forge names (a branch's owner), so it is shown on the run page alone: never logged, posted or notified.
-    forge_message = models.CharField("the forge said", max_length=500, blank=True, db_default="",
+    forge_message = models.CharField("the forge said", max_length=500, blank=True, default="", db_default="",
                                      help_text="The forge's own message when it refused a request (bounded, scrubbed).")
     # Dollar caps (apps/worker/gates/budget.py): what was held in the dollar windows before the container, what the
     # windows were charged after it, and how: `metered` (the gateway's metered cost), `floor` (the cost could

@@ -13,7 +13,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='trigger',
             name='backend',
-            field=models.CharField(blank=True, db_default='', help_text="The venue the job runs on (empty: local, the host's Docker engine); the host must bless it in PI_BACKENDS.", max_length=32, verbose_name='run.backend'),
+            field=models.CharField(blank=True, db_default='', default='', help_text="The venue the job runs on (empty: local, the host's Docker engine); the host must bless it in PI_BACKENDS.", max_length=32, verbose_name='run.backend'),
         ),
         migrations.AddField(
             model_name='trigger',
@@ -28,6 +28,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='trigger',
             name='skills_dir',
-            field=models.CharField(blank=True, db_default='', help_text="A folder of skills on the worker host, copied into the job (refused skills-dir-missing when it is not there; the same bounds as a repository's .pi/).", max_length=500, verbose_name='run.skillsDir'),
+            field=models.CharField(blank=True, db_default='', default='', help_text="A folder of skills on the worker host, copied into the job (refused skills-dir-missing when it is not there; the same bounds as a repository's .pi/).", max_length=500, verbose_name='run.skillsDir'),
         ),
     ]

@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='run',
             name='forge_message',
-            field=models.CharField(blank=True, db_default='', help_text="The forge's own message when it refused a request (bounded, scrubbed).", max_length=500, verbose_name='the forge said'),
+            field=models.CharField(blank=True, db_default='', default='', help_text="The forge's own message when it refused a request (bounded, scrubbed).", max_length=500, verbose_name='the forge said'),
         ),
     ]

@@ -81,17 +81,23 @@ def sweep(now: datetime | None = None) -> int:
     """Delete the logs older than PI_JOB_LOG_RETENTION_DAYS (whether capture is on now or not)."""
     from apps.worker.models import RunLog
 
+    return delete_expired(RunLog, "run_log", now)
+
+
+def delete_expired(model, name: str, now: datetime | None = None) -> int:
+    """Delete `model`'s rows created more than PI_JOB_LOG_RETENTION_DAYS ago (a run's log and its kept changes);
+    a database fault is logged and left to the next beat."""
     cutoff = (now or timezone.now()) - timedelta(days=settings.PI_JOB_LOG_RETENTION_DAYS)
-    expired = RunLog.objects.filter(created_at__lt=cutoff)
+    expired = model.objects.filter(created_at__lt=cutoff)
     try:
         # Looked for first: this runs at every worker's beat, and a DELETE takes SQLite's write lock even when
         # it matches nothing.
         deleted = expired.delete()[0] if expired.exists() else 0
     except DatabaseError as exc:
-        logger.warning("run_log_sweep_failed error=%s", type(exc).__name__)
+        logger.warning("%s_sweep_failed error=%s", name, type(exc).__name__)
         return 0
     if deleted:
-        logger.info("run_logs_swept count=%d", deleted)
+        logger.info("%ss_swept count=%d", name, deleted)
     return deleted
 
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.conf import settings
-from django.db import DatabaseError
 from django.utils import timezone
 
 from apps.worker.forges.publishing.work import UNCOMMITTED_MESSAGE, Work, WorkUnreadable, git
@@ -122,15 +121,7 @@ def keep(run, changes: WorkChanges | None) -> None:
 
 def sweep(now: datetime | None = None) -> int:
     """Delete what is older than PI_JOB_LOG_RETENTION_DAYS (the diff is kept as long as a run's log would be)."""
+    from apps.worker import run_logs
     from apps.worker.models import RunChanges
 
-    cutoff = (now or timezone.now()) - timedelta(days=settings.PI_JOB_LOG_RETENTION_DAYS)
-    expired = RunChanges.objects.filter(created_at__lt=cutoff)
-    try:
-        deleted = expired.delete()[0] if expired.exists() else 0
-    except DatabaseError as exc:
-        logger.warning("run_changes_sweep_failed error=%s", type(exc).__name__)
-        return 0
-    if deleted:
-        logger.info("run_changes_swept count=%d", deleted)
-    return deleted
+    return run_logs.delete_expired(RunChanges, "run_change", now)

@@ -5,13 +5,13 @@ the trigger form type by type, and Start a run. Screenshots are kept under test-
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import User
 from django.utils import timezone
 
 from apps.fleet import pauses
 from apps.receiver.models import Delivery, Trigger
 from apps.worker import reasons, spend
 from apps.worker.models import Run
+from tests.browser_support import screenshot
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -20,21 +20,7 @@ OUTPUT = ROOT / "test-results" / "test_admin_browser"
 
 
 def shot(page, name: str) -> None:
-    OUTPUT.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(OUTPUT / f"{name}.png"), full_page=True)
-    assert (OUTPUT / f"{name}.png").stat().st_size > 10_000
-
-
-@pytest.fixture
-def operator_page(live_server, browser_page):  # noqa: F811
-    User.objects.create_superuser("operator", password="a-long-test-password")
-    page = browser_page
-    page.goto(f"{live_server.url}/admin/")
-    page.fill("#id_username", "operator")
-    page.fill("#id_password", "a-long-test-password")
-    page.click("input[type=submit]")
-    page.wait_for_selector("#status-strip")
-    return page
+    screenshot(OUTPUT, page, name)
 
 
 def failed_twice(trigger=None):

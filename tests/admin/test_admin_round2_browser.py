@@ -9,12 +9,12 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 import pytest
-from django.contrib.auth.models import User
 from django.utils import timezone
 
 from apps.fleet import registry
 from apps.receiver.models import Trigger
 from apps.worker.models import PauseWindow, ScopedLimit
+from tests.browser_support import screenshot
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -23,31 +23,17 @@ OUTPUT = ROOT / "test-results" / "test_admin_round2_browser"
 
 
 def shot(page, name: str) -> None:
-    OUTPUT.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(OUTPUT / f"{name}.png"), full_page=True)
-    assert (OUTPUT / f"{name}.png").stat().st_size > 10_000
-
-
-@pytest.fixture
-def operator(live_server, browser_page):
-    User.objects.create_superuser("operator", password="a-long-test-password")
-    page = browser_page
-    page.goto(f"{live_server.url}/admin/")
-    page.fill("#id_username", "operator")
-    page.fill("#id_password", "a-long-test-password")
-    page.click("input[type=submit]")
-    page.wait_for_selector("#status-strip")
-    return page
+    screenshot(OUTPUT, page, name)
 
 
 def crumbs(page) -> str:
     return " ".join(page.text_content("div.breadcrumbs").split())
 
 
-def test_the_trigger_list_and_form_speak_words(operator, live_server):
+def test_the_trigger_list_and_form_speak_words(operator_page, live_server):
     Trigger.objects.create(position=0, name="Review labelled PRs", kind="gitlab", on_type="label", label_any=["pi"],
                            flow="review", max_cost_usd=Decimal("0.5"))
-    page = operator
+    page = operator_page
 
     page.goto(f"{live_server.url}/admin/receiver/trigger/")
     headers = [" ".join(text.split()) for text in page.locator("#result_list thead th").all_text_contents()]
@@ -66,8 +52,8 @@ def test_the_trigger_list_and_form_speak_words(operator, live_server):
     shot(page, "trigger-form-help")
 
 
-def test_a_pause_windows_days_are_ticked(operator, live_server):
-    page = operator
+def test_a_pause_windows_days_are_ticked(operator_page, live_server):
+    page = operator_page
     page.goto(f"{live_server.url}/admin/worker/pausewindow/add/")
     page.fill("#id_scope", "*")
     page.fill("#id_starts", "22:00")
@@ -82,9 +68,9 @@ def test_a_pause_windows_days_are_ticked(operator, live_server):
     assert "Mon, Fri" in page.text_content("#result_list")
 
 
-def test_a_dollar_limit_without_a_per_run_cap_says_which_setting(operator, live_server, settings):
+def test_a_dollar_limit_without_a_per_run_cap_says_which_setting(operator_page, live_server, settings):
     settings.PI_MAX_COST_USD = ""
-    page = operator
+    page = operator_page
     page.goto(f"{live_server.url}/admin/worker/scopedlimit/add/")
     page.fill("#id_scope", "acme/web")
     page.fill("#id_day_usd", "5")
@@ -97,8 +83,8 @@ def test_a_dollar_limit_without_a_per_run_cap_says_which_setting(operator, live_
     shot(page, "scoped-limit-refused")
 
 
-def test_breadcrumbs_say_each_step_once_and_the_settings_row_is_changed(operator, live_server):
-    page = operator
+def test_breadcrumbs_say_each_step_once_and_the_settings_row_is_changed(operator_page, live_server):
+    page = operator_page
     page.goto(f"{live_server.url}/admin/worker/run/")
     assert crumbs(page) == "Home › Runs"
 
@@ -113,11 +99,12 @@ def box(page, selector: str) -> dict:
     return page.locator(selector).bounding_box()
 
 
-def test_the_pause_dialog_fits_and_suggests_a_future_time_and_buttons_have_one_size(operator, live_server, redis_conn):
+def test_the_pause_dialog_fits_and_suggests_a_future_time_and_buttons_have_one_size(
+        operator_page, live_server, redis_conn):
     registry.publish(redis_conn, registry.HostFacts(name="hostA", declared=True, version="0.1.0", image="img"),
                      registry.ProcessFacts(worker_name="w-hostA", pid=1, proc="x/y/1/1", started_at=time.time(),
                                            queues=("pi-jobs", "pi-jobs@hostA")))
-    page = operator
+    page = operator_page
     page.goto(f"{live_server.url}/admin/fleet/")
     page.wait_for_selector("#fleet-state")
 
@@ -138,9 +125,9 @@ def test_the_pause_dialog_fits_and_suggests_a_future_time_and_buttons_have_one_s
     shot(page, "pause-dialog")
 
 
-def test_start_a_runs_message_links_the_job(operator, live_server, settings):
+def test_start_a_runs_message_links_the_job(operator_page, live_server, settings):
     settings.GITHUB_TOKEN = "ghp-x"
-    page = operator
+    page = operator_page
     page.click("#link-start-run")
     page.wait_for_selector("#start-run")
     page.fill("#id_repository", "acme/web")

@@ -47,18 +47,6 @@ def github(fake_forge, tmp_path):
     return fake_forge
 
 
-@pytest.fixture
-def operator_page(live_server, browser_page):
-    User.objects.create_superuser("operator", password="a-long-test-password")
-    page = browser_page
-    page.goto(f"{live_server.url}/admin/")
-    page.fill("#id_username", "operator")
-    page.fill("#id_password", "a-long-test-password")
-    page.click("input[type=submit]")
-    page.wait_for_selector("#status-strip")
-    return page
-
-
 def phases_shown(page) -> list[str]:
     return page.eval_on_selector_all("#job-phases li[data-phase]", "items => items.map(item => item.dataset.phase)")
 

@@ -475,9 +475,10 @@ def _detach_if_gone() -> None:
 def test_processes(pytest_args: list[str]) -> int:
     """How many pytest processes share the run (pytest-xdist), each with services of its own. The suite
     mostly waits (on containers, workers, servers), so two processes on two cores take little more than
-    half the time. A run of named files or tests stays one process: starting more engines costs more than
-    it saves. Opt-in until a whole suite has run this way clean: PI_TEST_PROCESSES=auto or a number."""
-    wanted = os.environ.get("PI_TEST_PROCESSES", "1")
+    half the time (the whole suite took 21.5 min with two on a quiet two-core machine). A run of
+    named files or tests stays one process: starting more engines costs more than it saves. PI_TEST_PROCESSES=1
+    (or another number) overrides it."""
+    wanted = os.environ.get("PI_TEST_PROCESSES", "auto")
     if wanted != "auto":
         return max(1, int(wanted))
     if "-n" in pytest_args or any(arg.startswith(("-n", "--numprocesses")) for arg in pytest_args):

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from apps.fleet import registry
 from apps.receiver.models import Trigger
-from apps.worker.models import PauseWindow, ScopedLimit
+from apps.worker.models import PauseWindow, Run, ScopedLimit
 from tests.browser_support import screenshot
 from tests.conftest import ROOT
 
@@ -140,3 +140,52 @@ def test_start_a_runs_message_links_the_job(operator_page, live_server, settings
     page.click("#started-job")
     page.wait_for_selector("#changelist")
     assert f"job_id={job_id}" in page.url
+
+
+BUTTONS = ("#content .button, #content input[type=submit], #content input[type=button], #content a.button, "
+           "#content .actions button, #content .submit-row a.deletelink, #content .submit-row a.closelink")
+
+
+def button_heights(page) -> dict[int, list[str]]:
+    """Each visible button's height on the page, with what it says (to name the odd one out)."""
+    found: dict[int, list[str]] = {}
+    for button in page.locator(BUTTONS).all():
+        if (where := button.bounding_box()) is None:
+            continue  # hidden (a closed dialog's)
+        label = " ".join((button.text_content() or button.get_attribute("value") or "").split())
+        found.setdefault(round(where["height"]), []).append(label)
+    return found
+
+
+def test_every_pages_buttons_have_one_size(operator_page, live_server, label_trigger, redis_conn):
+    registry.publish(redis_conn, registry.HostFacts(name="hostA", declared=True, version="0.1.0", image="img"),
+                     registry.ProcessFacts(worker_name="w-hostA", pid=1, proc="x/y/1/1", started_at=time.time(),
+                                           queues=("pi-jobs", "pi-jobs@hostA")))
+    now = timezone.now()
+    run = Run.objects.create(job_id="gh-buttons-1", attempt=1, kind="github", target="acme/web#7",
+                             scope="github:acme/web", flow="fix-bug", host="hostA", queue="pi-jobs",
+                             trigger=label_trigger, trigger_type="label", started_at=now - timedelta(minutes=3),
+                             ended_at=now, outcome="failed", reason="runner-infra", turns=3, tokens_total=7440)
+    window = PauseWindow.objects.create(scope="*", starts="22:00", ends="06:00", days=["mon"])
+    page = operator_page
+    pages = {
+        "home": "/admin/", "runs": "/admin/worker/run/", "run": f"/admin/worker/run/{run.pk}/change/",
+        "triggers": "/admin/receiver/trigger/", "trigger": f"/admin/receiver/trigger/{label_trigger.pk}/change/",
+        "trigger-delete": f"/admin/receiver/trigger/{label_trigger.pk}/delete/",
+        "pause-window": f"/admin/worker/pausewindow/{window.pk}/change/", "settings": "/admin/worker/dispatchsettings/",
+        "start-run": "/admin/start-run/", "fleet": "/admin/fleet/", "costs": "/admin/insight/spend/",
+        "deliveries": "/admin/receiver/delivery/",
+    }
+    sizes: dict[int, list[str]] = {}
+    for name, path in pages.items():
+        page.goto(f"{live_server.url}{path}")
+        for height, labels in button_heights(page).items():
+            sizes.setdefault(height, []).extend(f"{name}: {label}" for label in labels)
+    assert len(sizes) == 1, sizes  # one height, whichever page
+    assert sum(len(labels) for labels in sizes.values()) >= 15  # the pages above have that many at least
+
+    # The changelist's toolbar lines up with its buttons.
+    page.goto(f"{live_server.url}/admin/worker/run/")
+    (height,) = sizes
+    assert round(box(page, "#searchbar")["height"]) == height
+    shot(page, "runs-list-buttons")

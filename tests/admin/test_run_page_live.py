@@ -136,8 +136,10 @@ def test_a_running_job_is_cancelled_from_its_page_and_the_page_shows_it_end(
 
 
 def test_a_published_run_shows_its_paths_commits_and_diff_beside_the_posted_summary(
-    operator_page, live_server, github, post_github, label_trigger, run_worker
+    operator_page, live_server, github, post_github, label_trigger, run_worker, settings
 ):
+    settings.GITHUB_API_URL = github.url  # the deployment's forge: every page's links are built from it
+    github.serve_pages()
     page = operator_page
     job_id = deliver(post_github, "d-diff-1", "fake-agent:run-script=edit.sh fake-agent:say-env=PI_FLOW")
     run_worker("pi-jobs", env_overrides=github.env)
@@ -165,6 +167,20 @@ def test_a_published_run_shows_its_paths_commits_and_diff_beside_the_posted_summ
     assert "-print('old line')" in diff and "+print('fixed')" in diff and "+# fake pi output" in diff
     assert "Posted on the forge" in page.text_content(".run-changes")
     shot(page, "run-changes")
+
+    # "Published to" leads to the pull request on the forge this deployment is configured with (here the
+    # stand-in, not github.com), and that page shows what a reviewer opens: title, branch, commits and the diff.
+    pull_page = f"{github.url}/acme/web/pull/{pull['number']}"
+    assert page.get_attribute(".field-publish_display a", "href") == pull_page
+    assert page.get_attribute(".field-target_display a", "href") == f"{github.url}/acme/web/issues/7"
+    page.click(".field-publish_display a")
+    page.wait_for_url(pull_page)
+    assert page.text_content("h1").strip().startswith(pull["title"])
+    assert pull["head"] in page.text_content(".meta")
+    assert branch_head[:12] in page.text_content("body")
+    shown = page.text_content("pre.diff")
+    assert "-print('old line')" in shown and "+print('fixed')" in shown
+    shot(page, "published-pull-request")
 
 
 def test_a_delivery_follows_its_job_to_the_end_and_they_link_both_ways(

@@ -218,12 +218,13 @@ def test_a_host_cut_off_rejoins_on_its_own_and_every_job_is_recorded_once(drill)
 
     hostA.cut()
     hostB.cut()
+    cut_at = time.monotonic()
     cancelled = drill.fleet_command("cancel", long_b, "--by", "drill")
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
-    time.sleep(30)
+    time.sleep(max(0.0, cut_at + 30 - time.monotonic()))
     hostA.restore()
     wait_for(lambda: final_runs([short_a]), timeout=90, what="hostA's job recorded after its return")
-    time.sleep(90)
+    time.sleep(max(0.0, cut_at + 120 - time.monotonic()))  # hostB's link down 120 s in all
     hostB.restore()
     wait_for(lambda: len(final_runs([short_b, long_b])) == 2, timeout=120, what="hostB's jobs recorded on its return")
 

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -91,6 +92,18 @@ def redis_conn():
     from apps.fleet.connection import get_redis
 
     return get_redis()
+
+
+@pytest.fixture(autouse=True)
+def _audit_rows_land_in_their_own_test():
+    """An operator action's audit row is written by a helper thread the action waits on for a few seconds at most
+    (apps/fleet/audit.py). Under load such a thread can outlive its test and write after the test's database was
+    reset: a row of the next test's. Each test waits for its own (a row its test's transaction blocks is refused by
+    the database's lock timeout, not written later)."""
+    yield
+    for thread in threading.enumerate():
+        if thread.name == "fleet-audit":
+            thread.join(timeout=30)
 
 
 @pytest.fixture(autouse=True)

@@ -473,11 +473,11 @@ def _detach_if_gone() -> None:
 
 
 def test_processes(pytest_args: list[str]) -> int:
-    """How many pytest processes share the run (pytest-xdist), each with services of its own: one more than
-    the cores, four at most. The suite mostly waits (on containers, workers, servers), so the cores stay busy
-    with one process more than they have (the whole suite on a quiet two-core machine: 20.7 min of pytest with
-    two processes, 17.3 with three). A run of named files or tests stays one process: starting more engines costs
-    more than it saves. PI_TEST_PROCESSES=1 (or another number) overrides it."""
+    """How many pytest processes share the run (pytest-xdist), each with services of its own: one per core, two
+    at least and four at most. The suite mostly waits (on containers, workers, servers): on a quiet two-core
+    machine the whole suite took 20.7 min of pytest with two processes and 18.8 with three, but only two have run
+    it clean every time, so two it is. A run of named files or tests stays one process: starting more engines
+    costs more than it saves. PI_TEST_PROCESSES=1 (or another number) overrides it."""
     wanted = os.environ.get("PI_TEST_PROCESSES", "auto")
     if wanted != "auto":
         return max(1, int(wanted))
@@ -486,7 +486,7 @@ def test_processes(pytest_args: list[str]) -> int:
     paths = [arg for arg in pytest_args if not arg.startswith("-") and (ROOT / arg.split("::")[0]).exists()]
     if paths and all("::" in arg or (ROOT / arg).is_file() for arg in paths):
         return 1
-    return min(4, (os.cpu_count() or 1) + 1)
+    return min(4, max(2, os.cpu_count() or 1))
 
 
 def start_test_services(stack: Stack, index: int, folders: Path) -> dict[str, str]:

@@ -1,13 +1,13 @@
 """How many pytest processes `make test` starts (devtools/stack.py): the whole suite or a folder shares one more than
-the cores (four at most), named files or tests run in one, and PI_TEST_PROCESSES overrides it."""
+one per core (two at least, four at most), named files or tests run in one, and PI_TEST_PROCESSES overrides it."""
 
 import pytest
 
 from devtools import stack
 
 
-@pytest.mark.parametrize("cores, processes", [(1, 2), (2, 3), (3, 4), (16, 4)])
-def test_a_whole_run_takes_one_more_process_than_the_cores(monkeypatch, cores, processes):
+@pytest.mark.parametrize("cores, processes", [(1, 2), (2, 2), (3, 3), (16, 4)])
+def test_a_whole_run_takes_a_process_per_core(monkeypatch, cores, processes):
     monkeypatch.delenv("PI_TEST_PROCESSES", raising=False)
     monkeypatch.setattr(stack.os, "cpu_count", lambda: cores)
     assert stack.test_processes([]) == processes

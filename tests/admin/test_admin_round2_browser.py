@@ -95,15 +95,20 @@ def test_breadcrumbs_say_each_step_once_and_the_settings_row_is_changed(operator
     shot(page, "settings-row")
 
 
+def a_live_host(redis_conn) -> None:
+    """hostA in the fleet's registry, serving the shared queue and its own (the fleet panel has buttons then)."""
+    registry.publish(redis_conn, registry.HostFacts(name="hostA", declared=True, version="0.1.0", image="img"),
+                     registry.ProcessFacts(worker_name="w-hostA", pid=1, proc="x/y/1/1", started_at=time.time(),
+                                           queues=("pi-jobs", "pi-jobs@hostA")))
+
+
 def box(page, selector: str) -> dict:
     return page.locator(selector).bounding_box()
 
 
 def test_the_pause_dialog_fits_and_suggests_a_future_time_and_buttons_have_one_size(
         operator_page, live_server, redis_conn):
-    registry.publish(redis_conn, registry.HostFacts(name="hostA", declared=True, version="0.1.0", image="img"),
-                     registry.ProcessFacts(worker_name="w-hostA", pid=1, proc="x/y/1/1", started_at=time.time(),
-                                           queues=("pi-jobs", "pi-jobs@hostA")))
+    a_live_host(redis_conn)
     page = operator_page
     page.goto(f"{live_server.url}/admin/fleet/")
     page.wait_for_selector("#fleet-state")
@@ -158,9 +163,7 @@ def button_heights(page) -> dict[int, list[str]]:
 
 
 def test_every_pages_buttons_have_one_size(operator_page, live_server, label_trigger, redis_conn):
-    registry.publish(redis_conn, registry.HostFacts(name="hostA", declared=True, version="0.1.0", image="img"),
-                     registry.ProcessFacts(worker_name="w-hostA", pid=1, proc="x/y/1/1", started_at=time.time(),
-                                           queues=("pi-jobs", "pi-jobs@hostA")))
+    a_live_host(redis_conn)
     now = timezone.now()
     run = Run.objects.create(job_id="gh-buttons-1", attempt=1, kind="github", target="acme/web#7",
                              scope="github:acme/web", flow="fix-bug", host="hostA", queue="pi-jobs",

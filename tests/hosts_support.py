@@ -138,6 +138,7 @@ class SupervisedWorker:
         self.starts = 0
         self._stopping = False
         self._log = open(host.folder / f"worker-{tag}.log", "a")  # noqa: SIM115 (every restart's log, kept open)
+        self.pid_file = host.folder / f"worker-{tag}.pid"  # its main process now, as systemd's MainPID
         self._start()
         threading.Thread(target=self._supervise, daemon=True).start()
 
@@ -148,6 +149,7 @@ class SupervisedWorker:
         self.process = subprocess.Popen(
             self.host.inside([sys.executable, "manage.py", "rqworker", *self.queues]), cwd=ROOT, env=self.env,
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.pid_file.write_text(f"{self.process.pid}\n")  # nsenter execs the worker: its pid is the worker's
 
     def _supervise(self):
         while not self._stopping:
@@ -254,6 +256,14 @@ class Host:
                                   tag or str(len(self.workers)))
         self.workers.append(worker)
         return worker
+
+    def restart_command(self) -> str:
+        """A shell command that restarts this host's workers the way their unit does (`systemctl restart`,
+        KillMode=mixed): SIGTERM to each worker's main process alone, never to its work horse, which finishes its
+        job in the worker's warm shutdown; the supervisor starts it again once it has exited. Never a pattern over
+        command lines: another test's worker (or this one's horse) can share those."""
+        files = " ".join(str(worker.pid_file) for worker in self.workers)
+        return f"for f in {files}; do kill -TERM \"$(cat \"$f\")\"; done"
 
     def kill_workers(self):
         for worker in self.workers:

@@ -97,15 +97,18 @@ def read_flags(redis) -> dict[str, DrainFlag]:
 
 @dataclass
 class DrainProgress:
-    """What a drained host still runs, as its workers last reported it."""
+    """What a drained host still runs, and which of its workers have not yet said they saw the drain, as its workers
+    last reported it. A worker says so before it takes another job, so one that took a job a moment before the drain
+    is either listed as running it or not yet settled: never missed (a restart then would kill that job)."""
 
     host: str
     running: list[str] = field(default_factory=list)
     known: bool = True  # the registry has the host (a host never seen cannot be said to be idle)
+    unsettled: list[str] = field(default_factory=list)  # its workers that have not yet seen the drain
 
     @property
     def idle(self) -> bool:
-        return self.known and not self.running
+        return self.known and not self.running and not self.unsettled
 
 
 def progress(redis, host: str) -> DrainProgress:
@@ -114,7 +117,9 @@ def progress(redis, host: str) -> DrainProgress:
         return DrainProgress(host, known=False)
     if row.liveness == registry.GONE:
         return DrainProgress(host)  # no process left: nothing runs there
-    return DrainProgress(host, running=sorted(job.job_id for job in row.running))
+    # A worker of the release before `drain_seen` (None) says only what it runs, as it always did.
+    unsettled = sorted(p.worker_name for p in row.processes if p.drain_seen is False and not p.job)
+    return DrainProgress(host, running=sorted(job.job_id for job in row.running), unsettled=unsettled)
 
 
 def wait_until_idle(redis, host: str, seconds: float, on_wait=None) -> DrainProgress:

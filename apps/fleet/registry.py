@@ -12,8 +12,9 @@ Redis keys (values are names, numbers and flags only: never paths, titles or log
                                              PI_CONCURRENCY, "" for none), beat_at; expires
     pidispatch:host:<name>:workers      SET  RQ worker names of the host's worker processes; expires
     pidispatch:worker:<rq worker name>  HASH one worker process: host, pid, proc (liveness identity), queues,
-                                             started_at, beat_at, and while busy job, job_started_at,
-                                             job_target, job_queue; expires
+                                             started_at, beat_at, drain_seen (1: it has seen its host's
+                                             drain and takes no job until it is lifted), and while busy job,
+                                             job_started_at, job_target, job_queue; expires
     pidispatch:host:<name>:card         HASH what the host declared (declared, capabilities), kept a day past its
                                              last beat: a dead host's capabilities still route work to its queue
                                              (routing.queue_for), where it waits for the host to return
@@ -87,6 +88,7 @@ class ProcessFacts:
     started_at: float
     queues: tuple[str, ...] = ()
     job: RunningJob | None = None
+    drain_seen: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,9 @@ class WorkerProcess:
     beat_at: float | None
     queues: tuple[str, ...]
     job: RunningJob | None
+    # Whether it has seen its host's drain (it takes no job until the drain is lifted); None: a worker of a release
+    # before this field, which says only what it runs.
+    drain_seen: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -161,6 +166,7 @@ def publish(redis, host: HostFacts, process: ProcessFacts, now: float | None = N
         "queues": ",".join(process.queues),
         "started_at": f"{process.started_at:.3f}",
         "beat_at": f"{now:.3f}",
+        "drain_seen": int(process.drain_seen),
     }
     if process.job:
         entry.update(job=process.job.job_id, job_started_at=f"{process.job.started_at:.3f}",
@@ -221,6 +227,7 @@ def _process(worker_name: str, raw: dict) -> WorkerProcess | None:
         worker_name=worker_name, host=host, pid=int(pid) if pid else None, proc=data.get("proc", ""),
         started_at=_number(data.get("started_at")), beat_at=_number(data.get("beat_at")),
         queues=_names(data.get("queues"), is_dispatch_queue), job=job,
+        drain_seen=data["drain_seen"] == "1" if "drain_seen" in data else None,
     )
 
 

@@ -44,6 +44,8 @@ def test_a_drained_host_finishes_its_job_and_takes_no_other_while_the_fleet_goes
     assert "still running on hostA: gh-drain-running" in drained.stdout
     assert "host hostA is idle" in drained.stdout and time.monotonic() - started < 60
     assert run_of("gh-drain-running").outcome == Outcome.COMPLETED  # it was let finish
+    assert [p.drain_seen for p in host_row(redis_conn, "hostA").processes] == [True]  # idle: its worker saw the drain
+    assert [p.drain_seen for p in host_row(redis_conn, "hostB").processes] == [False]
 
     for index in range(3):
         enqueue_spec(forge_spec(f"gh-drain-shared-{index}", number=10 + index), "pi-jobs")
@@ -63,6 +65,7 @@ def test_a_drained_host_finishes_its_job_and_takes_no_other_while_the_fleet_goes
     undrained = fleet_command("undrain", "--host", "hostA", "--by", "ops")
     assert undrained.returncode == 0 and "takes jobs again" in undrained.stdout
     assert wait_for(lambda: run_of("gh-drain-own"), timeout=60, what="its own job after the undrain").host == "hostA"
+    assert [p.drain_seen for p in host_row(redis_conn, "hostA").processes] == [False]
     assert list(FleetAction.objects.order_by("at").values_list("action", "actor")) == [("drain", "ops"),
                                                                                       ("undrain", "ops")]
 
@@ -74,6 +77,35 @@ def test_drain_wait_names_what_still_runs_when_its_time_is_up(two_hosts, fleet_c
     result = fleet_command("drain", "--host", "hostB", "--wait", "2")
     assert result.returncode == 1 and "host hostB still runs gh-drain-long after 2 s" in result.stderr
     assert drains.is_drained(redis_conn, "hostB")  # drained all the same: the job finishes, nothing new starts
+
+
+def test_drain_wait_waits_until_each_worker_has_seen_the_drain(redis_conn, fast_fleet):
+    """A worker that popped a job a moment before the drain has not yet said it runs it: the host is not idle until
+    that worker has said it saw the drain (a restart then would kill the job it is about to start)."""
+    from apps.fleet import registry
+
+    host = registry.HostFacts(name="hostA", declared=True, version="v", image="i")
+
+    def beat(worker_name, *, drain_seen=False, job=None):
+        registry.publish(redis_conn, host, registry.ProcessFacts(
+            worker_name=worker_name, pid=1, proc="p", started_at=time.time(), queues=("pi-jobs",), job=job,
+            drain_seen=drain_seen))
+
+    drains.drain(redis_conn, "hostA", by="ops")
+    beat("w1", drain_seen=True)
+    beat("w2")  # between its pop and its job's start: it says neither
+    now = drains.wait_until_idle(redis_conn, "hostA", 1)
+    assert not now.idle and now.running == [] and now.unsettled == ["w2"]
+
+    beat("w2", job=registry.RunningJob("gh-picked", time.time()))  # the job it took starts
+    assert drains.progress(redis_conn, "hostA").running == ["gh-picked"]
+    beat("w2", drain_seen=True)  # it ended, and the worker saw the drain before taking another
+    assert drains.wait_until_idle(redis_conn, "hostA", 5).idle
+
+    # A worker of the release before (no drain_seen in its entry) is judged by its running job alone, as it was.
+    beat("w3")
+    redis_conn.hdel(registry.worker_key("w3"), "drain_seen")
+    assert drains.progress(redis_conn, "hostA").idle
 
 
 def test_the_panel_and_the_api_drain_and_undrain_a_host(client, redis_conn, fast_fleet):

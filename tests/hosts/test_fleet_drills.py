@@ -388,27 +388,68 @@ def test_a_rolling_upgrade_of_one_host_loses_no_job(drill):
     load.start()
     try:
         time.sleep(5)
-        upgrade = subprocess.run(
-            ["contrib/upgrade.sh", "hostA"], cwd=ROOT, capture_output=True, text=True, timeout=600,
-            env=drill.host_env(hostA, **vaults["hostA"]) | {
-                "PI_UPGRADE_PYTHON": sys.executable, "PI_UPGRADE_INSTALL": "true", "PI_UPGRADE_SKIP_IMAGE": "1",
-                "PI_UPGRADE_DRAIN_WAIT": "120", "PI_UPGRADE_DOCTOR_WAIT": "120",
-                "PI_UPGRADE_RESTART": "pkill -TERM -f 'manage.py rqworker pi-jobs pi-jobs@hostA'"})
+        upgrade = Upgrade(drill.host_env(hostA, **vaults["hostA"]) | {
+            "PI_UPGRADE_PYTHON": sys.executable, "PI_UPGRADE_INSTALL": "true", "PI_UPGRADE_SKIP_IMAGE": "1",
+            "PI_UPGRADE_DRAIN_WAIT": "120", "PI_UPGRADE_DOCTOR_WAIT": "120",
+            "PI_UPGRADE_RESTART": hostA.restart_command()})
+        upgrade.run("hostA", timeout=600)
         time.sleep(8)
     finally:
         stop.set()
         load.join()
-    assert upgrade.returncode == 0, upgrade.stdout + upgrade.stderr
-    assert "==> hostA: upgraded" in upgrade.stdout
+    assert upgrade.returncode == 0, upgrade.output
+    assert "==> hostA: upgraded" in upgrade.output
     assert MigrationRecorder(connection()).migration_qs.filter(app="insight", name__startswith="0003").exists()
 
     wait_for(lambda: len(final_runs(jobs)) == len(jobs), timeout=180, what="every delivery's run")
     assert {job_id: runs for job_id, runs in final_runs(jobs).items() if runs != [("completed", "")]} == {}
-    assert not Run.objects.filter(job_id__in=jobs, reason="worker-lost").exists()
+    lost = Run.objects.filter(job_id__in=jobs, reason="worker-lost")
+    assert not lost.exists(), "jobs lost in the upgrade:\n" + "\n".join(upgrade.explain(run) for run in lost)
     ran_on = set(Run.objects.filter(job_id__in=jobs).values_list("host", flat=True))
     assert ran_on == {"hostA", "hostB"}  # hostA worked before and after its upgrade
     assert all(worker.starts >= 2 for worker in hostA.workers)  # restarted by the upgrade
     wait_for(lambda: not hostA.containers() and not hostB.containers(), timeout=30, what="no container left")
+
+
+class Upgrade:
+    """contrib/upgrade.sh as the operator runs it, each step's line timed as it is printed: a job lost in the upgrade
+    is then named with its host and the step the upgrade was at when the job started and when it was lost."""
+
+    def __init__(self, env: dict):
+        self.env = env
+        self.steps: list[tuple[float, str]] = []  # (wall time, the step's line)
+        self.output = ""
+        self.returncode: int | None = None
+
+    def run(self, host: str, timeout: float) -> None:
+        import subprocess
+
+        from tests.hosts_support import ROOT
+
+        deadline = time.monotonic() + timeout
+        process = subprocess.Popen(["contrib/upgrade.sh", host], cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+        killer = threading.Timer(timeout, process.kill)  # its own deadline: a hung step ends the drill, named
+        killer.start()
+        try:
+            for line in process.stdout:
+                self.output += line
+                if line.startswith("==> "):
+                    self.steps.append((time.time(), line[4:].strip()))
+            self.returncode = process.wait()
+        finally:
+            killer.cancel()
+        if time.monotonic() >= deadline:
+            self.output += f"\n(the upgrade was killed after {timeout:.0f} s)"
+
+    def step_at(self, instant) -> str:
+        at = instant.timestamp()
+        passed = [line for when, line in self.steps if when <= at]
+        return passed[-1] if passed else "before the upgrade began"
+
+    def explain(self, run) -> str:
+        return (f"  {run.job_id} attempt {run.attempt} on {run.host or 'no host'} ({run.queue}): started during "
+                f"'{self.step_at(run.started_at)}', recorded lost during '{self.step_at(run.ended_at)}'")
 
 
 def connection():

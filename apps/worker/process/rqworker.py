@@ -240,6 +240,7 @@ class DispatchWorker(Worker):
             logger.info("queue_%s queue=%s", "paused" if name in paused else "resumed", name)
         if drained != self._drained:
             logger.info("host_%s host=%s", "drained" if drained else "undrained", hosts.this_host().name)
+            self.presence.drain_changed(drained)
         self._paused, self._drained = paused, drained
         if drained:
             return []  # this host takes nothing from any queue; the rest of the fleet goes on

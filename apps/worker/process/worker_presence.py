@@ -42,11 +42,13 @@ class Presence:
         self.queues = tuple(worker.queue_names())
         self.started_at = time.time()
         self.job: registry.RunningJob | None = None
+        self.drain_seen = False
         self._reachable = True
 
     def process(self) -> registry.ProcessFacts:
         return registry.ProcessFacts(worker_name=self.worker_name, pid=os.getpid(), proc=registry.process_identity(),
-                                     started_at=self.started_at, queues=self.queues, job=self.job)
+                                     started_at=self.started_at, queues=self.queues, job=self.job,
+                                     drain_seen=self.drain_seen)
 
     def beat(self) -> None:
         """Never raises: a Redis blip must not stop the worker (the next beat repairs the row)."""
@@ -64,6 +66,12 @@ class Presence:
 
     def job_started(self, job, queue_name: str) -> None:
         self.job = registry.RunningJob(job_id=job.id, started_at=time.time(), target=job_target(job), queue=queue_name)
+        self.beat()
+
+    def drain_changed(self, drained: bool) -> None:
+        """Said at once, before the worker takes another job: `fleet drain --wait` calls the host idle only once each
+        of its workers has said it saw the drain (apps/fleet/drains.py), so a job taken just before can't be missed."""
+        self.drain_seen = drained
         self.beat()
 
     def job_ended(self) -> None:

@@ -141,17 +141,26 @@ class Command(BaseCommand):
         self.say_audit(drains.drain(redis, host, by=by, note=note))
         self.stdout.write(f"host {host} drained: its workers take no new job from any queue within a second; "
                           "the rest of the fleet goes on")
-        say = lambda now: self.stdout.write(f"  still running on {host}: {', '.join(now.running)}")  # noqa: E731
+        say = lambda now: self.stdout.write(  # noqa: E731
+            f"  still running on {host}: {', '.join(now.running)}" if now.running else f"  {host}: {self.busy(now)}")
         now = drains.wait_until_idle(redis, host, wait, on_wait=say) if wait else drains.progress(redis, host)
         if now.idle:
             return self.stdout.write(f"host {host} is idle: safe to stop, upgrade or restart its workers")
         if not now.known:
             raise CommandError(f"no worker host named {host} is in the registry (a typo? PI_WORKER_NAME on that "
                                "host says its name); it is marked drained all the same")
-        message = f"host {host} still runs {', '.join(now.running)}"
+        message = f"host {host} {self.busy(now)}"
         if wait:
             raise CommandError(f"{message} after {wait:g} s: wait longer, or cancel them (fleet cancel <job id>)")
         self.stdout.write(f"{message}: they finish first (fleet drain --host {host} --wait SECONDS waits for them)")
+
+    @staticmethod
+    def busy(now) -> str:
+        """What keeps a drained host from being idle: the jobs it runs, or workers that have not yet seen the drain
+        (each sees it within a second; one that took a job just before says it runs that job instead)."""
+        if now.running:
+            return f"still runs {', '.join(now.running)}"
+        return f"has {len(now.unsettled)} worker(s) that have not yet seen the drain"
 
     def say_audit(self, error: str):
         if error:

@@ -269,6 +269,60 @@ def start_redis(data_dir: Path, port: int, persistent: bool, started=None, bind:
     return service
 
 
+# --- PostgreSQL --------------------------------------------------------------------------------------
+
+def postgres_binaries() -> Path:
+    """The newest installed PostgreSQL's bin folder (Debian keeps them off PATH), installing it when none is."""
+    def newest() -> Path | None:
+        found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]))
+        return found[-1].parent if found else None
+
+    if newest() is None:
+        install_package("postgresql")
+    if newest() is None:
+        raise SetupError("postgresql is installed but no initdb is under /usr/lib/postgresql.")
+    return newest()
+
+
+def start_postgres(data_dir: Path, port: int, started=None) -> Service:
+    """A private PostgreSQL on 127.0.0.1:`port`, its cluster in `data_dir` (made here, as the `postgres` user,
+    trusting local connections, without fsync: a test database, thrown away with its folder)."""
+    binaries = postgres_binaries()
+    data_dir.mkdir(parents=True)
+    shutil.chown(data_dir, "postgres")
+    as_postgres = ["runuser", "-u", "postgres", "--"]
+    initdb = subprocess.run([*as_postgres, str(binaries / "initdb"), "-D", str(data_dir / "data"), "-A", "trust",
+                             "-U", "postgres"], capture_output=True, text=True)
+    if initdb.returncode != 0:
+        raise SetupError(f"initdb failed: {initdb.stderr.strip()[-500:]}")
+    log = data_dir / "postgres.log"
+    log.touch()
+    shutil.chown(log, "postgres")
+    command = [*as_postgres, str(binaries / "postgres"), "-D", str(data_dir / "data"), "-p", str(port),
+               "-k", str(data_dir), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
+               "-c", "full_page_writes=off", "-c", "max_connections=200"]
+    url = f"postgres://postgres@127.0.0.1:{port}/pidispatch"
+    # SIGINT: PostgreSQL's fast shutdown (its sessions are ended, not waited for).
+    service = Service("postgresql", spawn(command, log=log), stop_signal=signal.SIGINT, env={"DATABASE_URL": url})
+    if started:
+        started(service)
+    wait_until(lambda: _postgres_answers(port) or service.process.poll() is not None, 60, "postgres", log)
+    if service.process.poll() is not None:
+        raise SetupError(f"postgres exited with code {service.process.returncode}. See {log}.")
+    return service
+
+
+def _postgres_answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            pass
+    except OSError:
+        return False
+    ready = subprocess.run(["runuser", "-u", "postgres", "--", str(postgres_binaries() / "pg_isready"), "-h",
+                            "127.0.0.1", "-p", str(port)], capture_output=True)
+    return ready.returncode == 0
+
+
 # --- Docker ------------------------------------------------------------------------------------------
 
 def docker_answers(docker_host: str | None) -> bool:

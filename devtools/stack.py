@@ -1,12 +1,14 @@
 """`make run` and `make test`: bring the services up, do the work, and leave nothing running.
 
     python -m devtools.stack run     # the whole platform plus one demo delivery, until Ctrl-C
-    python -m devtools.stack test -- [pytest args]
+    python -m devtools.stack test [--db postgres] -- [pytest args]
+    python -m devtools.stack check -- [pytest args]   # the service-free tests, no service started
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import hmac
 import json
@@ -15,7 +17,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from pidispatch_site import dev_env
 
-from . import fake_forge, jobimage, scripted_provider, services
+from . import fake_forge, jobimage, scripted_provider, services, test_runs
 from .services import ROOT, Service, SetupError, say
 
 VAR = Path(os.environ.get("PI_VAR_DIR") or ROOT / "var").resolve()  # where settings keep it too
@@ -509,41 +510,102 @@ def start_test_services(stack: Stack, index: int, folders: Path) -> dict[str, st
             "PI_REAL_JOB_IMAGE": real_image, "PI_LOCAL_ROOTS": str(local_root)}
 
 
+PYTEST_STOP_SECONDS = 12  # after a stop signal, pytest's own teardown (its fixtures stop what the tests started)
+
+
 def run_tests(args) -> int:
+    """The suite against private services. A stop signal (Ctrl-C, SIGTERM, SIGHUP) interrupts pytest, lets its
+    teardown run for a few seconds, then stops whatever carries this run's mark and the services: nothing of the run
+    is left within 30 s. A run killed outright leaves its folder and processes, which the next run clears first."""
+    test_runs.clear_killed_runs(say)
     stack = Stack()
+    stop_signals = StopSignals()
+    run = test_runs.TestRun()
+    pytest_process: subprocess.Popen | None = None
     processes = test_processes(args.pytest_args)
     try:
-        with tempfile.TemporaryDirectory(prefix="pidispatch-test-") as folders:
-            Path(folders).chmod(0o755)
-            each = [start_test_services(stack, index, Path(folders)) for index in range(processes)]
-            stack.docker_host = each[0]["DOCKER_HOST"]
-            services.ensure_package("git", "git")
-            services.ensure_package("node", "nodejs")  # the image runner's tests run it on the host
-            services.ensure_package("chromium", "chromium")  # the fleet panel's browser test
+        stop_signals.install()
+        database = {}
+        if args.db == "postgres":
+            port = services.free_port()
+            say(f"starting a private PostgreSQL for the tests on 127.0.0.1:{port}")
+            database = services.start_postgres(run.folder / "postgres", port, started=stack.add).env
+        each = [start_test_services(stack, index, run.folder) for index in range(processes)]
+        stack.docker_host = each[0]["DOCKER_HOST"]
+        services.ensure_package("git", "git")
+        services.ensure_package("node", "nodejs")  # the image runner's tests run it on the host
+        services.ensure_package("chromium", "chromium")  # the fleet panel's browser test
 
-            env = {
-                **os.environ,
-                **each[0],
-                "PI_JOB_IMAGE": services.DEMO_IMAGE,
-                # devtools/test_processes.py gives each pytest-xdist process its own set of these.
-                "PIDISPATCH_TEST_SERVICES": json.dumps(each),
-                # No connection may outlive a test's thread (live servers), or the test database cannot be dropped.
-                "DATABASE_CONN_MAX_AGE": "0",
-                "PIDISPATCH_TEST_STACK": "1",
-            }
-            parallel = ["-n", str(processes), "--dist", "loadfile"] if processes > 1 else []
-            command = [sys.executable, "-m", "pytest", "-p", "devtools.test_processes", *parallel,
-                       *args.pytest_args]
-            say(" ".join(command[1:]))
-            code = subprocess.run(command, env=env, cwd=ROOT).returncode
-            if code == 5:
-                say("pytest collected no tests: that is a failure, not a pass")
-                return 1
-            return code
-    except KeyboardInterrupt:
-        return 130
+        env = {
+            **os.environ,
+            **database,
+            **each[0],
+            "PI_JOB_IMAGE": services.DEMO_IMAGE,
+            # devtools/test_processes.py gives each pytest-xdist process its own set of these.
+            "PIDISPATCH_TEST_SERVICES": json.dumps(each),
+            # No connection may outlive a test's thread (live servers), or the test database cannot be dropped.
+            "DATABASE_CONN_MAX_AGE": "0",
+            "PIDISPATCH_TEST_STACK": "1",
+        }
+        parallel = ["-n", str(processes), "--dist", "loadfile"] if processes > 1 else []
+        if args.db == "postgres" and not _selects_marks(args.pytest_args):
+            parallel += ["-m", "database"]  # what PostgreSQL answers differently, and the fleet drills
+        # Every test's tmp_path inside the run's folder: what a test starts there is the run's (test_runs.py).
+        command = [sys.executable, "-m", "pytest", "-p", "devtools.test_processes", f"--basetemp={run.folder / 't'}",
+                   *parallel, *args.pytest_args]
+        say(" ".join(command[1:]))
+        # Its own session: a stop signal reaches it from here, once, as an interrupt its teardown answers.
+        pytest_process = subprocess.Popen(command, env=env, cwd=ROOT, start_new_session=True)
+        code = pytest_process.wait()
+        if code == 5:
+            say("pytest collected no tests: that is a failure, not a pass")
+            return 1
+        return code
+    except Stop as stop:
+        _quietly(say, f"{stop} received: stopping the tests and what they started")
+        return 128 + getattr(signal, stop.args[0]).value
     finally:
+        _stop_pytest(pytest_process)
+        services_groups = {service.process.pid for service in stack.services if service.process is not None}
+        test_runs.stop_processes(run.processes(except_groups=services_groups), grace=5)  # what the tests started
         stack.stop()
+        test_runs.stop_processes(run.processes(), grace=5)  # and whatever the services left (a containerd)
+        run.remove_folder()
+
+
+def _selects_marks(pytest_args: list[str]) -> bool:
+    return any(arg == "-m" or arg.startswith("-m") and not arg.startswith("--") for arg in pytest_args)
+
+
+def _stop_pytest(process: subprocess.Popen | None) -> None:
+    if process is None or process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGINT)  # pytest and its xdist processes: KeyboardInterrupt, then teardown
+    try:
+        process.wait(PYTEST_STOP_SECONDS)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+
+
+# Where the service-free tests would find services, if one of them reached for one: nothing listens there, so such a
+# test fails at once, saying what it reached for (and belongs out of SERVICE_FREE in tests/conftest.py).
+NO_SERVICES = {"REDIS_URL": "redis://127.0.0.1:1/0", "DOCKER_HOST": "unix:///nonexistent/docker.sock",
+               "PIDISPATCH_TEST_STACK": "1", "PIDISPATCH_SERVICE_FREE": "1"}
+
+
+def run_check(args) -> int:
+    """`make check`: the tests that need no service (marker `service_free`), with no Redis, engine or browser
+    started: a loop of a minute or two for the code most changes touch."""
+    command = [sys.executable, "-m", "pytest", "-m", "service_free", "-q", *args.pytest_args]
+    say(" ".join(command[1:]))
+    code = subprocess.run(command, env={**os.environ, **NO_SERVICES}, cwd=ROOT).returncode
+    if code == 5:
+        say("pytest collected no tests: that is a failure, not a pass")
+        return 1
+    return code
 
 
 def main(argv=None) -> int:
@@ -551,11 +613,16 @@ def main(argv=None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("run", help="run the platform and one demo delivery until Ctrl-C")
     test = commands.add_parser("test", help="run the test suite against a private Redis and Docker engine")
+    test.add_argument("--db", choices=("sqlite", "postgres"), default="sqlite",
+                      help="postgres: a private PostgreSQL, and (unless -m is given) only the tests marked "
+                           "`database`: those it answers differently, and the fleet drills")
     test.add_argument("pytest_args", nargs=argparse.REMAINDER)
+    check = commands.add_parser("check", help="run the tests that need no service, starting none")
+    check.add_argument("pytest_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    if args.command == "test" and args.pytest_args[:1] == ["--"]:
+    if args.command in ("test", "check") and args.pytest_args[:1] == ["--"]:
         args.pytest_args = args.pytest_args[1:]
-    return run_platform(args) if args.command == "run" else run_tests(args)
+    return {"run": run_platform, "test": run_tests, "check": run_check}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -64,11 +64,36 @@ DATABASE_SENSITIVE = {
 }
 
 
+# The modules that need no service `make test` starts (no Redis, Docker engine, PostgreSQL or browser; in-process
+# stand-ins, SQLite and local git are theirs): parsing, validation, scopes, settings, forms, the forge clients, the
+# admin's and the API's pages, the suite's own bookkeeping. `make check` runs them alone, with nothing started, in
+# a minute or two; there Redis and Docker point where nothing listens, so a test that reaches for them fails at once.
+SERVICE_FREE = {
+    "tests/admin/test_admin.py", "tests/admin/test_admin_permissions.py", "tests/admin/test_admin_projects.py",
+    "tests/admin/test_admin_runs.py", "tests/admin/test_admin_triggers.py",
+    "tests/api/test_api_numbers.py",
+    "tests/receiver/test_forge_clients.py", "tests/receiver/test_forge_credentials.py",
+    "tests/receiver/test_receiver_properties.py", "tests/receiver/test_receiver_triggers.py",
+    "tests/receiver/test_receiver_verification.py", "tests/receiver/test_rowwrites.py",
+    "tests/receiver/test_trigger_overlay_backend.py",
+    "tests/site/test_ci_failures.py", "tests/site/test_config_corpus.py", "tests/site/test_config_files.py",
+    "tests/site/test_deploy_settings.py", "tests/site/test_forge_registry.py", "tests/site/test_rolling_upgrade.py",
+    "tests/site/test_suite_parts.py", "tests/site/test_suite_processes.py",
+    "tests/worker/test_egress_proxy.py", "tests/worker/test_egress_settings.py", "tests/worker/test_exitline.py",
+    "tests/worker/test_forge_comments.py", "tests/worker/test_forge_pulls.py", "tests/worker/test_forge_workspace.py",
+    "tests/worker/test_publish_hostile_repo.py", "tests/worker/test_publish_work.py",
+    "tests/worker/test_publishing.py", "tests/worker/test_runner.py", "tests/worker/test_scrubbing.py",
+    "tests/worker/test_worker_bounds.py",
+}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         path = item.path.relative_to(ROOT).as_posix()
         if path in DATABASE_SENSITIVE or path.startswith("tests/hosts/"):
             item.add_marker(pytest.mark.database)
+        if path in SERVICE_FREE:
+            item.add_marker(pytest.mark.service_free)
 
 
 def pytest_configure(config):
@@ -108,10 +133,11 @@ def _audit_rows_land_in_their_own_test():
 
 @pytest.fixture(autouse=True)
 def _empty_redis():
-    """The tests' Redis is private to this run, so each test may start from an empty one."""
-    from apps.fleet.connection import get_redis
+    """The tests' Redis is private to this run, so each test may start from an empty one (`make check` has none)."""
+    if not os.environ.get("PIDISPATCH_SERVICE_FREE"):
+        from apps.fleet.connection import get_redis
 
-    get_redis().flushdb()
+        get_redis().flushdb()
     yield
 
 
@@ -219,6 +245,13 @@ def wait_for(predicate, timeout=30.0, interval=0.1, what="condition"):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def joined(thread: threading.Thread, timeout: float, what: str) -> None:
+    """Join a test's helper thread within a deadline, naming it if it is still running then."""
+    thread.join(timeout)
+    if thread.is_alive():
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 # --- Fleet and worker-process fixtures ---------------------------------------------------------------

@@ -71,7 +71,7 @@ def why_not() -> str:
         return "the fleet drills need root (network namespaces, veth links, a Docker engine per host)"
     if connection.vendor != "postgresql":
         return ("the fleet drills run on PostgreSQL, the database of a multi-host deployment (.ci/run's second "
-                "pass: DATABASE_URL=postgres://... make test)")
+                "pass: make test DB=postgres)")
     for binary in ("ip", "nsenter", "dockerd"):
         if shutil.which(binary) is None:
             return f"the fleet drills need `{binary}` on this machine"

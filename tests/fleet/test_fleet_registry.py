@@ -89,7 +89,7 @@ def test_a_worker_process_on_this_machine_is_dead_once_its_pid_is(redis_conn):
                                    queues=(), job=None)
     assert registry.process_alive(entry)
     child.kill()
-    child.wait()
+    child.wait(30)
     assert not registry.process_alive(entry)
     elsewhere = registry.WorkerProcess(worker_name="w2", host="hostB", pid=child.pid, proc="other-boot/pid:[1]/7/99",
                                        started_at=None, beat_at=None, queues=(), job=None)

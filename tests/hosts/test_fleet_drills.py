@@ -14,10 +14,12 @@ import pytest
 
 from apps.receiver.models import Trigger
 from apps.worker.models import Outcome, Run, ScopedLimit
-from tests.conftest import wait_for
+from tests.conftest import joined, wait_for
 from tests.process_support import ContainerLifetimes
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# The cut-off drill keeps a host's link down 120 s by design and took 172 s in all beside the rest of the PostgreSQL
+# part; the first drill also starts the fleet (three engines): 600 s each.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(600)]
 
 
 @pytest.fixture
@@ -261,7 +263,7 @@ def test_redis_restarted_under_running_jobs_loses_nothing(drill):
     outage.start()
     time.sleep(2)
     during = [drill.deliver("acme/web", number, labels=("pi",), body="fake-agent:sleep=1") for number in (31, 32)]
-    outage.join()
+    joined(outage, 120, "Redis to be restarted")
 
     assert len(during) == 2  # answered (kept in the inbox when they could not be queued)
 
@@ -396,7 +398,7 @@ def test_a_rolling_upgrade_of_one_host_loses_no_job(drill):
         time.sleep(8)
     finally:
         stop.set()
-        load.join()
+        joined(load, 60, "the last delivery of the load")
     assert upgrade.returncode == 0, upgrade.output
     assert "==> hostA: upgraded" in upgrade.output
     assert MigrationRecorder(connection()).migration_qs.filter(app="insight", name__startswith="0003").exists()

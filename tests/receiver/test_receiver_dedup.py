@@ -175,7 +175,7 @@ def test_concurrent_redeliveries_of_one_delivery_make_exactly_one_job(forges, re
     rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
     body = dumps(labelled())
     headers = github_headers(body, "issues", "d-race")
-    answers, barrier = [], threading.Barrier(8)
+    answers, barrier = [], threading.Barrier(8, timeout=60)
 
     def deliver():
         barrier.wait()
@@ -206,7 +206,7 @@ def test_concurrent_different_deliveries_for_one_target_make_one_job(forges, red
 
     rule(position=0, kind="github", on_type="label", label_any=["pi"], flow="fix-bug")
     body = dumps(labelled())
-    barrier = threading.Barrier(6)
+    barrier = threading.Barrier(6, timeout=60)
     answers = []
 
     def deliver(i):

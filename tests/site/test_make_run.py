@@ -270,7 +270,7 @@ def test_settings_read_the_addresses_only_while_their_make_run_lives(tmp_path):
         assert settings_redis_url(var, REDIS_URL="redis://10.0.0.9:6379/0") == "redis://10.0.0.9:6379/0"
     finally:
         stand_in.kill()
-        stand_in.wait()
+        stand_in.wait(30)
     # Gone (killed without its cleanup): its address is ignored, the default applies.
     assert settings_redis_url(var) == "redis://127.0.0.1:6379/0"
 

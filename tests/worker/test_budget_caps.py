@@ -10,6 +10,7 @@ import pytest
 from apps.worker.gates import budget
 from apps.worker.gates.runtime_settings import current
 from apps.worker.models import DispatchSettings, Outcome, Run, ScopedLimit
+from tests.conftest import joined
 from tests.jobspecs import enqueue_spec, forge_spec
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -37,7 +38,7 @@ def test_twenty_threads_racing_a_cap_of_five_get_exactly_five(redis_conn, settin
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join()
+        joined(thread, 60, "a reservation racing the others")
 
     assert results.count("ok") == 5 and results.count("over-budget") == 15
     assert int(redis_conn.get(budget.window_keys("all", NOW)["day"])) == 20  # refusals still count

@@ -10,7 +10,7 @@ import pytest
 
 from apps.worker.models import Outcome, Run
 from apps.worker.sandbox.folder_forge import repository_address
-from tests.conftest import FORGE_TOKEN_NAMES
+from tests.conftest import FORGE_TOKEN_NAMES, joined
 from tests.jobspecs import enqueue_spec, local_spec
 from tests.local_repos import OWNER
 from tests.worker.test_worker_forge_jobs import PAT, container_env_while_running, github  # noqa: F401 (fixture)
@@ -44,7 +44,7 @@ def test_a_cron_jobs_work_is_published_to_its_folders_github_repository(github, 
     watcher = container_env_while_running(job_id, seen)
 
     run_worker("pi-jobs", env_overrides=github.env)
-    watcher.join()
+    joined(watcher, 100, "the container watcher")
 
     run = Run.objects.get(job_id=job_id)
     assert (run.outcome, run.reason, run.publish_outcome) == (Outcome.COMPLETED, "", "published"), run.reason

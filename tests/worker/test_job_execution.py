@@ -11,7 +11,7 @@ import pytest
 from rq import Queue
 
 from apps.worker.models import Outcome, Run
-from tests.conftest import CONTAINER_ENV, SHELL_OWN_ENV, wait_for
+from tests.conftest import CONTAINER_ENV, SHELL_OWN_ENV, joined, wait_for
 from tests.receiver_support import deliver
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
@@ -73,7 +73,7 @@ def test_the_container_is_locked_down(post_github, label_trigger, run_worker, se
     watcher = threading.Thread(target=inspect_while_running)
     watcher.start()
     run_worker("pi-jobs", env_overrides={"LEAK_CANARY": "from-the-worker"})
-    watcher.join()
+    joined(watcher, 100, "the container watcher")
 
     host_config, config = seen["attrs"]["HostConfig"], seen["attrs"]["Config"]
     assert host_config["CapDrop"] == ["ALL"]

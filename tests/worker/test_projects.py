@@ -14,7 +14,7 @@ from apps.worker.gates import budget, runtime_settings
 from apps.worker.gates.ladder import job_models
 from apps.worker.models import Outcome, Project, Run, ScopedLimit
 from apps.worker.sandbox import providers
-from tests.conftest import wait_for
+from tests.conftest import joined, wait_for
 from tests.jobspecs import enqueue_spec, forge_spec, local_spec
 from tests.process_support import ContainerLifetimes, assert_no_overlap
 
@@ -138,7 +138,7 @@ def test_a_projects_dollar_window_refuses_the_second_job_and_its_size_reaches_th
         watcher.start()
     run_worker("pi-jobs", env_overrides={"PI_MAX_COST_USD": "1"})
     for watcher in watchers:
-        watcher.join()
+        joined(watcher, 100, "the container watchers")
 
     ran, refused, other = (Run.objects.get(job_id=job_id) for job_id in (first, second, outside))
     assert (ran.outcome, ran.project, ran.dollars_reserved) == (Outcome.COMPLETED, "storefront", Decimal("1"))

@@ -17,7 +17,7 @@ import pytest
 
 from apps.worker.models import Outcome, Run
 from devtools.scripted_provider import ScriptedProvider, Status, Text, ToolCall
-from tests.conftest import FORGE_TOKEN_NAMES, ROOT, github_payload, wait_for
+from tests.conftest import FORGE_TOKEN_NAMES, ROOT, github_payload, joined, wait_for
 from tests.egress_support import Listener
 from tests.local_repos import local_root
 
@@ -74,7 +74,7 @@ def test_a_labelled_issue_is_worked_on_by_the_real_pi_and_becomes_a_pull_request
     watcher = threading.Thread(target=inspect_while_running)
     watcher.start()
     run_worker("pi-jobs", env_overrides=real_pi, timeout=240)
-    watcher.join()
+    joined(watcher, 100, "the container watcher")
 
     run = Run.objects.get(job_id=job_id)
     assert (run.outcome, run.reason, run.exit_code) == (Outcome.COMPLETED, "", 0), run.reason

@@ -19,7 +19,7 @@ from rq import Queue
 
 from apps.worker.forges import comments
 from apps.worker.models import Outcome, Run
-from tests.conftest import CONTAINER_ENV, FORGE_TOKEN_NAMES, SHELL_OWN_ENV, wait_for
+from tests.conftest import CONTAINER_ENV, FORGE_TOKEN_NAMES, SHELL_OWN_ENV, joined, wait_for
 from tests.receiver_support import basic, commit_files, deliver, make_repository, prune_unreachable
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
@@ -78,7 +78,7 @@ def test_a_labelled_issue_runs_on_a_clone_of_the_default_branch_with_its_token(
     watcher = container_env_while_running(job_id, seen)
 
     run_worker("pi-jobs", env_overrides={**github.env, "LEAK_CANARY": "from-the-worker"})
-    watcher.join()
+    joined(watcher, 100, "the container watcher")
 
     run = Run.objects.get(job_id=job_id)
     assert (run.outcome, run.reason, run.attempt) == (Outcome.COMPLETED, "", 1)
@@ -116,7 +116,7 @@ def test_a_github_app_job_gets_a_fresh_repository_token_that_is_revoked_after(
 
     run_worker("pi-jobs", env_overrides={"GITHUB_API_URL": github.url, "GITHUB_TOKEN": "", "GITHUB_APP_ID": "4242",
                                          "GITHUB_APP_INSTALLATION_ID": "99", "GITHUB_APP_PRIVATE_KEY": pem})
-    watcher.join()
+    joined(watcher, 100, "the container watcher")
 
     assert Run.objects.get(job_id=job_id).outcome == Outcome.COMPLETED
     assert github.minted == [{"token": "ghs_e2e-1", "repositories": ["acme/web"], "permissions": {

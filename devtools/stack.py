@@ -565,6 +565,8 @@ def run_tests(args) -> int:
         _quietly(say, f"{stop} received: stopping the tests and what they started")
         return 128 + getattr(signal, stop.args[0]).value
     finally:
+        for number in STOP_SIGNALS:  # stopping now (a signal during the cleanup must not cut it short)
+            signal.signal(number, _ignore_signal)
         _stop_pytest(pytest_process)
         services_groups = {service.process.pid for service in stack.services if service.process is not None}
         test_runs.stop_processes(run.processes(except_groups=services_groups), grace=5)  # what the tests started

@@ -1,10 +1,11 @@
 """What one `make test` owns, so that a stop signal stops all of it and a later run clears what a killed one left.
 
-A run owns its folder (`<tmp>/pidispatch-test-XXXX/`, named by its `stack` file: the stack process's pid and start
-time) and every process that carries its mark: those that inherit PIDISPATCH_TEST_RUN=<its id> in their environment
-(pytest, its xdist processes, the workers and servers the tests start, dockerd and its containerd) and those working
-inside its folder (redis-server overwrites its environment with its title, but it works in its data folder, and every
-test's tmp_path lies in the run's folder too). A process of another run, or of nothing of ours, is never touched.
+A run owns its folder (`<tmp>/pidispatch-test-XXXX/`, named by its `stack` file: the stack process's identity, as
+the host registry tells processes apart) and every process that carries its mark: those that inherit
+PIDISPATCH_TEST_RUN=<its id> in their environment (pytest, its xdist processes, the workers and servers the tests
+start, dockerd and its containerd) and those working inside its folder (redis-server overwrites its environment
+with its title, but it works in its data folder, and every test's tmp_path lies in the run's folder too). A
+process of another run, or of nothing of ours, is never touched.
 """
 
 from __future__ import annotations
@@ -18,29 +19,27 @@ import tempfile
 import time
 from pathlib import Path
 
+from apps.fleet.registry import process_identity
+
 MARK = "PIDISPATCH_TEST_RUN"
 PREFIX = "pidispatch-test-"
 
 
-def identity(pid: int) -> str | None:
-    """`<pid>:<start time in clock ticks>`: a pid the kernel gives to another process later is another identity."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return f"{pid}:{fields[19]}"  # the 22nd field of stat, the 20th after the command's name
-
-
 def alive(run_id: str) -> bool:
-    pid = int(run_id.split(":", 1)[0]) if run_id.split(":", 1)[0].isdigit() else 0
-    return pid > 0 and identity(pid) == run_id
+    """Whether the stack process that wrote `run_id` (its registry.process_identity) still runs."""
+    return process_identity(stack_pid(run_id)) == run_id if stack_pid(run_id) else False
+
+
+def stack_pid(run_id: str) -> int:
+    pid = run_id.rsplit("/", 2)[-2] if run_id.count("/") >= 2 else ""
+    return int(pid) if pid.isdigit() else 0
 
 
 class TestRun:
     """This run: its folder, and its mark in this process's environment (inherited by everything it starts)."""
 
     def __init__(self):
-        self.id = identity(os.getpid())
+        self.id = process_identity()
         self.folder = Path(tempfile.mkdtemp(prefix=PREFIX))
         self.folder.chmod(0o755)
         (self.folder / "stack").write_text(self.id)
@@ -55,7 +54,7 @@ class TestRun:
 
 
 def owned_processes(run_id: str, folder: Path) -> list[int]:
-    """Every process carrying the run's mark, but this one."""
+    """Every process carrying the run's mark or working inside its folder, but this one."""
     mark = f"{MARK}={run_id}".encode()
     me, found = os.getpid(), []
     for entry in Path("/proc").iterdir():

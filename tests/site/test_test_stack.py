@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -48,10 +49,10 @@ class NestedRun:
     def identity(self) -> tuple[str, Path]:
         """The run's id and folder, from the folder's `stack` file."""
         def found():
-            for stack_file in Path("/tmp").glob(f"{test_runs.PREFIX}*/stack"):
-                text = stack_file.read_text()
-                if text.startswith(f"{self.process.pid}:"):
-                    return text, stack_file.parent
+            for stack_file in Path(tempfile.gettempdir()).glob(f"{test_runs.PREFIX}*/stack"):
+                run_id = stack_file.read_text()
+                if test_runs.stack_pid(run_id) == self.process.pid:
+                    return run_id, stack_file.parent
             return None
 
         return wait_for(found, timeout=60, what="the nested run's folder")

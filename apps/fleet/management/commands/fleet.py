@@ -152,7 +152,8 @@ class Command(BaseCommand):
         message = f"host {host} {self.busy(now)}"
         if wait:
             raise CommandError(f"{message} after {wait:g} s: wait longer, or cancel them (fleet cancel <job id>)")
-        self.stdout.write(f"{message}: they finish first (fleet drain --host {host} --wait SECONDS waits for them)")
+        then = "they finish first" if now.running else "each sees it within a second"
+        self.stdout.write(f"{message}: {then} (fleet drain --host {host} --wait SECONDS waits for them)")
 
     @staticmethod
     def busy(now) -> str:

@@ -491,13 +491,15 @@ def test_processes(pytest_args: list[str]) -> int:
 
 
 def start_test_services(stack: Stack, index: int, folders: Path) -> dict[str, str]:
-    """One private redis-server, Docker engine (holding both job images) and local-folder root: what one
-    pytest process's tests may flush, reap and fill without touching another's."""
+    """One private redis-server, Docker engine (holding both job images), local-folder and skills-folder roots:
+    what one pytest process's tests may flush, reap and fill without touching another's."""
     suffix = f"-{index}" if index else ""
     redis_dir, local_root = folders / f"redis{suffix}", folders / f"local-folders{suffix}"
+    skills_root = folders / f"skills-folders{suffix}"
     redis_dir.mkdir()
-    local_root.mkdir()
-    local_root.chmod(0o755)  # the test repositories' owner (a uid of its own) passes through it
+    for root in (local_root, skills_root):
+        root.mkdir()
+        root.chmod(0o755)  # the test repositories' owner (a uid of its own) passes through it
     port = services.free_port()
     say(f"starting a private redis-server for the tests on 127.0.0.1:{port}")
     redis_service = services.start_redis(redis_dir, port, persistent=False, started=stack.add)
@@ -507,7 +509,7 @@ def start_test_services(stack: Stack, index: int, folders: Path) -> dict[str, st
     # The production image, for the tests where the real pi matters (built once, cached by its inputs).
     real_image = jobimage.ensure_image(docker_host, jobimage.DEFAULT_TAG)
     return {"REDIS_URL": redis_service.env["REDIS_URL"], "DOCKER_HOST": docker_host,
-            "PI_REAL_JOB_IMAGE": real_image, "PI_LOCAL_ROOTS": str(local_root)}
+            "PI_REAL_JOB_IMAGE": real_image, "PI_LOCAL_ROOTS": str(local_root), "PI_SKILLS_ROOTS": str(skills_root)}
 
 
 PYTEST_STOP_SECONDS = 12  # after a stop signal, pytest's own teardown (its fixtures stop what the tests started)

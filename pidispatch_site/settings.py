@@ -19,9 +19,10 @@ from pidispatch_site.sqlite_file import prepare_database_file
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
-# Folder runs' roots come from the real environment only, never `.env` or var/dev.env (read below): a folder run may
-# rewrite any file under its folder (apps/worker/sandbox/folder_roots.py).
-_LOCAL_ROOTS_FROM_ENVIRONMENT = os.environ.get("PI_LOCAL_ROOTS")
+# Folder runs' and skills folders' roots come from the real environment only, never `.env` or var/dev.env (read
+# below): a folder run may rewrite any file under its folder, a skills folder is copied into jobs
+# (apps/worker/sandbox/folder_roots.py).
+_ROOTS_FROM_ENVIRONMENT = {name: os.environ.get(name) for name in ("PI_LOCAL_ROOTS", "PI_SKILLS_ROOTS")}
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 VAR_DIR = Path(env("PI_VAR_DIR", default=str(BASE_DIR / "var"))).resolve()
@@ -31,8 +32,13 @@ private_folder(VAR_DIR)  # the key, the database, job folders, Redis's and Docke
 # The tests' stack never reads it: their services and config are their own.
 if not env.bool("PIDISPATCH_TEST_STACK", default=False):
     dev_env.apply(VAR_DIR / "dev.env")
-if _LOCAL_ROOTS_FROM_ENVIRONMENT is None:
-    os.environ.pop("PI_LOCAL_ROOTS", None)  # what a file put there: not for this process, nor the ones it starts
+for _name, _value in _ROOTS_FROM_ENVIRONMENT.items():
+    if _value is None:
+        os.environ.pop(_name, None)  # what a file put there: not for this process, nor the ones it starts
+
+
+def _roots(name: str) -> tuple[str, ...]:
+    return tuple(root.strip() for root in (_ROOTS_FROM_ENVIRONMENT[name] or "").split(",") if root.strip())
 
 SECRET_KEY = env("DJANGO_SECRET_KEY", default=None) or persistent_secret_key(VAR_DIR / "secret_key")
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
@@ -173,7 +179,7 @@ PI_JOB_IMAGE = env("PI_JOB_IMAGE", default="pi-job:latest")
 PI_JOB_ROOT = Path(env("PI_JOB_ROOT", default=str(VAR_DIR / "jobs"))).resolve()
 # The folders local jobs may run in (comma-separated absolute paths), never the deployment's own files; none
 # declared: this host runs no folder. From the real environment only (read above), never `.env` or a file.
-PI_LOCAL_ROOTS = tuple(root.strip() for root in (_LOCAL_ROOTS_FROM_ENVIRONMENT or "").split(",") if root.strip())
+PI_LOCAL_ROOTS = _roots("PI_LOCAL_ROOTS")
 # Keep each job's /job and /workspace folders after the run (debugging and tests); off in production.
 PI_KEEP_JOB_DIRS = env.bool("PI_KEEP_JOB_DIRS", default=False)
 # The sandbox (`manage.py sandbox <job id>`, apps/worker/sandbox/sandboxes.py): a finished run's folder is kept this
@@ -232,6 +238,9 @@ PI_MODEL_PRICES = env("PI_MODEL_PRICES", default="")
 # fills it), mounted read-only at /opt/pi-global in every job; extensions in it load unless switched off.
 PI_GLOBAL_PI_DIR = env("PI_GLOBAL_PI_DIR", default="")
 PI_GLOBAL_ALLOW_EXTENSIONS = env.bool("PI_GLOBAL_ALLOW_EXTENSIONS", default=True)
+# The folders a trigger's skills folder (run.skillsDir) may be in (comma-separated absolute paths), never the
+# deployment's own files; none declared: no skills folder is copied into a job. From the real environment only.
+PI_SKILLS_ROOTS = _roots("PI_SKILLS_ROOTS")
 # The venues this host runs jobs on (apps/worker/sandbox/venues.py); a trigger's run.backend picks among them.
 PI_BACKENDS = tuple(name.strip() for name in env("PI_BACKENDS", default="local").split(",") if name.strip())
 if not PI_BACKENDS or any(not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", name) for name in PI_BACKENDS):

@@ -158,6 +158,8 @@ SECTIONS: tuple[Section, ...] = (
           "packages; `manage.py import_pi` fills it), mounted read-only at /opt/pi-global in every job."),
         S("PI_GLOBAL_ALLOW_EXTENSIONS", "true", "Load the overlay's extensions (and its packages' extensions) in "
           "jobs; false: skills, prompts and persona only."),
+        S("PI_SKILLS_ROOTS", "", "Folders under which a trigger's skills folder (run.skillsDir) may be "
+          "(comma-separated). Read from the process's environment only, never .env."),
         S("PI_BACKENDS", "local", "The venues this host runs jobs on (comma list); a trigger's run.backend picks "
           "among them, others are refused backend-unblessed. podman is known but not run yet (backend-unavailable)."),
     )),

@@ -1,6 +1,6 @@
 """Git repositories on this host for local jobs: a folder their owner can reach, under the folder root `make test`
 declares (PI_LOCAL_ROOTS), one committed repository owned by OWNER (a uid no test runs as), and git as root may run
-it there. Fixtures: `owner_space`, `repo`."""
+it there; a skills-folder root (PI_SKILLS_ROOTS) beside it. Fixtures: `owner_space`, `repo`, `skills_space`."""
 
 import os
 import shutil
@@ -22,6 +22,20 @@ def git(folder, *args):
 def local_root() -> Path:
     """The folder root this host declares for the tests (`make test` makes it, PI_LOCAL_ROOTS names it)."""
     return Path(settings.PI_LOCAL_ROOTS[0])
+
+
+def skills_root() -> Path:
+    """The skills-folder root this host declares for the tests (`make test` makes it, PI_SKILLS_ROOTS names it)."""
+    return Path(settings.PI_SKILLS_ROOTS[0])
+
+
+@pytest.fixture
+def skills_space():
+    """A folder every user may read, under the skills root: where a test puts a trigger's skills folder."""
+    base = Path(tempfile.mkdtemp(prefix="pidispatch-skills-", dir=skills_root()))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture

@@ -91,7 +91,13 @@ class TriggerAdmin(ManagedChangesAdmin, admin.ModelAdmin):
     def get_form(self, request, obj=None, change=False, **kwargs):
         form = super().get_form(request, obj, change, **kwargs)
         form.chosen_type = self._type(request, obj) or "label"
+        form.may_set_skills_dir = triggers.may_set_skills_dir(request.user)
         return form
+
+    def save_model(self, request, obj, form, change):
+        before = Trigger.objects.filter(pk=obj.pk).values_list("skills_dir", flat=True).first() if change else ""
+        triggers.check_skills_dir_change(request.user, before or "", obj.skills_dir)
+        super().save_model(request, obj, form, change)
 
     def get_changeform_initial_data(self, request):
         initial = super().get_changeform_initial_data(request)

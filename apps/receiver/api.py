@@ -84,7 +84,11 @@ class TriggerSerializer(StrictSerializer):
         problems, _ = entry_problems(entry)
         if problems:
             raise ValidationError(_problems_as_errors(problems))
-        return {**fields_from_entry(entry), **{key: attrs[key] for key in ("name", "position", "enabled", "note")
+        fields = fields_from_entry(entry)
+        triggers.check_skills_dir_change(self.context["request"].user,
+                                         self.instance.skills_dir if self.instance is not None else "",
+                                         fields["skills_dir"])
+        return {**fields, **{key: attrs[key] for key in ("name", "position", "enabled", "note")
                                                if key in attrs}}
 
     def create(self, validated_data) -> Trigger:
@@ -143,7 +147,7 @@ class TriggerViewSet(viewsets.ViewSet):
         return self._write(request, self._get(pk), partial=True)
 
     def _write(self, request, trigger: Trigger | None, answer=status.HTTP_200_OK, partial=False):
-        serializer = TriggerSerializer(trigger, data=request.data, partial=partial)
+        serializer = TriggerSerializer(trigger, data=request.data, partial=partial, context={"request": request})
         serializer.is_valid(raise_exception=True)
         serializer.save()
         return Response(serializer.data, status=answer)
@@ -188,9 +192,11 @@ class TriggerViewSet(viewsets.ViewSet):
         dry_run = request.query_params.get("dry_run") in ("1", "true", "yes")
         report = {"dry_run": dry_run, "triggers": len(parsed.entries), "created": 0, "updated": 0, "removed": 0,
                   "warnings": list(parsed.warnings)}
-        if not dry_run:
+        if dry_run:
+            triggers.check_import(parsed, request.user)
+        else:
             with transaction.atomic():
-                done = triggers.import_file(parsed)
+                done = triggers.import_file(parsed, by=request.user)
             report.update(created=done.created, updated=done.updated, removed=done.removed)
         return Response(report)
 

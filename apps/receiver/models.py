@@ -130,8 +130,9 @@ class Trigger(models.Model):
                   "them (third-party code stays out of this rule's jobs).")
     skills_dir = models.CharField(
         "run.skillsDir", max_length=500, blank=True, default="", db_default="",
-        help_text="A folder of skills on the worker host, copied into the job (refused skills-dir-missing when it is "
-                  "not there; the same bounds as a repository's .pi/).")
+        help_text="A folder of skills on the worker host, under a root it declares (PI_SKILLS_ROOTS), copied into "
+                  "each job as any user of the host may read it (the same bounds as a repository's .pi/). Setting "
+                  "it needs the permission to set skills folders.")
     github = models.BooleanField(
         "run.github", default=False, db_default=False,
         help_text="Cron: publish the job's commits to the folder's GitHub repository (its origin) as a branch and a "
@@ -157,7 +158,9 @@ class Trigger(models.Model):
         # A trigger picks what a worker host runs: changing one is a permission of its own (admin_mixins.py).
         default_permissions = ("view",)
         permissions = [("manage_triggers", "Can add, change and delete triggers (a trigger chooses the folder, "
-                                           "image and secret references a job uses on a worker host)")]
+                                           "image and secret references a job uses on a worker host)"),
+                       ("set_skills_dir", "Can point a trigger at a skills folder (run.skillsDir), a worker host's "
+                                          "folder copied into each of its jobs")]
 
     def __str__(self):
         if self.name:

@@ -96,8 +96,9 @@ WORDS = {
     "backend": ("Venue", "Where the container runs, among the host's PI_BACKENDS. Empty: local (the host's Docker)."),
     "packages": ("Load staged pi packages", "Off: the job runs without the packages staged in the host's pi "
                                             "overlay (PI_GLOBAL_PI_DIR)."),
-    "skills_dir": ("Extra skills folder", "A folder of skills on the worker host, copied into each job, "
-                                          "e.g. /srv/pi-skills/review"),
+    "skills_dir": ("Extra skills folder", "A folder of skills on the worker host, under a root it declares "
+                                          "(PI_SKILLS_ROOTS), copied into each job as any user of the host may "
+                                          "read it, e.g. /srv/pi-skills/review"),
     "github": ("Publish to GitHub", "The worker pushes the run's commits to a branch of the folder's GitHub "
                                     "repository (its origin) and opens a pull request. The agent never holds a "
                                     "token."),
@@ -230,6 +231,7 @@ def _extras_set(instance, names) -> bool:
 
 class TriggerForm(forms.ModelForm):
     chosen_type = ""  # set by the admin for the type being edited
+    may_set_skills_dir = False  # set by the admin: the user's permission to set run.skillsDir
 
     class Meta:
         model = Trigger
@@ -268,6 +270,10 @@ class TriggerForm(forms.ModelForm):
         for name in ("task", "instructions"):
             if name in self.fields:
                 self.fields[name].widget.attrs.update(rows=3)
+        if "skills_dir" in self.fields and not self.may_set_skills_dir:
+            # Shown as it is, never taken from the post: a skills folder is a permission of its own.
+            self.fields["skills_dir"].disabled = True
+            self.fields["skills_dir"].help_text += " (Setting it needs the permission receiver.set_skills_dir.)"
 
     def _post_clean(self):
         # Fields of another type are not on the form: clear them, so a rule changed from one type to another

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.utils import timezone
 
@@ -18,6 +19,23 @@ from .models import Trigger
 from .validation import entry_from_trigger, fields_from_entry, parse_instant
 
 logger = logging.getLogger("pidispatch.receiver")
+
+
+# --- skills folders ------------------------------------------------------------------------------------------
+
+SKILLS_DIR_PERMISSION = "receiver.set_skills_dir"
+
+
+def may_set_skills_dir(user) -> bool:
+    return bool(user and user.is_active and user.has_perm(SKILLS_DIR_PERMISSION))
+
+
+def check_skills_dir_change(by, before: str, after: str) -> None:
+    """A skills folder is a host folder copied into every job of its trigger, so pointing a trigger at one (or at
+    another one) needs a permission of its own beside managing triggers; clearing it narrows what jobs get and
+    needs none. `by` None: a command on the host, whose operator has the host already. PermissionDenied."""
+    if by is not None and after and after != before and not may_set_skills_dir(by):
+        raise PermissionDenied(f"setting run.skillsDir needs the permission {SKILLS_DIR_PERMISSION}")
 
 
 # --- one-shots ----------------------------------------------------------------------------------------------
@@ -78,12 +96,24 @@ def _armed_at(row: Trigger, values: dict, now):
     return now
 
 
+def check_import(parsed: triggerfile.ParsedFile, by, existing: list[Trigger] | None = None) -> None:
+    """PermissionDenied when the file would set a skills folder `by` may not (the i-th rule replaces the i-th)."""
+    if existing is None:
+        existing = list(Trigger.objects.matching_order())
+    for index, entry in enumerate(parsed.entries):
+        before = existing[index].skills_dir if index < len(existing) else ""
+        check_skills_dir_change(by, before, fields_from_entry(entry)["skills_dir"])
+
+
 @transaction.atomic
-def import_file(parsed: triggerfile.ParsedFile) -> ImportReport:
+def import_file(parsed: triggerfile.ParsedFile, by=None) -> ImportReport:
     """Make the trigger table equal the file. The i-th rule of the file updates the i-th rule in matching
-    order (positions are identities: run history keeps pointing at the same rows); extra rows are removed."""
+    order (positions are identities: run history keeps pointing at the same rows); extra rows are removed.
+    `by`: the user importing (None: a command on the host); PermissionDenied, nothing changed, when the file
+    sets a skills folder the user may not."""
     report = ImportReport(warnings=list(parsed.warnings))
     existing = list(Trigger.objects.select_for_update().matching_order())
+    check_import(parsed, by, existing)
     now = timezone.now()
     for index, entry in enumerate(parsed.entries):
         values = fields_from_entry(entry)

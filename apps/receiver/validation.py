@@ -24,7 +24,7 @@ from apps.worker import allowed_models
 from apps.worker.gates.money import MoneyError, parse_usd, to_usd
 from apps.worker.gates.secrets import is_reserved as secret_name_is_reserved
 from apps.worker.name_patterns import FLOW_PATTERN, MODEL_PATTERN, PROVIDER_PATTERN
-from apps.worker.sandbox import venues
+from apps.worker.sandbox import folder_roots, venues
 
 # --- vocabulary ------------------------------------------------------------------------------------------
 
@@ -414,6 +414,10 @@ def _check_run(on_type, kind, on, run, problems: _Problems) -> None:
         if not _trimmed_nonempty(skills_dir) or len(skills_dir) > MAX_SKILLS_DIR or not skills_dir.startswith("/"):
             problems.add("run.skillsDir", f"run.skillsDir must be an absolute folder on the worker host, without "
                                           f"surrounding spaces (at most {MAX_SKILLS_DIR} characters).")
+        elif not (judged := folder_roots.judge(skills_dir, folder_roots.SKILLS)).allowed:
+            # Judged here by this host's roots (the web's environment declares the workers'), and again by the
+            # worker that copies it: its real path there may differ.
+            problems.add("run.skillsDir", f"run.skillsDir is refused: {folder_roots.SKILLS.hint(judged.why)}.")
     if "backend" in run:
         problem = venues.trigger_problem(run["backend"], local_folder=kind == "local")
         if problem:

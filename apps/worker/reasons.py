@@ -154,6 +154,14 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
     "skills-dir-file-too-large": ("A file in the trigger's skills folder is too large for a job.", "Shrink it."),
     "skills-dir-too-many-files": ("The trigger's skills folder has too many files.", "Trim the skills folder."),
     "skills-dir-too-large": ("The trigger's skills folder is too large.", "Trim the skills folder."),
+    "skills-dir-not-allowed": ("The trigger's skills folder is not one this host copies into jobs: it is not under a "
+                               "root the host declares (PI_SKILLS_ROOTS), it is or holds pidispatch's own files, or "
+                               "it changed while it was read.",
+                               "Read the worker log on the run's host; move the skills under a declared root, or "
+                               "declare one in the host's environment."),
+    "skills-dir-unreadable": ("A file or folder in the trigger's skills folder is not readable by every user of the "
+                              "host; the worker copies only what any user may read.",
+                              "Make it readable (files o+r, folders o+rx), or take it out of the skills folder."),
     "backend-unblessed": ("The job asks for a venue (run.backend) this host does not bless in PI_BACKENDS.",
                           "Bless it in the host's environment, or change the trigger's run.backend."),
     "backend-unavailable": ("The job's venue is blessed but this worker cannot run jobs on it (podman is not "

@@ -121,7 +121,7 @@ def test_upgrading_retires_the_old_model_permissions_and_their_holders_keep_view
             (("user", user.user_permissions.all()), ("group", group.permissions.all())) for permission in permissions}
     assert held == {("user", "view_trigger"), ("group", "view_trigger")}
     assert set(Permission.objects.filter(content_type=content_type).values_list("codename", flat=True)) == {
-        "view_trigger", "manage_triggers"}
+        "view_trigger", "manage_triggers", "set_skills_dir"}
 
 
 SECURE_PROBE = """

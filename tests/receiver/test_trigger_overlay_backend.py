@@ -21,6 +21,11 @@ CRON = {"type": "cron", "id": "nightly", "pattern": "0 3 * * *"}
 LOCAL = {"kind": "local", "folder": "/srv/app", "flow": "tidy", "task": "Tidy up."}
 
 
+@pytest.fixture(autouse=True)
+def skills_roots(settings):
+    settings.PI_SKILLS_ROOTS = ("/srv",)  # where these rules' skills folders are (judged at save)
+
+
 def problems(on, run):
     found, _ = entry_problems({"on": on, "run": run})
     return [(problem.path, problem.message) for problem in found]

@@ -1,21 +1,15 @@
-"""The operator's pi overlay (PI_GLOBAL_PI_DIR), a trigger's skills folder (`run.skillsDir`), `run.packages: false`
-and `manage.py import_pi` (issue 29 §2): what pi in the job loads, within the bounds of the repository's `.pi/`
-copy, and never a key."""
+"""The operator's pi overlay (PI_GLOBAL_PI_DIR), `run.packages: false` and `manage.py import_pi` (issue 29 §2): what pi
+in the job loads, and never a key. A trigger's skills folder (`run.skillsDir`): tests/worker/test_skills_folder.py."""
 
 import json
-import stat
-import tempfile
 from io import StringIO
 from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
 
-from apps.worker.models import Outcome, Run
-from apps.worker.sandbox import pi_overlay, repo_skills
-from apps.worker.sandbox.workspace import WorkspaceRefused
-from tests.jobspecs import enqueue_spec, local_spec
-from tests.local_repos import local_root
+from apps.worker.sandbox import pi_overlay
+from tests.jobspecs import local_spec
 
 ANTHROPIC_KEY = "sk-ant-api03-" + "A1b2C3d4" * 6
 
@@ -24,65 +18,6 @@ def skill(folder: Path, name: str, description: str) -> Path:
     (folder / name).mkdir(parents=True)
     (folder / name / "SKILL.md").write_text(f"---\nname: {name}\ndescription: {description}\n---\n\nDo {name}.\n")
     return folder / name
-
-
-@pytest.fixture
-def shared_folder():
-    """A folder the job's user can read (pytest's temp folders are root-only)."""
-    base = Path(tempfile.mkdtemp(prefix="pidispatch-overlay-", dir=local_root()))
-    base.chmod(0o755)
-    yield base
-    import shutil
-    shutil.rmtree(base, ignore_errors=True)
-
-
-# --- run.skillsDir: the `.pi/` copy's bounds -----------------------------------------------------------------------
-
-def test_a_skills_folder_is_copied_without_links_dot_files_or_executable_bits(tmp_path):
-    source = tmp_path / "skills"
-    skill(source, "review", "Reviews a change.")
-    (source / "review" / "run.sh").write_text("#!/bin/sh\necho hi\n")
-    (source / "review" / "run.sh").chmod(0o755)
-    (source / ".hidden").write_text("no")
-    (source / "review" / "passwd").symlink_to("/etc/passwd")
-    (source / "elsewhere").symlink_to(tmp_path)
-
-    copied = pi_overlay.copy_skills_folder(source, tmp_path / "job" / "trigger-skills")
-
-    target = tmp_path / "job" / "trigger-skills"
-    assert copied == 2
-    assert sorted(str(path.relative_to(target)) for path in target.rglob("*")) == \
-        ["review", "review/SKILL.md", "review/run.sh"]
-    assert stat.S_IMODE((target / "review" / "run.sh").stat().st_mode) == 0o644  # a plain file, never executable
-
-
-@pytest.mark.parametrize("make, reason", [
-    (lambda root: (root / "a" / "b" / "c" / "d").mkdir(parents=True) or (root / "a/b/c/d/e.md").write_text("x"),
-     "skills-dir-too-deep"),
-    (lambda root: (root / "big.md").write_bytes(b"x" * (repo_skills.MAX_FILE_BYTES + 1)), "skills-dir-file-too-large"),
-    (lambda root: [(root / f"f{i}.md").write_text("x") for i in range(repo_skills.MAX_FILES + 1)],
-     "skills-dir-too-many-files"),
-    (lambda root: [(root / f"f{i}.md").write_bytes(b"x" * repo_skills.MAX_FILE_BYTES) for i in range(9)],
-     "skills-dir-too-large"),
-])
-def test_a_skills_folder_past_a_bound_is_refused_naming_it(tmp_path, make, reason):
-    source = tmp_path / "skills"
-    source.mkdir()
-    make(source)
-    with pytest.raises(WorkspaceRefused) as refused:
-        pi_overlay.copy_skills_folder(source, tmp_path / "copy")
-    assert refused.value.reason == reason
-    assert not (tmp_path / "copy").exists()  # nothing half-copied
-
-
-def test_a_missing_skills_folder_or_a_link_to_one_is_skills_dir_missing(tmp_path):
-    (tmp_path / "real").mkdir()
-    (tmp_path / "link").symlink_to(tmp_path / "real")
-    (tmp_path / "file").write_text("x")
-    for source in (tmp_path / "absent", tmp_path / "link", tmp_path / "file"):
-        with pytest.raises(WorkspaceRefused) as refused:
-            pi_overlay.copy_skills_folder(source, tmp_path / "copy")
-        assert refused.value.reason == "skills-dir-missing"
 
 
 # --- the overlay as pi's settings.json sees it ------------------------------------------------------------------------
@@ -121,6 +56,7 @@ def test_the_job_loads_the_overlay_and_its_packages_unless_the_trigger_opts_out(
 
 
 def test_extensions_stay_out_when_the_host_does_not_allow_them(tmp_path, settings):
+    settings.PI_SKILLS_ROOTS = (str(tmp_path / "overlay"),)
     settings.PI_GLOBAL_PI_DIR = str(overlay_with_package(tmp_path / "overlay"))
     settings.PI_GLOBAL_ALLOW_EXTENSIONS = False
     job = tmp_path / "job"
@@ -131,6 +67,7 @@ def test_extensions_stay_out_when_the_host_does_not_allow_them(tmp_path, setting
 
 
 def test_without_an_overlay_the_job_gets_only_its_triggers_skills(tmp_path, settings):
+    settings.PI_SKILLS_ROOTS = (str(tmp_path),)
     settings.PI_GLOBAL_PI_DIR = str(tmp_path / "not-there")
     skill(tmp_path / "skills", "review", "Reviews.")
     job = tmp_path / "job"
@@ -214,14 +151,3 @@ def test_import_pi_needs_a_source_and_an_overlay(tmp_path, settings):
         import_pi("--from", str(tmp_path / "absent"), "--to", str(tmp_path / "overlay"))
     with pytest.raises(CommandError, match="cannot be inside"):
         import_pi("--from", str(tmp_path), "--to", str(tmp_path / "overlay"))
-
-
-# --- the worker: refusals before any spend ---------------------------------------------------------------------------
-
-@pytest.mark.django_db(transaction=True)
-def test_a_missing_skills_folder_refuses_the_job_before_it_spends(repo, run_worker):
-    job_id = enqueue_spec(local_spec("run-skills-missing", str(repo), skills_dir="/nonexistent/skills"))
-    run_worker("pi-jobs")
-    run = Run.objects.get(job_id=job_id)
-    assert (run.outcome, run.reason, run.budget_reserved) == (Outcome.POLICY, "skills-dir-missing", False)
-

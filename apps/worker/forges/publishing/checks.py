@@ -4,8 +4,9 @@ Each refusal is a reason token recorded on the run, with a fixed sentence on the
 work itself is kept (a bundle under the job's folder) so an operator can look and publish it by hand.
 
     ci-change-refused         CI definitions changed and the trigger does not allow it (`run.allowCiChanges`):
-                              the forges' pipeline files, local GitHub actions, and every file of the repository
-                              the GitLab pipeline at the work's head includes (gitlab_ci_files)
+                              every CI system's pipeline files (CI_PATHS), local actions and Jenkinsfiles anywhere,
+                              every file of the repository the GitLab pipeline at the work's head includes
+                              (gitlab_ci_files), and any YAML file where the pipeline's file cannot be judged
     push-too-many-files       more than PI_MAX_CHANGED_FILES paths changed
     push-too-large            the new content is more than PI_MAX_PUSH_BYTES
     file-too-large            one file is over the forge's own limit
@@ -26,8 +27,26 @@ from apps.worker.forges.publishing.work import GITLINK_MODE, Work, WorkUnreadabl
 
 # The kernel's own bound on links followed in one lookup.
 MAX_LINK_HOPS = 40
-CI_PATHS = (".github/workflows/", ".github/actions/", ".gitlab-ci.yml", ".forgejo/workflows/", ".gitea/workflows/",
-            "azure-pipelines.yml", ".azure-pipelines/", ".gitlab/ci/")
+# Defence in depth only: whatever a CI system runs (a Makefile, package.json's scripts, a script a workflow calls) is
+# code the agent can change, which no list closes; publishing from a fork keeps the origin's secrets from it. What is
+# listed is every CI system's own definitions, so that a change to them is never pushed unasked.
+CI_PATHS = (
+    ".github/workflows/", ".github/actions/", ".gitlab-ci.yml", ".gitlab/ci/", ".forgejo/workflows/",
+    ".forgejo/actions/", ".gitea/workflows/", ".gitea/actions/", "azure-pipelines.yml", "azure-pipelines.yaml",
+    ".azure-pipelines/", ".azuredevops/", ".circleci/", ".buildkite/", ".drone.yml", ".drone.yaml", ".drone.star",
+    ".woodpecker.yml", ".woodpecker.yaml", ".woodpecker/", ".travis.yml", "bitbucket-pipelines.yml", ".semaphore/",
+    "appveyor.yml", ".appveyor.yml", ".cirrus.yml", ".cirrus.star", "buildspec.yml", "cloudbuild.yaml",
+    "cloudbuild.yml", "codefresh.yml", ".teamcity/", ".tekton/", ".harness/", "bitrise.yml", ".gitpod.yml",
+    ".devcontainer/",
+)
+# Wherever they are: a Jenkins job names its pipeline's script path, and a workflow uses a local action from any
+# folder (`uses: ./tools/setup`).
+CI_FILE_NAMES = ("action.yml", "action.yaml")
+CI_FILE_PREFIXES = ("Jenkinsfile",)
+# Forges whose pipeline may be any YAML file of the repository, named by a setting the worker does not read: an
+# Azure DevOps pipeline names its YAML file; a GitLab project may set a custom CI path (judged so only when the
+# repository has no .gitlab-ci.yml, whose includes are read otherwise).
+ANY_YAML_FORGES = ("azure",)
 GITLAB_CI = ".gitlab-ci.yml"
 # How much of the pipeline is read to find its includes; past it, every YAML file counts as CI.
 GITLAB_CI_MAX_FILES, GITLAB_CI_MAX_BYTES = 100, 1024 * 1024
@@ -36,7 +55,9 @@ YAML_FILE = ("*.yml", "*.yaml")
 
 
 def is_ci_definition(path: str) -> bool:
-    return any(path.startswith(prefix) if prefix.endswith("/") else path == prefix for prefix in CI_PATHS)
+    name = path.rpartition("/")[2]
+    return (any(path.startswith(prefix) if prefix.endswith("/") else path == prefix for prefix in CI_PATHS)
+            or name in CI_FILE_NAMES or name.startswith(CI_FILE_PREFIXES))
 
 
 class _PipelineLoader(yaml.SafeLoader):
@@ -97,6 +118,10 @@ def _pipeline_file(work: Work, path: str):
         raise ValueError(f"{path} is not YAML") from None
 
 
+def _holds(work: Work, path: str) -> bool:
+    return git(work.store, "cat-file", "-e", f"{work.head}:{path}", check=False).returncode == 0
+
+
 def gitlab_ci_files(work: Work, repository: str = "") -> tuple[str, ...] | None:
     """Patterns of the repository's files the GitLab pipeline at the work's head reads: what `.gitlab-ci.yml`
     includes, what those include in turn, and the child pipelines' files. () without a `.gitlab-ci.yml`; None when
@@ -120,9 +145,11 @@ def gitlab_ci_files(work: Work, repository: str = "") -> tuple[str, ...] | None:
     return tuple(patterns)
 
 
-def _changes_gitlab_ci_files(work: Work, repository: str) -> bool:
+def _changes_pipeline_files(work: Work, repository: str, forge: str) -> bool:
+    """Whether the work changes a file the forge's pipeline may read: what the GitLab pipeline includes, or any
+    YAML file where that cannot be judged (an unreadable pipeline, a forge whose pipeline file is a setting)."""
     patterns = gitlab_ci_files(work, repository)
-    if patterns is None:
+    if patterns is None or forge in ANY_YAML_FORGES or (forge == "gitlab" and not _holds(work, GITLAB_CI)):
         patterns = YAML_FILE
     return any(fnmatch.fnmatchcase(change.path, pattern) for change in work.changes for pattern in patterns)
 
@@ -164,15 +191,16 @@ def _escaping(links: dict[str, str]) -> set[tuple[str, str]]:
     return {(path, target) for path, target in links.items() if link_escapes(path, links)}
 
 
-def refusal(work: Work, *, allow_ci_changes: bool, max_file_bytes: int, repository: str = "") -> str | None:
+def refusal(work: Work, *, allow_ci_changes: bool, max_file_bytes: int, repository: str = "",
+            forge: str = "") -> str | None:
     """The first reason this work may not be pushed, or None. `repository` is the forge's name of it (a GitLab
-    include of this project's own file is local)."""
+    include of this project's own file is local); `forge` its kind (github, gitlab, forgejo, azure)."""
     changes = work.changes
     if any(change.new_mode == GITLINK_MODE or change.old_mode == GITLINK_MODE or change.path == ".gitmodules"
            for change in changes):
         return "submodule-change-refused"
     if not allow_ci_changes and (any(is_ci_definition(change.path) for change in changes)
-                                 or _changes_gitlab_ci_files(work, repository)):
+                                 or _changes_pipeline_files(work, repository, forge)):
         return "ci-change-refused"
     if _escaping(work.links) - _escaping(work.start_links):  # a link the repository had already is not the agent's
         return "symlink-escapes"

@@ -152,7 +152,7 @@ def deliver(spec, destination: Destination, work: Work, client: ForgeClient, cre
     started = time.perf_counter()
     refusal = None if work.empty else checks.refusal(work, allow_ci_changes=destination.allow_ci_changes,
                                                      max_file_bytes=client.max_file_bytes,
-                                                     repository=destination.ref.repo)
+                                                     repository=destination.ref.repo, forge=destination.kind)
     if refusal:
         publication, reason = Publication(refusal, pushed_commits=0), refusal
     else:

@@ -17,6 +17,7 @@ from django.db import DatabaseError, transaction
 from apps.worker.jobs import JobSpec
 from apps.worker.models import AgentSession, ResumeReason
 from apps.worker.scrubbing import Scrubber
+from apps.worker.sessions import transcript as transcripts
 
 logger = logging.getLogger("pidispatch.sessions")
 
@@ -35,18 +36,20 @@ class Resume:
     reason: str = ""
     folder: Path | None = None
     kept_bytes: int | None = None
+    given: bytes = b""  # the transcript checked out for this job (vetted when it was kept)
 
     def record_fields(self) -> dict:
         return {"resumed": self.resumed, "resume_reason": self.reason, "session_bytes": self.kept_bytes}
 
 
 def target_key(spec: JobSpec) -> str:
-    """The target's key: a digest (the row names no repository), of `cron:<trigger id>` for a cron trigger's jobs,
-    else of the forge and the target (`github:acme/web#7`, `gitlab:group/proj!7`)."""
+    """The session's key: a digest (the row names no repository), of `cron:<trigger id>` for a cron trigger's jobs,
+    else of the trigger, the forge and the target (`trigger:3:github:acme/web#7`). One trigger's jobs never read
+    another's transcript: two triggers on one issue may run different flows for people of different standing."""
     if spec.trigger_type == "cron" and spec.trigger_id is not None:
         name = f"cron:{spec.trigger_id}"
     else:
-        name = f"{spec.kind}:{spec.target}"
+        name = f"trigger:{spec.trigger_id if spec.trigger_id is not None else '-'}:{spec.kind}:{spec.target}"
     return hashlib.sha256(name.encode()).hexdigest()
 
 
@@ -88,7 +91,7 @@ def checkout(spec: JobSpec, job_root: Path, owner: tuple[int, int], now: datetim
     _hand_over(folder, owner)
     logger.info("session_checked_out job=%s resumed=%s reason=%s bytes=%d", spec.job_id, bool(transcript),
                 reason or "-", len(transcript or b""))
-    return Resume(key=key, resumed=bool(transcript), reason=reason, folder=folder)
+    return Resume(key=key, resumed=bool(transcript), reason=reason, folder=folder, given=transcript or b"")
 
 
 def _hand_over(path: Path, owner: tuple[int, int]) -> None:
@@ -127,6 +130,14 @@ def _read_transcript(folder: Path) -> tuple[bytes | None, int]:
     return data, len(data)
 
 
+def _job_prompt(folder: Path) -> str:
+    """The job's prompt.md, which the worker wrote beside the session folder and the container sees read-only."""
+    try:
+        return (folder.parent / "job" / transcripts.PROMPT_FILE.rsplit("/", 1)[1]).read_text()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
 def promote(resume: Resume, spec: JobSpec, host: str, scrub: list[str], now: datetime) -> Resume:
     """Keep what a completed run left for the target's next job (the target's row, written over). A transcript over
     the limit is not kept; the row then says so. Never raises: a session that cannot be kept is logged and lost."""
@@ -138,6 +149,14 @@ def promote(resume: Resume, spec: JobSpec, host: str, scrub: list[str], now: dat
         return resume
     fields = {"job_id": spec.job_id, "host": host, "updated_at": now,
               "expires_at": now + timedelta(days=settings.PI_SESSION_TTL_DAYS), "size": size}
+    if data is not None:
+        vetted = transcripts.vet(data, given=resume.given, prompt=_job_prompt(resume.folder))
+        if vetted.dropped:
+            logger.warning("session_turns_dropped job=%s count=%d why=not-written-by-pi", spec.job_id, vetted.dropped)
+        data = vetted.data
+        if not data:
+            logger.info("session_not_kept job=%s why=none-written", spec.job_id)
+            return resume
     if data is None:
         fields.update(kept=False, transcript=None)
     else:

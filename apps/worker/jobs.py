@@ -136,6 +136,9 @@ class JobSpec:
     replicas: int | None = None
     parent_job_id: str = ""
     chain_depth: int = 0  # a chained child's distance from the job that started the chain (apps/worker/chaining/)
+    # The `.pi/` tree the chain's first job started on (its git tree id, or "none"): a child runs only while its own
+    # `.pi/` is that one, so no agent of the chain rewrites the skills or the chainable flows of those after it.
+    chain_pi_tree: str = ""
     # The project (Project.slug) the job's target belonged to when it was enqueued: stamped once by enqueue(), so
     # the project row it reserves in, the container size it gets and the project its run records are one answer
     # whatever projects.json says by the time it runs (or is retried). Blank: none.
@@ -213,7 +216,7 @@ class JobSpec:
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(JobSpec))
-_OPTIONAL_DEFAULTS = {"packages": True, "skills_dir": "", "github": False, "backend": ""}
+_OPTIONAL_DEFAULTS = {"packages": True, "skills_dir": "", "github": False, "backend": "", "chain_pi_tree": ""}
 # What only the container reads: the texts, and the event context (it copies comment and review text).
 CONTAINER_ONLY_FIELDS = ("title", "body", "comment", "instructions", "task", "context")
 

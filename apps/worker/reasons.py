@@ -159,6 +159,9 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
                                "it changed while it was read.",
                                "Read the worker log on the run's host; move the skills under a declared root, or "
                                "declare one in the host's environment."),
+    "chain-pi-changed": ("A chained job's .pi/ is not the one its chain's first job started on: an agent of the "
+                         "chain changed the skills (or which flows may be chained) of the jobs after it.",
+                         "Look at the parent's work; start the follow-up yourself if its skills are right."),
     "skills-dir-unreadable": ("A file or folder in the trigger's skills folder is not readable by every user of the "
                               "host; the worker copies only what any user may read.",
                               "Make it readable (files o+r, folders o+rx), or take it out of the skills folder."),
@@ -303,6 +306,11 @@ REFUSED = {
                                  "Not run.",
     "skills-dir-too-many-files": "Refused: the trigger's skills folder has more files than a job may carry. Not run.",
     "skills-dir-too-large": "Refused: the trigger's skills folder is larger than a job may carry. Not run.",
+    "skills-dir-not-allowed": "Refused: the trigger's skills folder is not one the worker copies into jobs. Not run.",
+    "skills-dir-unreadable": "Refused: the trigger's skills folder holds what not every user of the worker may read. "
+                             "Not run.",
+    "chain-pi-changed": "Refused: an earlier job of this chain changed the repository's .pi/ (its skills), so this "
+                        "follow-up was not run.",
     "backend-unblessed": "Refused: the worker does not run jobs on the venue this trigger asks for. Not run.",
     "backend-unavailable": "Refused: the venue this trigger asks for is not available on the worker. Not run.",
     "folder-not-allowed": "Refused: the worker does not run jobs in this folder. Not run.",

@@ -9,7 +9,9 @@ when the host is declared; forced when its parent was, since it starts from its 
 forge parent's issue or pull request (the shared queue; it is cloned and published like any forge job). It takes
 the parent's image and the limits that can only lower a cap (max turns, max cost, excluded tools); never its
 secrets, secret profile, provider, model, wait conditions, instructions or comment text.
-Its id is `chain-<16 hex>` of the parent's id, flow and task: an attempt run again that asks the same again finds
+It carries the `.pi/` the chain's first job started on (`chain_pi_tree`, skills.pi_digest), and runs only while its
+workspace holds that one (`chain-pi-changed`): no agent of the chain rewrites the skills or the chainable flows of
+the jobs after it. Its id is `chain-<16 hex>` of the parent's id, flow and task: an attempt run again that asks the same again finds
 its children already queued (enqueue is unique on the id), so a chain never grows twice from one request.
 """
 
@@ -50,12 +52,13 @@ def may_have_children(spec: JobSpec) -> bool:
     return enabled_for(spec) and spec.chain_depth + 1 <= settings.PI_CHAIN_DEPTH_MAX
 
 
-def child_spec(spec: JobSpec, request: outbox.Request) -> JobSpec:
+def child_spec(spec: JobSpec, request: outbox.Request, pi_tree: str = "") -> JobSpec:
+    """The child's spec; `pi_tree` the `.pi/` its parent started on, which is the chain's first job's."""
     common = dict(job_id=chain_job_id(spec.job_id, request.flow, request.task), kind=spec.kind, flow=request.flow,
                   task=request.task, image=spec.image, max_turns=spec.max_turns, max_cost_usd=spec.max_cost_usd,
                   models=spec.models, exclude_tools=spec.exclude_tools, skills_dir=spec.skills_dir,
                   packages=spec.packages, backend=spec.backend, trigger_type="chain", parent_job_id=spec.job_id,
-                  chain_depth=spec.chain_depth + 1,
+                  chain_depth=spec.chain_depth + 1, chain_pi_tree=spec.chain_pi_tree or pi_tree,
                   context={"event": "chain", "parentJobId": spec.job_id, "chainDepth": spec.chain_depth + 1})
     if spec.kind == "local":
         # A forced parent's child is forced too: it starts from its parent's work, committed or not.
@@ -72,7 +75,7 @@ def child_queue(spec: JobSpec) -> str:
     return host_queue(here.name) if here.declared else SHARED_QUEUE
 
 
-def collect(spec: JobSpec, folder: Path | None, chainable: frozenset[str]) -> ChainResult:
+def collect(spec: JobSpec, folder: Path | None, chainable: frozenset[str], pi_tree: str = "") -> ChainResult:
     """Read the outbox of a completed run and enqueue its children. Never raises: a fault is a refusal token."""
     if folder is None or not enabled_for(spec):
         return NOTHING
@@ -90,7 +93,7 @@ def collect(spec: JobSpec, folder: Path | None, chainable: frozenset[str]) -> Ch
             logger.info("chain_refused job=%s file=%s flow=%s reason=%s", spec.job_id, request.name, request.flow,
                         reason)
             continue
-        child = child_spec(spec, request)
+        child = child_spec(spec, request, pi_tree)
         queue = child_queue(spec)
         try:
             status = enqueue(child, queue).status

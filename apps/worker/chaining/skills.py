@@ -10,6 +10,7 @@ doubt (git fails, no frontmatter, another value) leaves the flow out.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -100,3 +101,47 @@ def chainable_in_folder(folder: Path, owner: tuple[int, int], job_id: str) -> fr
         contents[oid] = output[header_end + 1:header_end + 1 + size]
         position = header_end + 1 + size + 1
     return frozenset(name for name, oid in blobs.items() if allows_chaining(contents.get(oid, b"")))
+
+
+# --- the chain's `.pi/`, pinned at its first job ------------------------------------------------------------------
+
+NO_PI = "none"
+PI_DIGEST_MAX_BYTES = 16 * 1024 * 1024  # past it, a `.pi/` pins nothing: its children are refused
+
+
+def pi_digest(workspace: Path) -> str:
+    """A digest of the workspace's `.pi/` as the job starts on it (paths, kinds, modes, contents; a link's target,
+    never followed): what the chain's first job pins and every child of the chain must find again. NO_PI without
+    one; a unique value that matches nothing when it cannot be read whole."""
+    root = workspace / ".pi"
+    try:
+        if not stat.S_ISDIR(os.lstat(root).st_mode):
+            return NO_PI
+    except FileNotFoundError:
+        return NO_PI
+    except OSError:
+        return f"unreadable-{os.urandom(8).hex()}"
+    digest, total = hashlib.sha256(), 0
+    for folder, folders, files in os.walk(root, followlinks=False):
+        folders.sort()
+        for name in sorted([*files, *(entry for entry in folders if os.path.islink(os.path.join(folder, entry)))]):
+            path = os.path.join(folder, name)
+            relative = os.path.relpath(path, root).encode("utf-8", "surrogateescape")
+            try:
+                info = os.lstat(path)
+                if stat.S_ISLNK(info.st_mode):
+                    content = os.readlink(path).encode("utf-8", "surrogateescape")
+                elif stat.S_ISREG(info.st_mode):
+                    total += info.st_size
+                    if total > PI_DIGEST_MAX_BYTES:
+                        return f"too-large-{os.urandom(8).hex()}"
+                    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+                    with os.fdopen(descriptor, "rb") as file:
+                        content = file.read(info.st_size + 1)
+                else:
+                    content = b""
+            except OSError:
+                return f"unreadable-{os.urandom(8).hex()}"
+            kind = stat.S_IFMT(info.st_mode) | (info.st_mode & 0o111)
+            digest.update(b"%s\0%o\0%d\0" % (relative, kind, len(content)) + content)
+    return digest.hexdigest()

@@ -84,6 +84,7 @@ class Attempt:
     dollars: budget.DollarHold | None = None  # the dollar hold, from gate 11 on
     container_ran: bool = False  # the container may have spent: an unsettled dollar hold is kept whole
     chainable: frozenset[str] = frozenset()  # flows whose skill allows being chained, read before the agent ran
+    chain_pi_tree: str = ""  # the `.pi/` the chain's first job started on (chain_skills.pi_digest)
     # What the container ran with, for a sandbox on its folder afterwards (apps/worker/sandbox/sandboxes.py).
     limits: tuple[tuple[int, int], str, float] | None = None
     # Where the climb is, for the job's live page (apps/worker/progress/); None when nobody watches (tests in process).
@@ -518,6 +519,14 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
             logger.info("workspace_refused job=%s reason=%s", spec.job_id, failure.reason)
             return Verdict.refused(failure.reason, forge_message=failure.forge_message)
 
+    if spec.parent_job_id or chaining.may_have_children(spec):
+        # A chain runs on the `.pi/` its first job started on: no agent of the chain rewrites the skills, or the
+        # chainable flows, of the jobs after it (its parent's commits are in a child's workspace).
+        found = chain_skills.pi_digest(local.folder if spec.kind == "local" else dirs.workspace)
+        if spec.parent_job_id and found != spec.chain_pi_tree:
+            logger.warning("chain_pi_changed job=%s parent=%s", spec.job_id, spec.parent_job_id)
+            return Verdict.refused("chain-pi-changed")
+        attempt.chain_pi_tree = found
     attempt.passed("workspace")
 
     # The workspace's size, measured again while the container runs.
@@ -705,6 +714,6 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
 
     # Chaining: only a completed run's requests are read, once (its record names the children).
     if verdict.outcome == Outcome.COMPLETED:
-        chain = chaining.collect(spec, dirs.outbox, attempt.chainable)
+        chain = chaining.collect(spec, dirs.outbox, attempt.chainable, attempt.chain_pi_tree)
         verdict = replace(verdict, chain_children=chain.children, chain_refusals=chain.refusals)
     return verdict

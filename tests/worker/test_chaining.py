@@ -212,7 +212,8 @@ def test_the_pi_digest_sees_contents_modes_and_links_and_never_follows_one(tmp_p
     first = chain_skills.pi_digest(workspace)
     assert first == chain_skills.pi_digest(workspace) != chain_skills.NO_PI
     changes = [lambda: skill.write_text(ALLOW + "more\n"), lambda: skill.chmod(0o755),
-               lambda: (workspace / ".pi" / "link").symlink_to("/etc"), lambda: (workspace / ".pi" / "SYSTEM.md").write_text("")]
+               lambda: (workspace / ".pi" / "link").symlink_to("/etc"),
+               lambda: (workspace / ".pi" / "SYSTEM.md").write_text("")]
     seen = {first}
     for change in changes:
         change()

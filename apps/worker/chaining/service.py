@@ -11,8 +11,9 @@ the parent's image and the limits that can only lower a cap (max turns, max cost
 secrets, secret profile, provider, model, wait conditions, instructions or comment text.
 It carries the `.pi/` the chain's first job started on (`chain_pi_tree`, skills.pi_digest), and runs only while its
 workspace holds that one (`chain-pi-changed`): no agent of the chain rewrites the skills or the chainable flows of
-the jobs after it. Its id is `chain-<16 hex>` of the parent's id, flow and task: an attempt run again that asks the same again finds
-its children already queued (enqueue is unique on the id), so a chain never grows twice from one request.
+the jobs after it. Its id is `chain-<16 hex>` of the parent's id, flow and task: an attempt run again that asks
+the same again finds its children already queued (enqueue is unique on the id), so a chain never grows twice from
+one request.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -29,22 +30,29 @@ def skills_root() -> Path:
     return Path(settings.PI_SKILLS_ROOTS[0])
 
 
+@contextmanager
+def readable_folder(root: Path, prefix: str):
+    """A new folder under `root` that every user may pass through (pytest's own temp folders are root-only, 0700)."""
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+    base.chmod(0o755)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.fixture
 def skills_space():
     """A folder every user may read, under the skills root: where a test puts a trigger's skills folder."""
-    base = Path(tempfile.mkdtemp(prefix="pidispatch-skills-", dir=skills_root()))
-    base.chmod(0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+    with readable_folder(skills_root(), "pidispatch-skills-") as base:
+        yield base
 
 
 @pytest.fixture
 def owner_space():
-    """A folder the repositories' owner can reach (pytest's own temp folders are root-only, 0700), under the root."""
-    base = Path(tempfile.mkdtemp(prefix="pidispatch-local-", dir=local_root()))
-    base.chmod(0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+    """A folder the repositories' owner can reach, under the folder root."""
+    with readable_folder(local_root(), "pidispatch-local-") as base:
+        yield base
 
 
 def committed_repository(folder, readme="hello\n"):

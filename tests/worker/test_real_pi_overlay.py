@@ -5,8 +5,6 @@ system prompt of its first call to the scripted provider, behind the job's egres
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,6 @@ import pytest
 from apps.worker.models import Outcome, Run
 from devtools.scripted_provider import ScriptedProvider, Text, ToolCall
 from tests.jobspecs import enqueue_spec, local_spec
-from tests.local_repos import local_root
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
@@ -26,14 +23,6 @@ def model():
     server = ScriptedProvider(key=MODEL_KEY)
     yield server
     server.close()
-
-
-@pytest.fixture
-def shared():
-    base = Path(tempfile.mkdtemp(prefix="pidispatch-overlay-", dir=local_root()))
-    base.chmod(0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
 
 
 def skill(folder: Path, name: str, description: str) -> None:
@@ -48,8 +37,8 @@ def readable(root: Path) -> Path:
 
 
 def test_the_real_pi_lists_the_overlays_and_the_triggers_skills_and_packages_only_when_loaded(
-        repo, run_worker, model, shared, skills_space):
-    overlay = shared / "overlay"
+        repo, run_worker, model, owner_space, skills_space):
+    overlay = owner_space / "overlay"
     skill(overlay / "skills", "overlay-greeter", "Greets from the operator's overlay.")
     package = overlay / "packages" / "demo-pack"
     skill(package / "skills", "staged-pack-helper", "Helps, from a staged package.")

@@ -83,6 +83,7 @@ class FakeForge:
         self.not_modified = 0  # 304s answered
         self.issue_feeds: dict[str, GitHubIssueFeeds] = {}
         self._pull_lock = threading.Lock()
+        self.forks: dict[str, str] = {}  # GitHub: a fork's owner/name -> the repository it forks
         forge = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -305,6 +306,31 @@ class FakeForge:
         self._pull_repository("github", repo, git_name=repo)
         self._github_pull_routes(re.escape(repo))
 
+    def github_forks(self, repo: str, owner: str = "pidispatch-bot") -> None:
+        """GitHub's fork API for `repo` (docs.github.com/rest/repos/forks): a POST makes `owner`'s fork, a bare copy
+        of the served repository, and answers 202 with it (a second POST answers the same fork); a pull request
+        whose head is `owner:<branch>` comes from it."""
+        fork = f"{owner}/{repo.split('/')[1]}"
+
+        def answer(request=None):
+            return {"id": _number_of(fork), "full_name": fork, "fork": True, "default_branch": "main",
+                    "clone_url": f"{self.url}/git/{fork}.git", "owner": {"login": owner},
+                    "parent": {"full_name": repo}, "source": {"full_name": repo}}
+
+        def create(request):
+            with self._pull_lock:
+                if fork not in self.forks and self.git_root is not None:
+                    origin = self.git_root / f"{repo}.git"
+                    copy = self.git_root / f"{fork}.git"
+                    if origin.is_dir() and not copy.exists():
+                        subprocess.run(["git", "clone", "-q", "--bare", str(origin), str(copy)], check=True,
+                                       capture_output=True)
+                self.forks[fork] = repo
+                self.routes[f"/repos/{fork}"] = (200, answer())
+            return 202, answer()
+
+        self.routes[("POST", f"/repos/{repo}/forks")] = create
+
     def github_app(self, app_id: str, installation_id: str, public_key, account: str, token: str = "ghs_jobtoken"):
         """The installation-token exchange, checking the App's RS256 JWT as GitHub does; each minted token is
         `<token>-<n>` and is listed in `self.minted` with the repositories it was scoped to."""
@@ -426,8 +452,8 @@ class FakeForge:
         self.pull_requests.append(record)
         return record
 
-    def _open_duplicate(self, forge: str, repo: str, head: str, base: str) -> dict | None:
-        return next((pr for pr in self.pulls_of(forge, repo) if pr["state"] == "open" and pr["fork"] is None
+    def _open_duplicate(self, forge: str, repo: str, head: str, base: str, fork: str | None = None) -> dict | None:
+        return next((pr for pr in self.pulls_of(forge, repo) if pr["state"] == "open" and pr["fork"] == fork
                      and pr["head"] == head and pr["base"] == base), None)
 
     def _head_sha(self, forge: str, repo: str, branch: str) -> str:
@@ -441,10 +467,10 @@ class FakeForge:
         return hashlib.sha1(f"{repo}:{branch}".encode()).hexdigest()
 
     def _created(self, forge: str, repo: str, *, head: str, base: str, title: str, body: str, draft: bool,
-                 issues: list[int]) -> dict:
+                 issues: list[int], fork: str | None = None) -> dict:
+        sha = _tip(self.git_root / f"{fork}.git", head) if fork and self.git_root else self._head_sha(forge, repo, head)
         return self._new_pull(forge, repo, number=None, head=head, base=base, title=title, body=body, draft=draft,
-                              issues=issues, sha=self._head_sha(forge, repo, head), fork=None, state="open",
-                              created=True)
+                              issues=issues, sha=sha, fork=fork, state="open", created=True)
 
     def _pull_routes(self, routes) -> None:
         """(method, path regex with named groups, handler(request, **groups))."""
@@ -612,7 +638,9 @@ class FakeForge:
         if missing:
             return 422, _github_invalid({"resource": "PullRequest", "field": missing[0], "code": "missing_field"})
         owner, _, head = str(body["head"]).rpartition(":")
-        if owner and owner.lower() != repo.split("/")[0].lower():
+        fork = f"{owner}/{repo.split('/')[1]}" if owner else ""
+        from_fork = fork.lower() != repo.lower() and self.forks.get(fork, "").lower() == repo.lower()
+        if owner and owner.lower() != repo.split("/")[0].lower() and not from_fork:
             return 422, _github_invalid({"resource": "PullRequest", "field": "head", "code": "invalid"})
         if head == body["base"]:
             return 422, _github_invalid({"resource": "PullRequest", "code": "custom",
@@ -621,12 +649,12 @@ class FakeForge:
             return 422, _github_invalid({"resource": "PullRequest", "code": "custom", "field": "body",
                                          "message": "body is too long (maximum is 65536 characters)"})
         with self._pull_lock:
-            if self._open_duplicate("github", repo, head, body["base"]):
-                message = f"A pull request already exists for {repo.split('/')[0]}:{head}."
+            if self._open_duplicate("github", repo, head, body["base"], fork if from_fork else None):
+                message = f"A pull request already exists for {owner or repo.split('/')[0]}:{head}."
                 return 422, _github_invalid({"resource": "PullRequest", "code": "custom", "message": message})
             pr = self._created("github", repo, head=head, base=body["base"], title=body["title"],
                                body=body.get("body") or "", draft=body.get("draft") is True,
-                               issues=_closing_keywords(body.get("body") or ""))
+                               issues=_closing_keywords(body.get("body") or ""), fork=fork if from_fork else None)
         return 201, self._github_json(pr)
 
     # GitLab: merge requests API (docs.gitlab.com/api/merge_requests)
@@ -1161,3 +1189,11 @@ def count_connections(forge: FakeForge) -> list:
 
     forge.server.process_request = counted
     return accepted
+
+
+def _tip(bare: Path, branch: str) -> str:
+    """A branch's commit in a served bare repository (a stand-in id when it has none)."""
+    try:
+        return git(bare, "rev-parse", "--verify", "-q", f"refs/heads/{branch}^{{commit}}")
+    except (subprocess.CalledProcessError, OSError):
+        return hashlib.sha1(f"{bare}:{branch}".encode()).hexdigest()

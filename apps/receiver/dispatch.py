@@ -98,6 +98,7 @@ def job_specs(event: ForgeEvent, match: Match) -> list[JobSpec]:
         wait_for=tuple(rule.wait_for),
         resume=rule.resume,
         allow_ci_changes=rule.allow_ci_changes,
+        publish_to=rule.publish_to,
         once=once,
         once_armed_at=rule.armed_at.isoformat() if once and rule.armed_at else "",
         delivery_id=event.delivery_id,

@@ -41,8 +41,8 @@ RUNS = {"cron": ("kind", "folder", "flow", "command", "task"),
 LIMITS = {"cron": ("provider", "model", "allowed_models", "max_turns", "max_cost_usd", "resume", "github", "image",
                    "backend", "packages", "skills_dir", "exclude_tools", "secrets", "secrets_profile"),
           "forge": ("provider", "model", "allowed_models", "max_turns", "max_cost_usd", "replicas", "wait_for",
-                    "resume", "allow_ci_changes", "image", "backend", "packages", "skills_dir", "exclude_tools",
-                    "secrets", "secrets_profile")}
+                    "resume", "allow_ci_changes", "publish_to", "image", "backend", "packages", "skills_dir",
+                    "exclude_tools", "secrets", "secrets_profile")}
 # Kept as they are when not on the form.
 NEVER_RESET = {"name", "position", "enabled", "note", "on_type"}
 
@@ -90,6 +90,10 @@ WORDS = {
     "resume": ("Continue the conversation", "The next job on the same issue or pull request (a schedule: its next "
                                             "run) continues this one's agent session. Never for a fork's pull "
                                             "request; not with parallel agents, secrets or a command."),
+    "publish_to": ("Push the work to", "fork: the deployment's own fork; the pull request is an outside "
+                                       "contribution, and the repository's CI gives it no secret until a person "
+                                       "approves it (GitHub). origin: a branch of the repository itself, where its CI "
+                                       "runs the agent's code with the repository's secrets. Empty: origin."),
     "allow_ci_changes": ("May change CI files", "Off: a change to .github/workflows/, .gitlab-ci.yml, ... is not "
                                                 "pushed, and the work is kept for you to review."),
     "image": ("Job image", "Empty: PI_JOB_IMAGE. e.g. pi-job:latest"),

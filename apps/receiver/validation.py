@@ -61,7 +61,7 @@ ON_KEYS = ("type", "id", "pattern", "any", "all", "none", "phrase", "action", "r
            "disarmed")
 RUN_KEYS = ("kind", "flow", "command", "task", "folder", "image", "instructions", "replicas", "waitFor",
             "secrets", "secretsProfile", "repository", "excludeTools", "provider", "model", "models", "maxTurns",
-            "maxCostUsd", "resume", "allowCiChanges", "packages", "skillsDir", "github", "backend")
+            "maxCostUsd", "resume", "allowCiChanges", "publishTo", "packages", "skillsDir", "github", "backend")
 ON_KEYS_BY_TYPE = {
     "cron": {"type", "id", "pattern"},
     "label": {"type", "any", "all", "none"},
@@ -70,7 +70,8 @@ ON_KEYS_BY_TYPE = {
     "issue": {"type", "action", "number", "once", "disarmed"},
 }
 CRON_ONLY_RUN_KEYS = {"task", "folder", "github"}
-FORGE_ONLY_RUN_KEYS = {"instructions", "replicas", "waitFor", "repository", "allowCiChanges"}
+FORGE_ONLY_RUN_KEYS = {"instructions", "replicas", "waitFor", "repository", "allowCiChanges", "publishTo"}
+PUBLISH_TO = ("origin", "fork")
 # Part of the ancestor's language, not implemented here: refused rather than silently ignored.
 UNSUPPORTED_RUN_KEYS = ("portfolio",)
 # Of those, the ones whose feature is planned: the refusal names it.
@@ -98,7 +99,8 @@ FIELD_PATHS = {
     "run.repository": "repository", "run.excludeTools": "exclude_tools", "run.provider": "provider",
     "run.model": "model", "run.models": "allowed_models", "run.maxTurns": "max_turns",
     "run.maxCostUsd": "max_cost_usd", "run.resume": "resume",
-    "run.allowCiChanges": "allow_ci_changes", "run.packages": "packages", "run.skillsDir": "skills_dir",
+    "run.allowCiChanges": "allow_ci_changes", "run.publishTo": "publish_to", "run.packages": "packages",
+    "run.skillsDir": "skills_dir",
     "run.github": "github", "run.backend": "backend",
 }
 
@@ -406,6 +408,9 @@ def _check_run(on_type, kind, on, run, problems: _Problems) -> None:
                                              "no prompt).")
     if "allowCiChanges" in run and not isinstance(run["allowCiChanges"], bool):
         problems.add("run.allowCiChanges", "run.allowCiChanges must be true or false.")
+    if "publishTo" in run and run["publishTo"] not in PUBLISH_TO:
+        problems.add("run.publishTo", "run.publishTo must be fork (the deployment's fork) or origin (a branch of "
+                                      "the repository itself, where its CI runs the agent's code with its secrets).")
     for key in ("packages", "github"):
         if key in run and not isinstance(run[key], bool):
             problems.add(f"run.{key}", f"run.{key} must be true or false.")
@@ -625,6 +630,8 @@ def entry_from_trigger(trigger) -> dict:
         run["resume"] = True
     if trigger.allow_ci_changes:
         run["allowCiChanges"] = True
+    if trigger.publish_to:
+        run["publishTo"] = trigger.publish_to
     if not trigger.packages:
         run["packages"] = False
     if trigger.skills_dir:
@@ -692,6 +699,7 @@ def fields_from_entry(entry: dict) -> dict:
         "max_cost_usd": to_usd(parse_usd(run.get("maxCostUsd"))),
         "resume": run.get("resume") is True,
         "allow_ci_changes": run.get("allowCiChanges") is True,
+        "publish_to": run.get("publishTo", ""),
         "packages": run.get("packages") is not False,
         "skills_dir": run.get("skillsDir", ""),
         "github": run.get("github") is True,

@@ -122,6 +122,7 @@ class JobSpec:
     secrets_profile: str = ""
     resume: bool = False
     allow_ci_changes: bool = False  # the trigger lets the published work change CI definitions
+    publish_to: str = ""  # `run.publishTo`: "fork" pushes to the deployment's fork; "" or "origin" to the repository
     packages: bool = True  # load the overlay's staged pi packages (a trigger's `run.packages: false` opts out)
     skills_dir: str = ""  # a host folder of skills copied into the job (`run.skillsDir`)
     github: bool = False  # a cron job whose commits the worker publishes to its folder's GitHub repository
@@ -216,7 +217,8 @@ class JobSpec:
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(JobSpec))
-_OPTIONAL_DEFAULTS = {"packages": True, "skills_dir": "", "github": False, "backend": "", "chain_pi_tree": ""}
+_OPTIONAL_DEFAULTS = {"packages": True, "skills_dir": "", "github": False, "backend": "", "chain_pi_tree": "",
+                      "publish_to": ""}
 # What only the container reads: the texts, and the event context (it copies comment and review text).
 CONTAINER_ONLY_FIELDS = ("title", "body", "comment", "instructions", "task", "context")
 

@@ -159,6 +159,11 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
                                "it changed while it was read.",
                                "Read the worker log on the run's host; move the skills under a declared root, or "
                                "declare one in the host's environment."),
+    "fork-unavailable": ("The trigger publishes through the deployment's fork (run.publishTo: fork), and this forge "
+                         "or its credentials cannot fork here (this release forks on GitHub with a personal access "
+                         "token).", "Publish to the origin (run.publishTo: origin) knowing its CI runs the agent's "
+                         "code with the repository's secrets, or configure a GitHub token that can fork."),
+    "fork-not-ready": ("The forge had not made the deployment's fork in time.", "Nothing to do: the job is retried."),
     "chain-pi-changed": ("A chained job's .pi/ is not the one its chain's first job started on: an agent of the "
                          "chain changed the skills (or which flows may be chained) of the jobs after it.",
                          "Look at the parent's work; start the follow-up yourself if its skills are right."),
@@ -309,6 +314,8 @@ REFUSED = {
     "skills-dir-not-allowed": "Refused: the trigger's skills folder is not one the worker copies into jobs. Not run.",
     "skills-dir-unreadable": "Refused: the trigger's skills folder holds what not every user of the worker may read. "
                              "Not run.",
+    "fork-unavailable": "Refused: this trigger publishes through the deployment's fork, and this forge cannot fork "
+                        "here. Not run.",
     "chain-pi-changed": "Refused: an earlier job of this chain changed the repository's .pi/ (its skills), so this "
                         "follow-up was not run.",
     "backend-unblessed": "Refused: the worker does not run jobs on the venue this trigger asks for. Not run.",

@@ -64,6 +64,9 @@ def test_the_four_keys_are_accepted_where_the_ancestor_accepts_them():
     (LABEL, {**GITHUB, "backend": "docker"}, "run.backend", "'docker' is not a known venue; known: local, podman"),
     (LABEL, {**GITHUB, "backend": "Local "}, "run.backend", "must be a venue name"),
     (CRON, {**LOCAL, "backends": "local"}, "run.backends", "did you mean run.backend"),
+    (LABEL, {**GITHUB, "publishTo": "elsewhere"}, "run.publishTo", "must be fork (the deployment's fork) or origin"),
+    (LABEL, {**GITHUB, "publishTo": True}, "run.publishTo", "must be fork"),
+    (CRON, {**LOCAL, "publishTo": "fork"}, "run.publishTo", "is for forge triggers"),
 ])
 def test_a_bad_value_is_named_by_its_field(on, run, path, fragment):
     refused(on, run, path, fragment)
@@ -96,3 +99,14 @@ def test_a_payload_without_the_new_fields_is_the_one_an_older_worker_reads():
     opted_out = JobSpec(job_id="gh-2", kind="github", repo="acme/web", flow="fix-bug", packages=False)
     assert opted_out.to_payload()["packages"] is False
     assert JobSpec.from_payload(opted_out.to_payload()).packages is False
+
+
+def test_where_the_work_is_pushed_round_trips_and_reaches_the_job(tmp_path):
+    entries = [{"on": LABEL, "run": {**GITHUB, "publishTo": "fork"}},
+               {"on": LABEL, "run": {**GITHUB, "publishTo": "origin"}}, {"on": LABEL, "run": GITHUB}]
+    import_file(tmp_path, entries)
+    assert list(Trigger.objects.order_by("position").values_list("publish_to", flat=True)) == ["fork", "origin", ""]
+    assert [entry["run"] for entry in export_file()] == [entry["run"] for entry in entries]
+    spec = JobSpec(job_id="gh-1", kind="github", repo="acme/web", flow="fix-bug", publish_to="fork")
+    assert JobSpec.from_payload(spec.to_payload()).publish_to == "fork"
+    assert "publish_to" not in JobSpec(job_id="gh-2", kind="github", repo="acme/web", flow="x").to_payload()

@@ -233,6 +233,65 @@ def test_a_pull_request_from_a_fork_only_gets_a_comment(tmp_path, forge):
     assert "fork" in str(comments_posted(forge.forges)[0]["body"])
 
 
+# --- run.publishTo: fork (issue 46 §2): the agent's branch where the origin's CI gives it no secret ----------------
+
+def fork_branches(forge, fork="pidispatch-bot/web") -> dict[str, str]:
+    listing = subprocess.run(["git", "-C", str(forge.root / f"{fork}.git"), "for-each-ref",
+                              "--format=%(refname:short) %(objectname)", "refs/heads"],
+                             capture_output=True, text=True, check=True).stdout
+    return dict(line.split() for line in listing.splitlines())
+
+
+@github_only
+def test_through_the_fork_the_work_is_pushed_there_and_its_pull_request_comes_from_it(tmp_path, forge):
+    forge.forges.github_forks("acme/web")
+    spec = forge.spec("job-fork-mode", number=7, publish_to="fork")
+    dirs, workspace = start(tmp_path, spec)
+    assert workspace.fork.repo == "pidispatch-bot/web"  # made before the agent ran
+    (dirs.workspace / "src" / "footer.css").write_text("footer { margin-top: 2em; }\n")
+
+    publication, reason = publish(spec, dirs, workspace)
+
+    assert (reason, publication.outcome, publication.pushed_commits) == ("", "published", 1)
+    assert "pi/7-fix-bug" not in forge.branches()  # nothing of the agent's in the origin, where CI has secrets
+    head = fork_branches(forge)["pi/7-fix-bug"]
+    assert forge.git("--git-dir", str(forge.root / "pidispatch-bot/web.git"), "rev-parse", f"{head}^") == forge.sha
+    (pull,) = forge.pulls()
+    assert (pull["fork"], pull["head"], pull["base"], pull["sha"]) == ("pidispatch-bot/web", "pi/7-fix-bug", "main",
+                                                                       head)
+    assert publication.pull_request == pull["number"] and pull["issues"] == [7]
+
+    # A retried publish step finds the one it opened.
+    again, _ = publish(spec, dirs, workspace)
+    assert again.pull_request == pull["number"] and len(forge.pulls()) == 1
+
+
+@github_only
+def test_through_the_fork_a_pull_requests_work_is_a_pull_request_into_its_branch(tmp_path, forge):
+    forge.forges.github_forks("acme/web")
+    pull, feature_sha = pull_request_on_branch(forge)
+    spec = forge.spec("job-fork-pr", target_type="pull_request", number=pull["number"], publish_to="fork")
+    dirs, workspace = start(tmp_path, spec)
+    (dirs.workspace / "feature.txt").write_text("done\n")
+
+    publication, reason = publish(spec, dirs, workspace)
+
+    assert (reason, publication.outcome) == ("", "published")
+    assert forge.branches()["feature"] == feature_sha  # the pull request's own branch is left as it was
+    new = [item for item in forge.pulls() if item["number"] != pull["number"]]
+    assert [(item["fork"], item["base"]) for item in new] == [("pidispatch-bot/web", "feature")]
+    assert publication.pull_request == new[0]["number"]
+
+
+@pytest.mark.parametrize("forge", ["gitlab", "forgejo", "azure"], indirect=True)
+def test_a_forge_that_cannot_fork_refuses_the_job_before_it_runs_never_publishing_to_the_origin(tmp_path, forge):
+    spec = forge.spec("job-no-fork", number=7, publish_to="fork")
+    with pytest.raises(publishing.ForgeFailure) as refused:
+        start(tmp_path, spec)
+    assert (refused.value.reason, refused.value.transient) == ("fork-unavailable", False)
+    assert forge.branches() == {"main": forge.sha}
+
+
 @github_only
 @pytest.mark.parametrize("path, reason", [(".github/workflows/ci.yml", "ci-change-refused"),
                                           (".gitmodules", "submodule-change-refused")])

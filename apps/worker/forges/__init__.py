@@ -31,6 +31,7 @@ from apps.worker.forges.base import (
     Credential,
     ForgeClient,
     ForgeFailure,
+    Fork,
     Identity,
     IdentityUnavailable,
     PullHead,
@@ -40,9 +41,9 @@ from apps.worker.forges.base import (
 )
 from apps.worker.forges.github_app import AppKeyError, GitHubApp, load_private_key
 
-__all__ = ["Authority", "BranchHead", "Credential", "ForgeClient", "ForgeFailure", "Identity", "IdentityUnavailable",
-           "PullHead", "PullRequest", "RepoRef", "Subject", "forge_client", "forge_client_classes",
-           "github_app_problem"]
+__all__ = ["Authority", "BranchHead", "Credential", "ForgeClient", "ForgeFailure", "Fork", "Identity",
+           "IdentityUnavailable", "PullHead", "PullRequest", "RepoRef", "Subject", "forge_client",
+           "forge_client_classes", "github_app_problem"]
 
 
 def github_app_problem() -> str:

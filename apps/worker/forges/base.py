@@ -144,6 +144,15 @@ class PullHead:
 
 
 @dataclass(frozen=True)
+class Fork:
+    """The deployment's fork of a repository, where its jobs' work is pushed: a pull request from it is an outside
+    contribution, so the origin's CI gives it no secret until a person approves it."""
+
+    repo: str  # owner/name of the fork
+    clone_url: str  # on the forge's own host (the token goes there)
+
+
+@dataclass(frozen=True)
 class PullRequest:
     number: int
     url: str  # its web page (for the run record and the admin's link)
@@ -399,6 +408,7 @@ class ForgeClient:
     max_description_chars = 65_535
     draft_prefix = ""  # prepended to a draft's title where the forge marks drafts by their title
     identity_path = "/user"  # under base_url: who the token is (self_identity, and `doctor --live`)
+    forks = False  # whether this client publishes through the deployment's fork (`run.publishTo: fork`)
 
     @classmethod
     def from_settings(cls, **common) -> ForgeClient:
@@ -485,19 +495,22 @@ class ForgeClient:
             raise failure_for_unreachable(error) from None
 
     def find_pull_request(self, ref: RepoRef, head_branch: str, base_branch: str,
-                          credential: Credential) -> PullRequest | None:
-        """The OPEN pull/merge request from `head_branch` of this same repository into `base_branch`, or
-        None. Raises ForgeFailure."""
+                          credential: Credential, fork: Fork | None = None) -> PullRequest | None:
+        """The OPEN pull/merge request from `head_branch` of this same repository (of `fork`, when given) into
+        `base_branch`, or None. Raises ForgeFailure."""
         _check_branches(head_branch, base_branch)
         try:
+            if fork is not None:
+                return self._find_fork_pull_request(ref, fork, head_branch, base_branch, credential)
             return self._find_pull_request(ref, head_branch, base_branch, credential)
         except Unreachable as error:
             raise failure_for_unreachable(error) from None
 
     def open_pull_request(self, ref: RepoRef, *, head_branch: str, base_branch: str, title: str, body: str,
-                          draft: bool, issue_number: int | None, credential: Credential) -> PullRequest:
-        """Open a pull/merge request from `head_branch` (of this repository) into `base_branch`, linking
-        `issue_number` the forge's way. One that is already open for the two branches is the answer too,
+                          draft: bool, issue_number: int | None, credential: Credential,
+                          fork: Fork | None = None) -> PullRequest:
+        """Open a pull/merge request from `head_branch` (of this repository, or of `fork`) into `base_branch`,
+        linking `issue_number` the forge's way. One that is already open for the two branches is the answer too,
         so a retried publish never opens a second one. Raises ForgeFailure."""
         _check_branches(head_branch, base_branch)
         if head_branch == base_branch or not isinstance(title, str) or not title.strip() or not isinstance(body, str):
@@ -511,7 +524,8 @@ class ForgeClient:
         separator = "\n\n" if link and body else ""
         body = fit(body, self.max_description_chars - len(separator) - len(link), "\n\n… (cut to fit)")
         try:
-            response = self._open_pull_request(ref, head_branch, base_branch, title, body + separator + link,
+            head = self._fork_head(fork, head_branch) if fork is not None else head_branch
+            response = self._open_pull_request(ref, head, base_branch, title, body + separator + link,
                                                 draft is True, issue_number, credential)
             if response.status in (200, 201):
                 if not isinstance(response.data, dict):
@@ -519,13 +533,24 @@ class ForgeClient:
                 return self._opened(ref, response.data)
             if not self._already_exists(response):
                 raise failure_for(response)
-            existing = self._find_pull_request(ref, head_branch, base_branch, credential)
+            existing = (self._find_fork_pull_request(ref, fork, head_branch, base_branch, credential)
+                        if fork is not None else self._find_pull_request(ref, head_branch, base_branch, credential))
         except Unreachable as error:
             raise failure_for_unreachable(error) from None
         if existing is None:
             # The forge says one is open, yet none is listed: closed in between (a retry opens a new one).
             raise ForgeFailure("pull-request-conflict", transient=True)
         return existing
+
+    def fork(self, ref: RepoRef, credential: Credential) -> Fork:
+        """The deployment's fork of the repository, made when there is none yet, ready to push to. Raises
+        ForgeFailure: `fork-unavailable` where this forge (or its credentials) cannot fork here."""
+        if not self.forks:
+            raise ForgeFailure("fork-unavailable", transient=False)
+        try:
+            return self._fork(ref, credential)
+        except Unreachable as error:
+            raise failure_for_unreachable(error) from None
 
     def git_authorization(self, credential: Credential) -> str:
         """The `Authorization` header git sends (never put into a URL, a config file or an argv)."""
@@ -579,6 +604,17 @@ class ForgeClient:
 
     def _opened(self, ref: RepoRef, data: dict) -> PullRequest:
         """The pull request a successful create answered with."""
+        raise NotImplementedError
+
+    def _fork(self, ref: RepoRef, credential: Credential) -> Fork:
+        raise NotImplementedError
+
+    def _fork_head(self, fork: Fork, head_branch: str) -> str:
+        """How a create names a branch of the fork as its head."""
+        raise NotImplementedError
+
+    def _find_fork_pull_request(self, ref: RepoRef, fork: Fork, head_branch: str, base_branch: str,
+                                credential: Credential) -> PullRequest | None:
         raise NotImplementedError
 
     def _already_exists(self, response: Response) -> bool:

@@ -8,6 +8,7 @@ used as it is. When both are configured the App is used for everything (lookups,
 
 from __future__ import annotations
 
+import time
 from urllib.parse import quote, urlencode
 
 from django.conf import settings
@@ -18,6 +19,7 @@ from apps.worker.forges.base import (
     Credential,
     ForgeClient,
     ForgeFailure,
+    Fork,
     Identity,
     IdentityUnavailable,
     PullHead,
@@ -26,8 +28,11 @@ from apps.worker.forges.base import (
     Response,
     Subject,
     Unreachable,
+    failure_for,
     is_int_like,
+    part,
     repo_halves,
+    split_repo,
 )
 from apps.worker.forges.github_app import GitHubApp
 
@@ -38,6 +43,8 @@ PROTECTING_RULES = {"pull_request", "update"}
 # What a job's App token may do: push the work, open its pull request, comment. Never `workflows`: a token
 # without it cannot push a change under .github/workflows/.
 JOB_PERMISSIONS = {"contents": "write", "pull_requests": "write", "issues": "write"}
+# GitHub makes a fork in the background and answers before it is there; how long its first GET may take to find it.
+FORK_READY_SECONDS = 60
 
 
 class GitHubClient(ForgeClient):
@@ -49,6 +56,7 @@ class GitHubClient(ForgeClient):
     max_description_chars = 65_536
     # docs.github.com, "About large files on GitHub": files larger than 100 MiB are blocked.
     max_file_bytes = 100 * 1024 * 1024
+    forks = True
 
     @classmethod
     def from_settings(cls, **common) -> GitHubClient:
@@ -176,6 +184,51 @@ class GitHubClient(ForgeClient):
 
     def _opened(self, ref: RepoRef, data: dict) -> PullRequest:
         return self._pull_request_of(ref, data.get("number"))
+
+    # --- the deployment's fork ---
+
+    def _fork(self, ref: RepoRef, credential: Credential) -> Fork:
+        """POST /repos/{owner}/{repo}/forks makes the token's account's fork, or answers the one it has; then the
+        fork's own GET, once GitHub has made it. An App's job token covers the one repository, not a fork: this
+        release forks with a personal access token only."""
+        if self.app is not None:
+            raise ForgeFailure("fork-unavailable", transient=False)
+        owner, name = repo_halves(ref)
+        response = self._send("POST", f"{self.base_url}/repos/{owner}/{name}/forks", {"default_branch_only": True},
+                              credential.token)
+        if response.status not in (200, 202):
+            raise failure_for(response)
+        data = response.data if isinstance(response.data, dict) else {}
+        full_name, parent = data.get("full_name"), part(data, "parent").get("full_name")
+        if data.get("fork") is not True or not isinstance(full_name, str) or split_repo(full_name) is None \
+                or not isinstance(parent, str) or parent.lower() != ref.repo.lower() \
+                or full_name.lower() == ref.repo.lower():
+            raise ForgeFailure("fork-unavailable", transient=False)  # what answered is not a fork of this one
+        fork = Fork(repo=full_name, clone_url=self.own_clone_url(data.get("clone_url")))
+        deadline = time.monotonic() + FORK_READY_SECONDS
+        while True:
+            ready = self._get(f"{self.base_url}/repos/{full_name}", credential.token)
+            if ready.status == 200:
+                return fork
+            if ready.status != 404:
+                raise failure_for(ready)
+            if time.monotonic() > deadline:
+                raise ForgeFailure("fork-not-ready", transient=True)
+            time.sleep(1)
+
+    def _fork_head(self, fork: Fork, head_branch: str) -> str:
+        return f"{fork.repo.split('/')[0]}:{head_branch}"
+
+    def _find_fork_pull_request(self, ref: RepoRef, fork: Fork, head_branch: str, base_branch: str,
+                                credential: Credential) -> PullRequest | None:
+        query = urlencode({"state": "open", "head": self._fork_head(fork, head_branch), "base": base_branch,
+                           "per_page": 100})
+        pulls = self._answer(self._get(f"{self._pulls_url(ref)}?{query}", credential.token), list)
+
+        def from_the_fork(head: dict, base: dict) -> bool:
+            return str(part(head, "repo").get("full_name") or "").lower() == fork.repo.lower()
+
+        return self._oldest(ref, self._shared_shape_open(pulls, head_branch, base_branch, from_the_fork), "number")
 
     def _already_exists(self, response: Response) -> bool:
         # 422 {"message": "Validation Failed", "errors": [{"code": "custom", "message": "A pull request already

@@ -27,7 +27,16 @@ from pathlib import Path
 
 from django.conf import settings
 
-from apps.worker.forges import BranchHead, Credential, ForgeClient, ForgeFailure, PullHead, RepoRef, forge_client
+from apps.worker.forges import (
+    BranchHead,
+    Credential,
+    ForgeClient,
+    ForgeFailure,
+    Fork,
+    PullHead,
+    RepoRef,
+    forge_client,
+)
 from apps.worker.jobs import JobSpec
 from apps.worker.sandbox import repo_skills
 from apps.worker.sandbox.gitrun import run_git
@@ -51,6 +60,7 @@ class ForgeWorkspace:
     head: BranchHead  # the default branch as it was when the job started
     pi_files: int
     pull: PullHead | None = None  # a job triggered on a pull request: its head, which the agent starts from
+    fork: Fork | None = None  # `run.publishTo: fork`: the deployment's fork, made before the agent runs
 
     @property
     def start_sha(self) -> str:
@@ -79,6 +89,9 @@ def prepare(spec: JobSpec, dirs: JobDirs, owner: tuple[int, int]) -> ForgeWorksp
         if not head.protected:
             # The job's token can merge: an unprotected default branch is one prompt injection from owned.
             raise ForgeFailure("unprotected-branch", transient=False)
+        # Made before the agent runs: a forge (or credentials) that cannot fork refuses the job before any spend,
+        # never publishing to the origin instead.
+        fork = client.fork(ref, credential) if spec.publish_to == "fork" else None
         pull = None
         if spec.target_type == "pull_request" and spec.number is not None:
             pull = client.pull_head(ref, spec.number, credential)
@@ -98,7 +111,7 @@ def prepare(spec: JobSpec, dirs: JobDirs, owner: tuple[int, int]) -> ForgeWorksp
     logger.info("workspace_cloned job=%s sha=%s pull=%s pi_files=%d clone_ms=%.0f", spec.job_id, start[:12],
                 "-" if pull is None else ("same-repo" if pull.same_repository else "fork"), pi_files,
                 (time.perf_counter() - started) * 1000)
-    return ForgeWorkspace(client=client, credential=credential, head=head, pi_files=pi_files, pull=pull)
+    return ForgeWorkspace(client=client, credential=credential, head=head, pi_files=pi_files, pull=pull, fork=fork)
 
 
 def checkout_pull_head(folder: Path, pull: PullHead, authorization: str) -> None:

@@ -8,6 +8,10 @@ Called by the gate ladder after a completed run (step 14), and by `Publish again
                                     a pull request from a fork: the summary as a comment, nothing pushed
                                     otherwise: pushed to a new branch `pi/<number>-<flow>`, and one pull/merge
                                       request opened against the default branch (draft unless PI_PR_DRAFT=false)
+    with `run.publishTo: fork` ──> pushed to a new branch of the deployment's fork (made before the agent ran),
+                                      and one pull request opened from there: into the default branch, or into
+                                      the triggering pull request's branch; the origin's CI treats it as an
+                                      outside contribution and gives it no secret until a person approves it
     no commits ──────────────────> the agent's summary as one comment (nothing-to-publish without one)
     a summary holding a credential ──> nothing published (summary-held-secret), the work kept (messages.py says why)
 
@@ -31,7 +35,7 @@ from pathlib import Path
 from django.conf import settings
 
 from apps import forge_registry
-from apps.worker.forges import Credential, ForgeClient, ForgeFailure, PullHead, RepoRef, forge_client
+from apps.worker.forges import Credential, ForgeClient, ForgeFailure, Fork, PullHead, RepoRef, forge_client
 from apps.worker.forges.publishing import changes as work_changes
 from apps.worker.forges.publishing import checks, kept, messages
 from apps.worker.forges.publishing.work import Work, WorkUnreadable, bot_identity, collect
@@ -70,6 +74,13 @@ class Destination:
     clone_url: str
     pull: PullHead | None
     allow_ci_changes: bool
+    # `run.publishTo: fork`: the deployment's fork the work is pushed to, its pull request opened from there.
+    fork_repo: str = ""
+    fork_clone_url: str = ""
+
+    @property
+    def fork(self) -> Fork | None:
+        return Fork(repo=self.fork_repo, clone_url=self.fork_clone_url) if self.fork_repo else None
 
 
 class PublishRefused(Exception):
@@ -100,7 +111,9 @@ def destination_for(spec, workspace) -> Destination:
                        target_type=spec.target_type, number=spec.number, job_branch=branch_for(spec),
                        base_branch=workspace.head.name, start_sha=workspace.start_sha,
                        clone_url=workspace.head.clone_url, pull=workspace.pull,
-                       allow_ci_changes=spec.allow_ci_changes)
+                       allow_ci_changes=spec.allow_ci_changes,
+                       fork_repo=workspace.fork.repo if workspace.fork else "",
+                       fork_clone_url=workspace.fork.clone_url if workspace.fork else "")
 
 
 def forge_tokens(workspace) -> list[str]:
@@ -202,25 +215,29 @@ def _publish(spec, destination: Destination, work: Work, client, credential, sum
         return _comment(spec, destination, client, summary)
     if pull is not None and not pull.same_repository:
         return _comment(spec, destination, client, summary, note=FORK_NOTE.format(n=work.commits))
-    if pull is not None:
+    fork = destination.fork
+    if pull is not None and fork is None:
         pushed = _push(work, destination.clone_url, pull.branch, client, credential)
         if pushed == "moved":
             _comment(spec, destination, client, summary, note=MOVED_NOTE.format(n=work.commits))
             return Publication(BRANCH_MOVED, pull_request=pull.number, pushed_commits=0)
         return Publication(PUBLISHED, pull_request=pull.number, pushed_commits=work.commits)
+    # From the fork, a pull request's own work is a pull request into its branch; the rest into the default branch.
+    push_url = fork.clone_url if fork is not None else destination.clone_url
+    base = pull.branch if pull is not None else destination.base_branch
     branch = destination.job_branch
-    if _push(work, destination.clone_url, branch, client, credential) == "moved":
+    if _push(work, push_url, branch, client, credential) == "moved":
         # The name is taken by earlier work (another job on the same issue): this job's own, stable suffix.
         branch = f"{branch}-{hashlib.sha256(spec.job_id.encode()).hexdigest()[:8]}"
-        if _push(work, destination.clone_url, branch, client, credential) == "moved":
+        if _push(work, push_url, branch, client, credential) == "moved":
             raise PublishRefused("push-refused")
-    existing = _forge_call(client.find_pull_request, destination.ref, branch, destination.base_branch, credential)
+    existing = _forge_call(client.find_pull_request, destination.ref, branch, base, credential, fork)
     if existing is None:
         existing = _forge_call(
-            client.open_pull_request, destination.ref, head_branch=branch, base_branch=destination.base_branch,
+            client.open_pull_request, destination.ref, head_branch=branch, base_branch=base,
             title=messages.title(spec, summary), body=messages.body(spec, summary, client.max_description_chars),
             draft=settings.PI_PR_DRAFT, issue_number=destination.number if destination.target_type == "issue" else None,
-            credential=credential)
+            credential=credential, fork=fork)
     return Publication(PUBLISHED, pull_request=existing.number, pushed_commits=work.commits, url=existing.url)
 
 

@@ -320,7 +320,7 @@ class FakeForge:
         def create(request):
             with self._pull_lock:
                 if fork not in self.forks and self.git_root is not None:
-                    origin = self.git_root / f"{repo}.git"
+                    origin = self.git_root / f"{self._context('github', repo)['git_name']}.git"
                     copy = self.git_root / f"{fork}.git"
                     if origin.is_dir() and not copy.exists():
                         subprocess.run(["git", "clone", "-q", "--bare", str(origin), str(copy)], check=True,

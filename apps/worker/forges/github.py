@@ -197,7 +197,11 @@ class GitHubClient(ForgeClient):
         response = self._send("POST", f"{self.base_url}/repos/{owner}/{name}/forks", {"default_branch_only": True},
                               credential.token)
         if response.status not in (200, 202):
-            raise failure_for(response)
+            failure = failure_for(response)
+            if failure.transient:
+                raise failure
+            # Forking refused (a 403/404/422: forking disabled, a token that may not): the job is not run.
+            raise ForgeFailure("fork-unavailable", transient=False, forge_message=failure.forge_message)
         data = response.data if isinstance(response.data, dict) else {}
         full_name, parent = data.get("full_name"), part(data, "parent").get("full_name")
         if data.get("fork") is not True or not isinstance(full_name, str) or split_repo(full_name) is None \

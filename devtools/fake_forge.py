@@ -306,11 +306,12 @@ class FakeForge:
         self._pull_repository("github", repo, git_name=repo)
         self._github_pull_routes(re.escape(repo))
 
-    def github_forks(self, repo: str, owner: str = "pidispatch-bot") -> None:
-        """GitHub's fork API for `repo` (docs.github.com/rest/repos/forks): a POST makes `owner`'s fork, a bare copy
-        of the served repository, and answers 202 with it (a second POST answers the same fork); a pull request
-        whose head is `owner:<branch>` comes from it."""
+    def add_forks(self, forge: str, repo: str, owner: str = "pidispatch-bot") -> None:
+        """The fork API of GitHub (docs.github.com/rest/repos/forks) or Forgejo (POST /api/v1/repos/.../forks) for
+        `repo`: a POST makes `owner`'s fork, a bare copy of the served repository, and answers 202 with it (a second
+        POST answers the same fork); a pull request whose head is `owner:<branch>` comes from it."""
         fork = f"{owner}/{repo.split('/')[1]}"
+        api = {"github": "", "forgejo": "/api/v1"}[forge]
 
         def answer(request=None):
             return {"id": _number_of(fork), "full_name": fork, "fork": True, "default_branch": "main",
@@ -320,16 +321,16 @@ class FakeForge:
         def create(request):
             with self._pull_lock:
                 if fork not in self.forks and self.git_root is not None:
-                    origin = self.git_root / f"{self._context('github', repo)['git_name']}.git"
+                    origin = self.git_root / f"{self._context(forge, repo)['git_name']}.git"
                     copy = self.git_root / f"{fork}.git"
                     if origin.is_dir() and not copy.exists():
                         subprocess.run(["git", "clone", "-q", "--bare", str(origin), str(copy)], check=True,
                                        capture_output=True)
                 self.forks[fork] = repo
-                self.routes[f"/repos/{fork}"] = (200, answer())
+                self.routes[f"{api}/repos/{fork}"] = (200, answer())
             return 202, answer()
 
-        self.routes[("POST", f"/repos/{repo}/forks")] = create
+        self.routes[("POST", f"{api}/repos/{repo}/forks")] = create
 
     def github_app(self, app_id: str, installation_id: str, public_key, account: str, token: str = "ghs_jobtoken"):
         """The installation-token exchange, checking the App's RS256 JWT as GitHub does; each minted token is
@@ -762,20 +763,24 @@ class FakeForge:
         missing = [name for name in ("head", "base", "title") if not body.get(name)]
         if missing:
             return 422, {"message": f"[{missing[0].capitalize()}]: Required", "url": f"{self.url}/api/swagger"}
-        if body["head"] == body["base"]:
+        owner, _, head = str(body["head"]).rpartition(":")
+        fork = f"{owner}/{repo.split('/')[1]}" if owner else None
+        if fork is not None and self.forks.get(fork, "").lower() != repo.lower():
+            return 404, {"message": "The target couldn't be found.", "url": f"{self.url}/api/swagger"}
+        if head == body["base"] and fork is None:
             return 422, {"message": "Invalid PullRequest: There are no changes between the head and the base",
                          "url": f"{self.url}/api/swagger"}
         with self._pull_lock:
-            existing = self._open_duplicate("forgejo", repo, body["head"], body["base"])
+            existing = self._open_duplicate("forgejo", repo, head, body["base"], fork)
             if existing:
                 return 409, {"message": f"pull request already exists for these targets [id: {existing['number']}, "
                                         f"issue_id: {existing['number']}, head_repo_id: {_number_of(repo)}, "
                                         f"base_repo_id: {_number_of(repo)}, head_branch: {body['head']}, "
                                         f"base_branch: {body['base']}]", "url": f"{self.url}/api/swagger"}
-            pr = self._created("forgejo", repo, head=body["head"], base=body["base"], title=body["title"],
+            pr = self._created("forgejo", repo, head=head, base=body["base"], title=body["title"],
                                body=body.get("body") or "",
                                draft=body["title"].lower().startswith(FORGEJO_WIP),
-                               issues=_closing_keywords(body.get("body") or ""))
+                               issues=_closing_keywords(body.get("body") or ""), fork=fork)
         return 201, self._forgejo_json(pr)
 
     # Azure DevOps: Git Pull Requests API 7.1 (learn.microsoft.com/rest/api/azure/devops/git/pull-requests)

@@ -22,7 +22,7 @@ def heads(bare) -> set[str]:
 def test_a_job_that_publishes_through_the_fork_leaves_the_origin_without_a_branch_of_its_own(tmp_path, run_worker):
     forge = github_for_any_repository(tmp_path / "forge", STAND_IN_TOKEN, {"README.md": "A repository.\n"})
     try:
-        forge.github_forks("acme/web")
+        forge.add_forks("github", "acme/web")
         spec = forge_spec("gh-through-fork", body="fake-agent:write-mb=1 Please fix it.", secrets_profile="",
                           publish_to="fork")
         enqueue_spec(spec)

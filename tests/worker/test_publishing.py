@@ -235,30 +235,38 @@ def test_a_pull_request_from_a_fork_only_gets_a_comment(tmp_path, forge):
 
 # --- run.publishTo: fork (issue 46 §2): the agent's branch where the origin's CI gives it no secret ----------------
 
-def fork_branches(forge, fork="pidispatch-bot/web") -> dict[str, str]:
-    listing = subprocess.run(["git", "-C", str(forge.root / f"{fork}.git"), "for-each-ref",
-                              "--format=%(refname:short) %(objectname)", "refs/heads"],
-                             capture_output=True, text=True, check=True).stdout
+forking = pytest.mark.parametrize("forge", ["github", "forgejo"], indirect=True)
+
+
+def with_fork(forge) -> tuple[str, Path]:
+    """The stand-in's fork API for the forge's repository: the fork's name and its bare repository."""
+    forge.forges.add_forks(forge.name, forge.repo)
+    fork = f"pidispatch-bot/{forge.repo.split('/')[1]}"
+    return fork, forge.root / f"{fork}.git"
+
+
+def heads_of(bare: Path) -> dict[str, str]:
+    listing = subprocess.run(["git", "-C", str(bare), "for-each-ref", "--format=%(refname:short) %(objectname)",
+                              "refs/heads"], capture_output=True, text=True, check=True).stdout
     return dict(line.split() for line in listing.splitlines())
 
 
-@github_only
+@forking
 def test_through_the_fork_the_work_is_pushed_there_and_its_pull_request_comes_from_it(tmp_path, forge):
-    forge.forges.github_forks("acme/web")
+    fork, bare = with_fork(forge)
     spec = forge.spec("job-fork-mode", number=7, publish_to="fork")
     dirs, workspace = start(tmp_path, spec)
-    assert workspace.fork.repo == "pidispatch-bot/web"  # made before the agent ran
+    assert workspace.fork.repo == fork  # made before the agent ran
     (dirs.workspace / "src" / "footer.css").write_text("footer { margin-top: 2em; }\n")
 
     publication, reason = publish(spec, dirs, workspace)
 
     assert (reason, publication.outcome, publication.pushed_commits) == ("", "published", 1)
     assert "pi/7-fix-bug" not in forge.branches()  # nothing of the agent's in the origin, where CI has secrets
-    head = fork_branches(forge)["pi/7-fix-bug"]
-    assert forge.git("--git-dir", str(forge.root / "pidispatch-bot/web.git"), "rev-parse", f"{head}^") == forge.sha
+    head = heads_of(bare)["pi/7-fix-bug"]
+    assert forge.git("--git-dir", str(bare), "rev-parse", f"{head}^") == forge.sha
     (pull,) = forge.pulls()
-    assert (pull["fork"], pull["head"], pull["base"], pull["sha"]) == ("pidispatch-bot/web", "pi/7-fix-bug", "main",
-                                                                       head)
+    assert (pull["fork"], pull["head"], pull["base"], pull["sha"]) == (fork, "pi/7-fix-bug", "main", head)
     assert publication.pull_request == pull["number"] and pull["issues"] == [7]
 
     # A retried publish step finds the one it opened.
@@ -266,9 +274,9 @@ def test_through_the_fork_the_work_is_pushed_there_and_its_pull_request_comes_fr
     assert again.pull_request == pull["number"] and len(forge.pulls()) == 1
 
 
-@github_only
+@forking
 def test_through_the_fork_a_pull_requests_work_is_a_pull_request_into_its_branch(tmp_path, forge):
-    forge.forges.github_forks("acme/web")
+    fork, _ = with_fork(forge)
     pull, feature_sha = pull_request_on_branch(forge)
     spec = forge.spec("job-fork-pr", target_type="pull_request", number=pull["number"], publish_to="fork")
     dirs, workspace = start(tmp_path, spec)
@@ -279,11 +287,11 @@ def test_through_the_fork_a_pull_requests_work_is_a_pull_request_into_its_branch
     assert (reason, publication.outcome) == ("", "published")
     assert forge.branches()["feature"] == feature_sha  # the pull request's own branch is left as it was
     new = [item for item in forge.pulls() if item["number"] != pull["number"]]
-    assert [(item["fork"], item["base"]) for item in new] == [("pidispatch-bot/web", "feature")]
+    assert [(item["fork"], item["base"]) for item in new] == [(fork, "feature")]
     assert publication.pull_request == new[0]["number"]
 
 
-@pytest.mark.parametrize("forge", ["gitlab", "forgejo", "azure"], indirect=True)
+@pytest.mark.parametrize("forge", ["gitlab", "azure"], indirect=True)
 def test_a_forge_that_cannot_fork_refuses_the_job_before_it_runs_never_publishing_to_the_origin(tmp_path, forge):
     spec = forge.spec("job-no-fork", number=7, publish_to="fork")
     with pytest.raises(publishing.ForgeFailure) as refused:

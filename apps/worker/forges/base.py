@@ -383,6 +383,10 @@ class TTLCache:
             self._entries.clear()
 
 
+# A forge that makes a fork in the background answers before it is there; how long its first GET may take to find it.
+FORK_READY_SECONDS = 60
+
+
 class ForgeClient:
     """One forge's API as the receiver and the worker need it.
 
@@ -608,6 +612,46 @@ class ForgeClient:
 
     def _fork(self, ref: RepoRef, credential: Credential) -> Fork:
         raise NotImplementedError
+
+    def _shared_shape_fork(self, api_root: str, ref: RepoRef, credential: Credential) -> Fork:
+        """GitHub's and Forgejo's shape: POST {api_root}/repos/{owner}/{name}/forks makes the token's account's
+        fork, or answers the one it has (202, the fork's repository); then the fork's own GET, once the forge has
+        made it (GitHub makes it in the background)."""
+        owner, name = repo_halves(ref)
+        response = self._send("POST", f"{api_root}/repos/{owner}/{name}/forks", {}, credential.token)
+        if response.status not in (200, 201, 202):
+            failure = failure_for(response)
+            if failure.transient:
+                raise failure
+            # Forking refused (a 403/404/422: forking disabled, a token that may not): the job is not run.
+            raise ForgeFailure("fork-unavailable", transient=False, forge_message=failure.forge_message)
+        data = response.data if isinstance(response.data, dict) else {}
+        full_name, parent = data.get("full_name"), part(data, "parent").get("full_name")
+        if data.get("fork") is not True or not isinstance(full_name, str) or split_repo(full_name) is None \
+                or not isinstance(parent, str) or parent.lower() != ref.repo.lower() \
+                or full_name.lower() == ref.repo.lower():
+            raise ForgeFailure("fork-unavailable", transient=False)  # what answered is not a fork of this one
+        fork = Fork(repo=full_name, clone_url=self.own_clone_url(data.get("clone_url")))
+        deadline = time.monotonic() + FORK_READY_SECONDS
+        while True:
+            ready = self._get(f"{api_root}/repos/{full_name}", credential.token)
+            if ready.status == 200:
+                return fork
+            if ready.status != 404:
+                raise failure_for(ready)
+            if time.monotonic() > deadline:
+                raise ForgeFailure("fork-not-ready", transient=True)
+            time.sleep(1)
+
+    @staticmethod
+    def _owner_head(fork: Fork, head_branch: str) -> str:
+        """GitHub's and Forgejo's name of a fork's branch as a pull request's head: `owner:branch`."""
+        return f"{fork.repo.split('/')[0]}:{head_branch}"
+
+    @staticmethod
+    def _from_fork(fork: Fork):
+        """A `same_repository`-shaped test that a GitHub- or Forgejo-shaped head is the fork's branch."""
+        return lambda head, base: str(part(head, "repo").get("full_name") or "").lower() == fork.repo.lower()
 
     def _fork_head(self, fork: Fork, head_branch: str) -> str:
         """How a create names a branch of the fork as its head."""

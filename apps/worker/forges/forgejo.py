@@ -14,6 +14,7 @@ from apps.worker.forges.base import (
     Credential,
     ForgeClient,
     ForgeFailure,
+    Fork,
     Identity,
     PullHead,
     PullRequest,
@@ -33,6 +34,7 @@ MAX_PAGES = 20
 
 class ForgejoClient(ForgeClient):
     forge = "forgejo"
+    forks = True
 
     @classmethod
     def from_settings(cls, **common) -> ForgejoClient:
@@ -95,13 +97,15 @@ class ForgejoClient(ForgeClient):
         return self._shared_shape_head(pull, number, _same_repository)
 
     def _find_pull_request(self, ref: RepoRef, head_branch: str, base_branch: str,
-                           credential: Credential) -> PullRequest | None:
+                           credential: Credential, same_repository=None) -> PullRequest | None:
+        """The open one from `head_branch` of this repository (or whose head `same_repository` accepts)."""
+        same_repository = same_repository or _same_repository
         found, seen = [], 0
         for page in range(1, MAX_PAGES + 1):
             query = urlencode({"state": "open", "sort": "recentupdate", "page": page, "limit": PAGE_SIZE})
             response = self._get(f"{self._pulls_url(ref)}?{query}", credential.token)
             pulls = self._answer(response, list)
-            found += self._shared_shape_open(pulls, head_branch, base_branch, _same_repository)
+            found += self._shared_shape_open(pulls, head_branch, base_branch, same_repository)
             seen += len(pulls)
             total = response.headers.get("x-total-count", "")
             if found or not pulls or (total.isdigit() and seen >= int(total)):
@@ -118,6 +122,18 @@ class ForgejoClient(ForgeClient):
 
     def _opened(self, ref: RepoRef, data: dict) -> PullRequest:
         return self._pull_request_of(ref, data.get("number"))
+
+    # --- the deployment's fork ---
+
+    def _fork(self, ref: RepoRef, credential: Credential) -> Fork:
+        return self._shared_shape_fork(f"{self.base_url}/api/v1", ref, credential)
+
+    def _fork_head(self, fork: Fork, head_branch: str) -> str:
+        return self._owner_head(fork, head_branch)
+
+    def _find_fork_pull_request(self, ref: RepoRef, fork: Fork, head_branch: str, base_branch: str,
+                                credential: Credential) -> PullRequest | None:
+        return self._find_pull_request(ref, head_branch, base_branch, credential, self._from_fork(fork))
 
     def _already_exists(self, response: Response) -> bool:
         # 409 "pull request already exists for these targets [...]"

@@ -8,7 +8,6 @@ used as it is. When both are configured the App is used for everything (lookups,
 
 from __future__ import annotations
 
-import time
 from urllib.parse import quote, urlencode
 
 from django.conf import settings
@@ -28,11 +27,8 @@ from apps.worker.forges.base import (
     Response,
     Subject,
     Unreachable,
-    failure_for,
     is_int_like,
-    part,
     repo_halves,
-    split_repo,
 )
 from apps.worker.forges.github_app import GitHubApp
 
@@ -43,8 +39,6 @@ PROTECTING_RULES = {"pull_request", "update"}
 # What a job's App token may do: push the work, open its pull request, comment. Never `workflows`: a token
 # without it cannot push a change under .github/workflows/.
 JOB_PERMISSIONS = {"contents": "write", "pull_requests": "write", "issues": "write"}
-# GitHub makes a fork in the background and answers before it is there; how long its first GET may take to find it.
-FORK_READY_SECONDS = 60
 
 
 class GitHubClient(ForgeClient):
@@ -188,51 +182,22 @@ class GitHubClient(ForgeClient):
     # --- the deployment's fork ---
 
     def _fork(self, ref: RepoRef, credential: Credential) -> Fork:
-        """POST /repos/{owner}/{repo}/forks makes the token's account's fork, or answers the one it has; then the
-        fork's own GET, once GitHub has made it. An App's job token covers the one repository, not a fork: this
-        release forks with a personal access token only."""
+        """The token's account's fork. An App's job token covers the one repository, not a fork: this release
+        forks with a personal access token only."""
         if self.app is not None:
             raise ForgeFailure("fork-unavailable", transient=False)
-        owner, name = repo_halves(ref)
-        response = self._send("POST", f"{self.base_url}/repos/{owner}/{name}/forks", {"default_branch_only": True},
-                              credential.token)
-        if response.status not in (200, 202):
-            failure = failure_for(response)
-            if failure.transient:
-                raise failure
-            # Forking refused (a 403/404/422: forking disabled, a token that may not): the job is not run.
-            raise ForgeFailure("fork-unavailable", transient=False, forge_message=failure.forge_message)
-        data = response.data if isinstance(response.data, dict) else {}
-        full_name, parent = data.get("full_name"), part(data, "parent").get("full_name")
-        if data.get("fork") is not True or not isinstance(full_name, str) or split_repo(full_name) is None \
-                or not isinstance(parent, str) or parent.lower() != ref.repo.lower() \
-                or full_name.lower() == ref.repo.lower():
-            raise ForgeFailure("fork-unavailable", transient=False)  # what answered is not a fork of this one
-        fork = Fork(repo=full_name, clone_url=self.own_clone_url(data.get("clone_url")))
-        deadline = time.monotonic() + FORK_READY_SECONDS
-        while True:
-            ready = self._get(f"{self.base_url}/repos/{full_name}", credential.token)
-            if ready.status == 200:
-                return fork
-            if ready.status != 404:
-                raise failure_for(ready)
-            if time.monotonic() > deadline:
-                raise ForgeFailure("fork-not-ready", transient=True)
-            time.sleep(1)
+        return self._shared_shape_fork(self.base_url, ref, credential)
 
     def _fork_head(self, fork: Fork, head_branch: str) -> str:
-        return f"{fork.repo.split('/')[0]}:{head_branch}"
+        return self._owner_head(fork, head_branch)
 
     def _find_fork_pull_request(self, ref: RepoRef, fork: Fork, head_branch: str, base_branch: str,
                                 credential: Credential) -> PullRequest | None:
-        query = urlencode({"state": "open", "head": self._fork_head(fork, head_branch), "base": base_branch,
+        query = urlencode({"state": "open", "head": self._owner_head(fork, head_branch), "base": base_branch,
                            "per_page": 100})
         pulls = self._answer(self._get(f"{self._pulls_url(ref)}?{query}", credential.token), list)
-
-        def from_the_fork(head: dict, base: dict) -> bool:
-            return str(part(head, "repo").get("full_name") or "").lower() == fork.repo.lower()
-
-        return self._oldest(ref, self._shared_shape_open(pulls, head_branch, base_branch, from_the_fork), "number")
+        return self._oldest(ref, self._shared_shape_open(pulls, head_branch, base_branch, self._from_fork(fork)),
+                            "number")
 
     def _already_exists(self, response: Response) -> bool:
         # 422 {"message": "Validation Failed", "errors": [{"code": "custom", "message": "A pull request already
@@ -242,7 +207,6 @@ class GitHubClient(ForgeClient):
         messages = [error.get("message") for error in response.data.get("errors") or [] if isinstance(error, dict)]
         return any(isinstance(message, str) and message.startswith("A pull request already exists")
                    for message in [*messages, response.data.get("message")])
-
 
 
 def _same_repository(head: dict, base: dict) -> bool:

@@ -332,6 +332,41 @@ class FakeForge:
 
         self.routes[("POST", f"{api}/repos/{repo}/forks")] = create
 
+    def gitlab_forks(self, project_id: int, path: str, owner: str = "pidispatch-bot") -> None:
+        """GitLab's fork API for the project (docs.gitlab.com/api/project_forks): a POST makes `owner`'s fork, a bare
+        copy of the served repository (409 once it exists, the fork then listed by GET .../forks?owned=true); a
+        merge request created on the fork with `target_project_id` lands in the project."""
+        fork_path = f"{owner}/{path.split('/')[-1]}"
+        fork_id = _number_of(fork_path)
+
+        def answer() -> dict:
+            return {"id": fork_id, "path_with_namespace": fork_path, "default_branch": "main",
+                    "http_url_to_repo": f"{self.url}/git/{fork_path}.git", "import_status": "finished",
+                    "forked_from_project": {"id": project_id, "path_with_namespace": path}}
+
+        def create(request):
+            with self._pull_lock:
+                if fork_path in self.forks:
+                    return 409, {"message": {"name": ["has already been taken"], "path": ["has already been taken"]}}
+                if self.git_root is not None:
+                    origin, copy = self.git_root / f"{path}.git", self.git_root / f"{fork_path}.git"
+                    if origin.is_dir() and not copy.exists():
+                        subprocess.run(["git", "clone", "-q", "--bare", str(origin), str(copy)], check=True,
+                                       capture_output=True)
+                self.forks[fork_path] = str(project_id)
+                self.routes[f"/api/v4/projects/{fork_id}"] = (200, answer())
+                self.routes[f"/api/v4/projects/{project_id}/forks"] = (200, [answer()])
+            return 201, answer()
+
+        def merge_request(request):
+            body = request["body"] if isinstance(request["body"], dict) else {}
+            if str(body.get("target_project_id")) != str(project_id):
+                return 400, {"message": "target_project_id is not the fork's parent"}
+            return self._gitlab_create({**request, "body": body}, str(project_id), fork=fork_path)
+
+        self.routes[("POST", f"/api/v4/projects/{project_id}/fork")] = create
+        self.routes[("POST", f"/api/v4/projects/{fork_id}/merge_requests")] = merge_request
+
     def github_app(self, app_id: str, installation_id: str, public_key, account: str, token: str = "ghs_jobtoken"):
         """The installation-token exchange, checking the App's RS256 JWT as GitHub does; each minted token is
         `<token>-<n>` and is listed in `self.minted` with the repositories it was scoped to."""
@@ -695,7 +730,7 @@ class FakeForge:
                  and query.get("target_branch", pr["base"]) == pr["base"]]
         return 200, [self._gitlab_json(pr) for pr in _page(found, query, "per_page", "page", 20)]
 
-    def _gitlab_create(self, request, repo):
+    def _gitlab_create(self, request, repo, fork: str | None = None):
         body = request["body"] if isinstance(request["body"], dict) else {}
         missing = [name for name in ("source_branch", "target_branch", "title") if not body.get(name)]
         if missing:
@@ -706,13 +741,13 @@ class FakeForge:
             return 400, {"message": {"description": ["is too long (maximum is 1000000 characters)"]}}
         head, base = body["source_branch"], body["target_branch"]
         with self._pull_lock:
-            existing = self._open_duplicate("gitlab", repo, head, base)
+            existing = self._open_duplicate("gitlab", repo, head, base, fork)
             if existing:
                 return 409, {"message": [f"Another open merge request already exists for this source branch: "
                                          f"!{existing['number']}"]}
             pr = self._created("gitlab", repo, head=head, base=base, title=body["title"],
                                body=body.get("description") or "", draft=bool(GITLAB_DRAFT.match(body["title"])),
-                               issues=_closing_keywords(body.get("description") or ""))
+                               issues=_closing_keywords(body.get("description") or ""), fork=fork)
         return 201, self._gitlab_json(pr)
 
     # Forgejo / Gitea: the v1 API's swagger (repoGetPullRequest, repoListPullRequests, repoCreatePullRequest)

@@ -129,8 +129,9 @@ class Trigger(models.Model):
         choices=[("", "the deployment's default (origin)"), ("origin", "origin"), ("fork", "fork")],
         help_text="Where the agent's branch is pushed. fork: the deployment's own fork, its pull request an outside "
                   "contribution, so the origin's CI gives it no secret until a person approves it (GitHub, "
-                  "Forgejo; another forge refuses the job fork-unavailable). origin: a branch of the repository "
-                  "itself, where push and pull-request CI runs the agent's code with the repository's secrets.")
+                  "GitLab, Forgejo; another forge refuses the job fork-unavailable). origin: a branch of the "
+                  "repository itself, where push and pull-request CI runs the agent's code with the repository's "
+                  "secrets.")
     packages = models.BooleanField(
         "run.packages", default=True, db_default=True,
         help_text="Load the pi packages staged in the worker's overlay (PI_GLOBAL_PI_DIR). Off: the job runs without "

@@ -92,8 +92,8 @@ WORDS = {
                                             "request; not with parallel agents, secrets or a command."),
     "publish_to": ("Push the work to", "fork: the deployment's own fork; the pull request is an outside "
                                        "contribution, and the repository's CI gives it no secret until a person "
-                                       "approves it (GitHub, Forgejo). origin: a branch of the repository itself, "
-                                       "where its CI runs the agent's code with the repository's secrets. "
+                                       "approves it (GitHub, GitLab, Forgejo). origin: a branch of the repository "
+                                       "itself, where its CI runs the agent's code with the repository's secrets. "
                                        "Empty: origin."),
     "allow_ci_changes": ("May change CI files", "Off: a change to .github/workflows/, .gitlab-ci.yml, ... is not "
                                                 "pushed, and the work is kept for you to review."),

@@ -161,7 +161,7 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
                                "declare one in the host's environment."),
     "fork-unavailable": ("The trigger publishes through the deployment's fork (run.publishTo: fork), and this forge "
                          "or its credentials cannot fork here (this release forks on GitHub with a personal access "
-                         "token, and on Forgejo).",
+                         "token, on GitLab and on Forgejo).",
                          "Publish to the origin (run.publishTo: origin) knowing its CI runs the agent's code with the "
                          "repository's secrets, or configure a token that can fork."),
     "fork-not-ready": ("The forge had not made the deployment's fork in time.", "Nothing to do: the job is retried."),

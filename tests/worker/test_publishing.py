@@ -235,12 +235,15 @@ def test_a_pull_request_from_a_fork_only_gets_a_comment(tmp_path, forge):
 
 # --- run.publishTo: fork (issue 46 §2): the agent's branch where the origin's CI gives it no secret ----------------
 
-forking = pytest.mark.parametrize("forge", ["github", "forgejo"], indirect=True)
+forking = pytest.mark.parametrize("forge", ["github", "gitlab", "forgejo"], indirect=True)
 
 
 def with_fork(forge) -> tuple[str, Path]:
     """The stand-in's fork API for the forge's repository: the fork's name and its bare repository."""
-    forge.forges.add_forks(forge.name, forge.repo)
+    if forge.name == "gitlab":
+        forge.forges.gitlab_forks(int(forge.pull_key), forge.repo)
+    else:
+        forge.forges.add_forks(forge.name, forge.repo)
     fork = f"pidispatch-bot/{forge.repo.split('/')[1]}"
     return fork, forge.root / f"{fork}.git"
 
@@ -275,6 +278,14 @@ def test_through_the_fork_the_work_is_pushed_there_and_its_pull_request_comes_fr
 
 
 @forking
+def test_a_later_job_uses_the_fork_an_earlier_one_made(tmp_path, forge):
+    fork, _ = with_fork(forge)
+    _, first = start(tmp_path / "a", forge.spec("job-a", number=7, publish_to="fork"))
+    _, second = start(tmp_path / "b", forge.spec("job-b", number=8, publish_to="fork"))
+    assert first.fork == second.fork and first.fork.repo == fork
+
+
+@forking
 def test_through_the_fork_a_pull_requests_work_is_a_pull_request_into_its_branch(tmp_path, forge):
     fork, _ = with_fork(forge)
     pull, feature_sha = pull_request_on_branch(forge)
@@ -291,7 +302,7 @@ def test_through_the_fork_a_pull_requests_work_is_a_pull_request_into_its_branch
     assert publication.pull_request == new[0]["number"]
 
 
-@pytest.mark.parametrize("forge", ["gitlab", "azure"], indirect=True)
+@pytest.mark.parametrize("forge", ["azure"], indirect=True)
 def test_a_forge_that_cannot_fork_refuses_the_job_before_it_runs_never_publishing_to_the_origin(tmp_path, forge):
     spec = forge.spec("job-no-fork", number=7, publish_to="fork")
     with pytest.raises(publishing.ForgeFailure) as refused:

@@ -148,8 +148,9 @@ class Fork:
     """The deployment's fork of a repository, where its jobs' work is pushed: a pull request from it is an outside
     contribution, so the origin's CI gives it no secret until a person approves it."""
 
-    repo: str  # owner/name of the fork
+    repo: str  # owner/name of the fork (GitLab: its path with namespace)
     clone_url: str  # on the forge's own host (the token goes there)
+    project_id: str = ""  # GitLab: the fork's numeric project id
 
 
 @dataclass(frozen=True)
@@ -528,9 +529,13 @@ class ForgeClient:
         separator = "\n\n" if link and body else ""
         body = fit(body, self.max_description_chars - len(separator) - len(link), "\n\n… (cut to fit)")
         try:
-            head = self._fork_head(fork, head_branch) if fork is not None else head_branch
-            response = self._open_pull_request(ref, head, base_branch, title, body + separator + link,
-                                                draft is True, issue_number, credential)
+            if fork is not None:
+                response = self._open_fork_pull_request(ref, fork, head_branch, base_branch, title,
+                                                         body + separator + link, draft is True, issue_number,
+                                                         credential)
+            else:
+                response = self._open_pull_request(ref, head_branch, base_branch, title, body + separator + link,
+                                                    draft is True, issue_number, credential)
             if response.status in (200, 201):
                 if not isinstance(response.data, dict):
                     raise ForgeFailure("forge-malformed-answer", transient=True)
@@ -652,6 +657,13 @@ class ForgeClient:
     def _from_fork(fork: Fork):
         """A `same_repository`-shaped test that a GitHub- or Forgejo-shaped head is the fork's branch."""
         return lambda head, base: str(part(head, "repo").get("full_name") or "").lower() == fork.repo.lower()
+
+    def _open_fork_pull_request(self, ref: RepoRef, fork: Fork, head_branch: str, base_branch: str, title: str,
+                                body: str, draft: bool, issue_number: int | None, credential: Credential) -> Response:
+        """A pull request from the fork's branch into this repository (GitHub's and Forgejo's: the same create,
+        its head named `owner:branch`)."""
+        return self._open_pull_request(ref, self._fork_head(fork, head_branch), base_branch, title, body, draft,
+                                       issue_number, credential)
 
     def _fork_head(self, fork: Fork, head_branch: str) -> str:
         """How a create names a branch of the fork as its head."""

@@ -4,23 +4,28 @@ A job acts with GITLAB_TOKEN (a project, group or personal access token)."""
 
 from __future__ import annotations
 
+import time
 from urllib.parse import quote, urlencode
 
 from django.conf import settings
 
 from apps.worker.forges.base import (
+    FORK_READY_SECONDS,
     Authority,
     BranchHead,
     Credential,
     ForgeClient,
     ForgeFailure,
+    Fork,
     Identity,
     PullHead,
     PullRequest,
     RepoRef,
     Response,
     Subject,
+    failure_for,
     is_int_like,
+    part,
 )
 
 DEVELOPER_ACCESS = 30  # Developer and above may start work (Guest 10, Reporter 20, Maintainer 40, Owner 50)
@@ -36,6 +41,7 @@ def project_ref(project_id: str, path: str) -> str | None:
 
 
 class GitLabClient(ForgeClient):
+    forks = True
     forge = "gitlab"
 
     @classmethod
@@ -137,6 +143,57 @@ class GitLabClient(ForgeClient):
 
     def _opened(self, ref: RepoRef, data: dict) -> PullRequest:
         return self._pull_request_of(ref, data.get("iid"))
+
+    # --- the deployment's fork ---
+
+    def _fork(self, ref: RepoRef, credential: Credential) -> Fork:
+        """POST /projects/:id/fork makes the token's user's fork (409: the user has a project of that name: its
+        fork, when it is one); then its own GET, until GitLab has copied the repository (`import_status`)."""
+        if not ref.project_id.isdigit():
+            raise ForgeFailure("fork-unavailable", transient=False)
+        project_url = self._project_url(ref)
+        response = self._send("POST", f"{project_url}/fork", {}, credential.token)
+        if response.status == 409:
+            owned = self._answer(self._get(f"{project_url}/forks?owned=true&per_page=100", credential.token), list)
+            data = next((item for item in owned if isinstance(item, dict)), {})
+        elif response.status in (200, 201, 202):
+            data = response.data if isinstance(response.data, dict) else {}
+        else:
+            failure = failure_for(response)
+            if failure.transient:
+                raise failure
+            raise ForgeFailure("fork-unavailable", transient=False, forge_message=failure.forge_message)
+        fork_id, path = data.get("id"), data.get("path_with_namespace")
+        parent = part(data, "forked_from_project").get("id")
+        if not is_int_like(fork_id) or not isinstance(path, str) or not path or parent != int(ref.project_id) \
+                or fork_id == parent:
+            raise ForgeFailure("fork-unavailable", transient=False)  # what answered is not a fork of this one
+        fork = Fork(repo=path, clone_url=self.own_clone_url(data.get("http_url_to_repo")), project_id=str(fork_id))
+        deadline = time.monotonic() + FORK_READY_SECONDS
+        while True:
+            project = self._answer(self._get(f"{self.base_url}/api/v4/projects/{fork_id}", credential.token))
+            if project.get("import_status") in (None, "none", "finished"):
+                return fork
+            if project.get("import_status") == "failed" or time.monotonic() > deadline:
+                raise ForgeFailure("fork-not-ready", transient=True)
+            time.sleep(1)
+
+    def _open_fork_pull_request(self, ref: RepoRef, fork: Fork, head_branch: str, base_branch: str, title: str,
+                                body: str, draft: bool, issue_number: int | None, credential: Credential) -> Response:
+        """Created on the fork, its target this project."""
+        return self._send("POST", f"{self.base_url}/api/v4/projects/{fork.project_id}/merge_requests",
+                          {"source_branch": head_branch, "target_branch": base_branch, "title": title,
+                           "description": body, "target_project_id": int(ref.project_id)}, credential.token)
+
+    def _find_fork_pull_request(self, ref: RepoRef, fork: Fork, head_branch: str, base_branch: str,
+                                credential: Credential) -> PullRequest | None:
+        query = urlencode({"state": "opened", "source_branch": head_branch, "target_branch": base_branch,
+                           "per_page": 100})
+        requests = self._answer(self._get(f"{self._project_url(ref)}/merge_requests?{query}", credential.token), list)
+        found = [request for request in requests if isinstance(request, dict) and request.get("state") == "opened"
+                 and request.get("source_branch") == head_branch and request.get("target_branch") == base_branch
+                 and str(request.get("source_project_id")) == fork.project_id and is_int_like(request.get("iid"))]
+        return self._oldest(ref, found, "iid")
 
     def _already_exists(self, response: Response) -> bool:
         # 409 {"message": ["Another open merge request already exists for this source branch: !<iid>"]}; other

@@ -77,10 +77,12 @@ class Destination:
     # `run.publishTo: fork`: the deployment's fork the work is pushed to, its pull request opened from there.
     fork_repo: str = ""
     fork_clone_url: str = ""
+    fork_project_id: str = ""
 
     @property
     def fork(self) -> Fork | None:
-        return Fork(repo=self.fork_repo, clone_url=self.fork_clone_url) if self.fork_repo else None
+        return Fork(repo=self.fork_repo, clone_url=self.fork_clone_url,
+                    project_id=self.fork_project_id) if self.fork_repo else None
 
 
 class PublishRefused(Exception):
@@ -113,7 +115,8 @@ def destination_for(spec, workspace) -> Destination:
                        clone_url=workspace.head.clone_url, pull=workspace.pull,
                        allow_ci_changes=spec.allow_ci_changes,
                        fork_repo=workspace.fork.repo if workspace.fork else "",
-                       fork_clone_url=workspace.fork.clone_url if workspace.fork else "")
+                       fork_clone_url=workspace.fork.clone_url if workspace.fork else "",
+                       fork_project_id=workspace.fork.project_id if workspace.fork else "")
 
 
 def forge_tokens(workspace) -> list[str]:

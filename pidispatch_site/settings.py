@@ -248,6 +248,12 @@ if not PI_BACKENDS or any(not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", name) for n
 
 # Publishing a completed forge run (apps/worker/forges/publishing/): the worker pushes and opens the pull request.
 PI_PR_DRAFT = env.bool("PI_PR_DRAFT", default=True)
+# Where a forge job's branch is pushed when its trigger says nothing (run.publishTo): `fork`, the deployment's own
+# fork, whose pull request the origin's CI treats as an outside contribution; `origin`, a branch of the repository,
+# where its CI runs the agent's code with the repository's secrets.
+PI_PUBLISH_TO = env("PI_PUBLISH_TO", default="origin")
+if PI_PUBLISH_TO not in ("fork", "origin"):
+    raise ImproperlyConfigured(f"PI_PUBLISH_TO must be fork or origin, not {PI_PUBLISH_TO!r}.")
 PI_PUBLIC_URL = env("PI_PUBLIC_URL", default="")  # this deployment's admin, linked from what it publishes
 PI_GIT_AUTHOR_NAME = env("PI_GIT_AUTHOR_NAME", default="pidispatch")
 PI_GIT_AUTHOR_EMAIL = env("PI_GIT_AUTHOR_EMAIL", default="pidispatch@users.noreply.localhost")

@@ -210,6 +210,8 @@ SECTIONS: tuple[Section, ...] = (
     )),
     Section("Publishing", "the workers", (
         S("PI_PR_DRAFT", "true", "Pull/merge requests the worker opens are drafts."),
+        S("PI_PUBLISH_TO", "origin", "Where a forge job's branch goes when its trigger's run.publishTo is unset: fork "
+          "(the deployment's own fork: its pull request gets no CI secret until a person approves) or origin."),
         S("PI_GIT_AUTHOR_NAME", "pidispatch", "The bot identity every published commit carries."),
         S("PI_GIT_AUTHOR_EMAIL", "pidispatch@users.noreply.localhost", "Its email."),
         S("PI_MAX_CHANGED_FILES", "300", "More changed paths than this is not pushed."),

@@ -126,7 +126,7 @@ class Trigger(models.Model):
                   "change is not pushed (ci-change-refused) and the work is kept for the operator.")
     publish_to = models.CharField(
         "run.publishTo", max_length=8, blank=True, default="", db_default="",
-        choices=[("", "the deployment's default (origin)"), ("origin", "origin"), ("fork", "fork")],
+        choices=[("", "the deployment's default (PI_PUBLISH_TO)"), ("origin", "origin"), ("fork", "fork")],
         help_text="Where the agent's branch is pushed. fork: the deployment's own fork, its pull request an outside "
                   "contribution, so the origin's CI gives it no secret until a person approves it (GitHub, "
                   "GitLab, Forgejo; another forge refuses the job fork-unavailable). origin: a branch of the "

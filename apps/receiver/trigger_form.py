@@ -94,7 +94,7 @@ WORDS = {
                                        "contribution, and the repository's CI gives it no secret until a person "
                                        "approves it (GitHub, GitLab, Forgejo). origin: a branch of the repository "
                                        "itself, where its CI runs the agent's code with the repository's secrets. "
-                                       "Empty: origin."),
+                                       "Empty: the deployment's PI_PUBLISH_TO."),
     "allow_ci_changes": ("May change CI files", "Off: a change to .github/workflows/, .gitlab-ci.yml, ... is not "
                                                 "pushed, and the work is kept for you to review."),
     "image": ("Job image", "Empty: PI_JOB_IMAGE. e.g. pi-job:latest"),

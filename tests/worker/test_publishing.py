@@ -277,6 +277,15 @@ def test_through_the_fork_the_work_is_pushed_there_and_its_pull_request_comes_fr
     assert again.pull_request == pull["number"] and len(forge.pulls()) == 1
 
 
+@github_only
+def test_the_deployments_default_decides_where_a_trigger_says_nothing(tmp_path, forge, settings):
+    fork, _ = with_fork(forge)
+    settings.PI_PUBLISH_TO = "fork"
+    _, by_default = start(tmp_path / "a", forge.spec("job-default", number=7))
+    _, to_origin = start(tmp_path / "b", forge.spec("job-origin", number=8, publish_to="origin"))
+    assert (by_default.fork.repo, to_origin.fork) == (fork, None)
+
+
 @forking
 def test_a_later_job_uses_the_fork_an_earlier_one_made(tmp_path, forge):
     fork, _ = with_fork(forge)

@@ -75,6 +75,11 @@ class ForgeWorkspace:
         self.client.release_credential(self.credential)
 
 
+def publishes_to(spec: JobSpec) -> str:
+    """`fork` or `origin`: the trigger's run.publishTo, else the deployment's PI_PUBLISH_TO."""
+    return spec.publish_to or settings.PI_PUBLISH_TO
+
+
 def repo_ref(spec: JobSpec) -> RepoRef:
     return RepoRef(repo=spec.repo, project_id=spec.project_id, repository_id=spec.repository_id)
 
@@ -91,7 +96,7 @@ def prepare(spec: JobSpec, dirs: JobDirs, owner: tuple[int, int]) -> ForgeWorksp
             raise ForgeFailure("unprotected-branch", transient=False)
         # Made before the agent runs: a forge (or credentials) that cannot fork refuses the job before any spend,
         # never publishing to the origin instead.
-        fork = client.fork(ref, credential) if spec.publish_to == "fork" else None
+        fork = client.fork(ref, credential) if publishes_to(spec) == "fork" else None
         pull = None
         if spec.target_type == "pull_request" and spec.number is not None:
             pull = client.pull_head(ref, spec.number, credential)

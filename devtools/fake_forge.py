@@ -310,27 +310,25 @@ class FakeForge:
         """The fork API of GitHub (docs.github.com/rest/repos/forks) or Forgejo (POST /api/v1/repos/.../forks) for
         `repo`: a POST makes `owner`'s fork, a bare copy of the served repository, and answers 202 with it (a second
         POST answers the same fork); a pull request whose head is `owner:<branch>` comes from it."""
+        api = {"github": "", "forgejo": "/api/v1"}[forge]
+        self.routes[("POST", f"{api}/repos/{repo}/forks")] = lambda request: self._fork(forge, repo, owner)
+
+    def _fork(self, forge: str, repo: str, owner: str) -> tuple[int, dict]:
         fork = f"{owner}/{repo.split('/')[1]}"
         api = {"github": "", "forgejo": "/api/v1"}[forge]
-
-        def answer(request=None):
-            return {"id": _number_of(fork), "full_name": fork, "fork": True, "default_branch": "main",
-                    "clone_url": f"{self.url}/git/{fork}.git", "owner": {"login": owner},
-                    "parent": {"full_name": repo}, "source": {"full_name": repo}}
-
-        def create(request):
-            with self._pull_lock:
-                if fork not in self.forks and self.git_root is not None:
-                    origin = self.git_root / f"{self._context(forge, repo)['git_name']}.git"
-                    copy = self.git_root / f"{fork}.git"
-                    if origin.is_dir() and not copy.exists():
-                        subprocess.run(["git", "clone", "-q", "--bare", str(origin), str(copy)], check=True,
-                                       capture_output=True)
-                self.forks[fork] = repo
-                self.routes[f"{api}/repos/{fork}"] = (200, answer())
-            return 202, answer()
-
-        self.routes[("POST", f"{api}/repos/{repo}/forks")] = create
+        answer = {"id": _number_of(fork), "full_name": fork, "fork": True, "default_branch": "main",
+                  "clone_url": f"{self.url}/git/{fork}.git", "owner": {"login": owner},
+                  "parent": {"full_name": repo}, "source": {"full_name": repo}}
+        with self._pull_lock:
+            if fork not in self.forks and self.git_root is not None:
+                origin = self.git_root / f"{self._context(forge, repo)['git_name']}.git"
+                copy = self.git_root / f"{fork}.git"
+                if origin.is_dir() and not copy.exists():
+                    subprocess.run(["git", "clone", "-q", "--bare", str(origin), str(copy)], check=True,
+                                   capture_output=True)
+            self.forks[fork] = repo
+            self.routes[f"{api}/repos/{fork}"] = (200, answer)
+        return 202, answer
 
     def gitlab_forks(self, project_id: int, path: str, owner: str = "pidispatch-bot") -> None:
         """GitLab's fork API for the project (docs.gitlab.com/api/project_forks): a POST makes `owner`'s fork, a bare
@@ -1130,6 +1128,10 @@ def github_for_any_repository(root: Path, token: str, files: dict, address: str 
     # Who the token is (`doctor --live` asks): a classic token with only the scope a job needs.
     server.route("GET", "/user", (200, {"login": "pi-demo-bot", "id": 1, "type": "User"}, {"X-OAuth-Scopes": "repo"}))
     server.any_git_name = "any"
+    # The token's account forks any repository (run.publishTo: fork, the default): `pi-demo-bot/<name>`.
+    forks = re.compile(r"/repos/(?P<repo>[^/]+/[^/]+)/forks")
+    server.route("POST", forks.pattern,
+                 lambda request: server._fork("github", forks.fullmatch(request["path"])["repo"], "pi-demo-bot"))
 
     def forget_published():
         """Back to the repository's first state: no branch but main, no pull request (tests share one)."""
@@ -1138,6 +1140,10 @@ def github_for_any_repository(root: Path, token: str, files: dict, address: str 
             if ref != "refs/heads/main":
                 git(bare, "update-ref", "-d", ref)
         server.pull_requests.clear()
+        for fork in list(server.forks):
+            subprocess.run(["rm", "-rf", str(root / f"{fork}.git")], check=True)
+            server.routes.pop(f"/repos/{fork}", None)
+        server.forks.clear()
 
     server.forget_published = forget_published
     server._github_pull_routes(r"[^/]+/[^/]+")  # pull requests of any repository

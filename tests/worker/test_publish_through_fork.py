@@ -42,7 +42,9 @@ def test_a_job_that_publishes_through_the_fork_leaves_the_origin_without_a_branc
 def test_a_job_that_publishes_through_the_fork_on_a_forge_that_cannot_is_refused_before_it_runs(
         tmp_path, run_worker, job_containers):
     forge = github_for_any_repository(tmp_path / "forge", STAND_IN_TOKEN, {"README.md": "A repository.\n"})
-    try:  # no fork API on this stand-in: GitHub's answer to an account that may not fork
+    try:
+        # GitHub's answer where forking is off for the organization or the token may not fork.
+        forge.routes[("POST", "/repos/acme/web/forks")] = (403, {"message": "Forking is disabled"})
         spec = forge_spec("gh-no-fork", body="fake-agent:write-mb=1", secrets_profile="", publish_to="fork")
         enqueue_spec(spec)
 

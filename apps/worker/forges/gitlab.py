@@ -122,17 +122,25 @@ class GitLabClient(ForgeClient):
 
     def _find_pull_request(self, ref: RepoRef, head_branch: str, base_branch: str,
                            credential: Credential) -> PullRequest | None:
-        # The listing's `state` defaults to all; a fork's merge request into this project can have the same
-        # source branch name: only one whose source project is the target project counts.
+        # A fork's merge request into this project can have the same source branch name: only one whose source
+        # project is the target project counts.
+        def from_this_project(request: dict) -> bool:
+            return (is_int_like(request.get("source_project_id"))
+                    and request.get("source_project_id") == request.get("target_project_id")
+                    and (not ref.project_id.isdigit() or request.get("target_project_id") == int(ref.project_id)))
+
+        return self._open_request(ref, head_branch, base_branch, credential, from_this_project)
+
+    def _open_request(self, ref: RepoRef, head_branch: str, base_branch: str, credential: Credential,
+                      from_source) -> PullRequest | None:
+        """The oldest open merge request from `head_branch` into `base_branch` whose source `from_source` accepts
+        (the listing's `state` defaults to all)."""
         query = urlencode({"state": "opened", "source_branch": head_branch, "target_branch": base_branch,
                            "per_page": 100})
         requests = self._answer(self._get(f"{self._project_url(ref)}/merge_requests?{query}", credential.token), list)
         found = [request for request in requests if isinstance(request, dict) and request.get("state") == "opened"
                  and request.get("source_branch") == head_branch and request.get("target_branch") == base_branch
-                 and is_int_like(request.get("source_project_id"))
-                 and request.get("source_project_id") == request.get("target_project_id")
-                 and (not ref.project_id.isdigit() or request.get("target_project_id") == int(ref.project_id))
-                 and is_int_like(request.get("iid"))]
+                 and from_source(request) and is_int_like(request.get("iid"))]
         return self._oldest(ref, found, "iid")
 
     def _open_pull_request(self, ref: RepoRef, head_branch: str, base_branch: str, title: str, body: str,
@@ -187,13 +195,8 @@ class GitLabClient(ForgeClient):
 
     def _find_fork_pull_request(self, ref: RepoRef, fork: Fork, head_branch: str, base_branch: str,
                                 credential: Credential) -> PullRequest | None:
-        query = urlencode({"state": "opened", "source_branch": head_branch, "target_branch": base_branch,
-                           "per_page": 100})
-        requests = self._answer(self._get(f"{self._project_url(ref)}/merge_requests?{query}", credential.token), list)
-        found = [request for request in requests if isinstance(request, dict) and request.get("state") == "opened"
-                 and request.get("source_branch") == head_branch and request.get("target_branch") == base_branch
-                 and str(request.get("source_project_id")) == fork.project_id and is_int_like(request.get("iid"))]
-        return self._oldest(ref, found, "iid")
+        return self._open_request(ref, head_branch, base_branch, credential,
+                                  lambda request: str(request.get("source_project_id")) == fork.project_id)
 
     def _already_exists(self, response: Response) -> bool:
         # 409 {"message": ["Another open merge request already exists for this source branch: !<iid>"]}; other

@@ -203,7 +203,7 @@ def test_a_child_whose_parent_changed_the_chains_pi_folder_is_refused(owner_spac
     assert Run.objects.count() == 2  # no grandchild
 
 
-def test_the_pi_digest_sees_contents_modes_and_links_and_never_follows_one(tmp_path):
+def test_the_pi_digest_sees_contents_and_modes_and_a_pi_folder_holding_a_link_pins_nothing(tmp_path):
     workspace = tmp_path / "w"
     assert chain_skills.pi_digest(workspace) == chain_skills.NO_PI
     skill = workspace / ".pi" / "skills" / "review" / "SKILL.md"
@@ -211,20 +211,22 @@ def test_the_pi_digest_sees_contents_modes_and_links_and_never_follows_one(tmp_p
     skill.write_text(ALLOW)
     first = chain_skills.pi_digest(workspace)
     assert first == chain_skills.pi_digest(workspace) != chain_skills.NO_PI
-    changes = [lambda: skill.write_text(ALLOW + "more\n"), lambda: skill.chmod(0o755),
-               lambda: (workspace / ".pi" / "link").symlink_to("/etc"),
-               lambda: (workspace / ".pi" / "SYSTEM.md").write_text("")]
     seen = {first}
-    for change in changes:
+    for change in (lambda: skill.write_text(ALLOW + "more\n"), lambda: skill.chmod(0o755),
+                   lambda: (workspace / ".pi" / "SYSTEM.md").write_text("")):
         change()
         digest = chain_skills.pi_digest(workspace)
         assert digest not in seen
         seen.add(digest)
-    (workspace / ".pi" / "secret").symlink_to(tmp_path / "outside")
-    (tmp_path / "outside").write_text("x" * 10)
-    before = chain_skills.pi_digest(workspace)
-    (tmp_path / "outside").write_text("y" * 10)  # behind a link: never read
-    assert chain_skills.pi_digest(workspace) == before
+    # pi follows a link to what the digest never read (a parent could rewrite it there): nothing matches it, not
+    # even the same folder read again, so the chain's children are refused.
+    (tmp_path / "outside").mkdir()
+    (workspace / ".pi" / "shared").symlink_to(tmp_path / "outside")
+    assert chain_skills.pi_digest(workspace) != chain_skills.pi_digest(workspace)
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / ".pi").symlink_to(workspace / ".pi")
+    assert chain_skills.pi_digest(linked) not in (chain_skills.NO_PI, chain_skills.pi_digest(linked))
 
 
 def test_a_forge_parent_chains_a_forge_child_that_is_cloned_and_published_like_any_forge_job(

@@ -110,17 +110,20 @@ PI_DIGEST_MAX_BYTES = 16 * 1024 * 1024  # past it, a `.pi/` pins nothing: its ch
 
 
 def pi_digest(workspace: Path) -> str:
-    """A digest of the workspace's `.pi/` as the job starts on it (paths, kinds, modes, contents; a link's target,
-    never followed): what the chain's first job pins and every child of the chain must find again. NO_PI without
-    one; a unique value that matches nothing when it cannot be read whole."""
+    """A digest of the workspace's `.pi/` as the job starts on it (paths, modes, contents): what the chain's first
+    job pins and every child of the chain must find again. NO_PI without one. A unique value that matches nothing
+    when it cannot be read whole, or when it is or holds a link: pi follows links, to files the digest never read
+    (a parent could change them), so such a `.pi/` pins nothing and the chain's children are refused."""
     root = workspace / ".pi"
     try:
-        if not stat.S_ISDIR(os.lstat(root).st_mode):
-            return NO_PI
+        if stat.S_ISLNK(os.lstat(root).st_mode):
+            return f"holds-a-link-{os.urandom(8).hex()}"
     except FileNotFoundError:
         return NO_PI
     except OSError:
         return f"unreadable-{os.urandom(8).hex()}"
+    if not root.is_dir():
+        return NO_PI  # a file named .pi: pi reads no skills from it
     digest, total = hashlib.sha256(), 0
     for folder, folders, files in os.walk(root, followlinks=False):
         folders.sort()
@@ -130,8 +133,8 @@ def pi_digest(workspace: Path) -> str:
             try:
                 info = os.lstat(path)
                 if stat.S_ISLNK(info.st_mode):
-                    content = os.readlink(path).encode("utf-8", "surrogateescape")
-                elif stat.S_ISREG(info.st_mode):
+                    return f"holds-a-link-{os.urandom(8).hex()}"
+                if stat.S_ISREG(info.st_mode):
                     total += info.st_size
                     if total > PI_DIGEST_MAX_BYTES:
                         return f"too-large-{os.urandom(8).hex()}"

@@ -625,11 +625,7 @@ class ForgeClient:
         owner, name = repo_halves(ref)
         response = self._send("POST", f"{api_root}/repos/{owner}/{name}/forks", {}, credential.token)
         if response.status not in (200, 201, 202):
-            failure = failure_for(response)
-            if failure.transient:
-                raise failure
-            # Forking refused (a 403/404/422: forking disabled, a token that may not): the job is not run.
-            raise ForgeFailure("fork-unavailable", transient=False, forge_message=failure.forge_message)
+            raise fork_refused(response)
         data = response.data if isinstance(response.data, dict) else {}
         full_name, parent = data.get("full_name"), part(data, "parent").get("full_name")
         if data.get("fork") is not True or not isinstance(full_name, str) or split_repo(full_name) is None \
@@ -811,6 +807,15 @@ def _check_branches(*names) -> None:
 
 def _host_port(host: str, port: int | None) -> str:
     return f"{host.lower()}:{port}" if port else host.lower()
+
+
+def fork_refused(response: Response) -> ForgeFailure:
+    """What a refused fork request stands for: a transient fault is tried again; a determinate refusal (403, 404,
+    422: forking disabled, a token that may not) is `fork-unavailable`, and the job is not run."""
+    failure = failure_for(response)
+    if failure.transient:
+        return failure
+    return ForgeFailure("fork-unavailable", transient=False, forge_message=failure.forge_message)
 
 
 def repo_halves(ref: RepoRef) -> tuple[str, str]:

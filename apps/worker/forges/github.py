@@ -166,10 +166,15 @@ class GitHubClient(ForgeClient):
     def _find_pull_request(self, ref: RepoRef, head_branch: str, base_branch: str,
                            credential: Credential) -> PullRequest | None:
         owner, _ = repo_halves(ref)
-        # `head` is `owner:branch`: the branch of this repository (a fork's has its owner's name).
-        query = urlencode({"state": "open", "head": f"{owner}:{head_branch}", "base": base_branch, "per_page": 100})
+        return self._open_from(ref, f"{owner}:{head_branch}", head_branch, base_branch, credential, _same_repository)
+
+    def _open_from(self, ref: RepoRef, head: str, head_branch: str, base_branch: str, credential: Credential,
+                   same_repository) -> PullRequest | None:
+        """The oldest open pull request whose `head` is `owner:branch` (this repository's, or a fork's: it has its
+        owner's name) into `base_branch`, its head repository accepted by `same_repository`."""
+        query = urlencode({"state": "open", "head": head, "base": base_branch, "per_page": 100})
         pulls = self._answer(self._get(f"{self._pulls_url(ref)}?{query}", credential.token), list)
-        return self._oldest(ref, self._shared_shape_open(pulls, head_branch, base_branch, _same_repository), "number")
+        return self._oldest(ref, self._shared_shape_open(pulls, head_branch, base_branch, same_repository), "number")
 
     def _open_pull_request(self, ref: RepoRef, head_branch: str, base_branch: str, title: str, body: str,
                            draft: bool, issue_number: int | None, credential: Credential) -> Response:
@@ -193,11 +198,8 @@ class GitHubClient(ForgeClient):
 
     def _find_fork_pull_request(self, ref: RepoRef, fork: Fork, head_branch: str, base_branch: str,
                                 credential: Credential) -> PullRequest | None:
-        query = urlencode({"state": "open", "head": self._owner_head(fork, head_branch), "base": base_branch,
-                           "per_page": 100})
-        pulls = self._answer(self._get(f"{self._pulls_url(ref)}?{query}", credential.token), list)
-        return self._oldest(ref, self._shared_shape_open(pulls, head_branch, base_branch, self._from_fork(fork)),
-                            "number")
+        return self._open_from(ref, self._owner_head(fork, head_branch), head_branch, base_branch, credential,
+                               self._from_fork(fork))
 
     def _already_exists(self, response: Response) -> bool:
         # 422 {"message": "Validation Failed", "errors": [{"code": "custom", "message": "A pull request already

@@ -23,7 +23,7 @@ from apps.worker.forges.base import (
     RepoRef,
     Response,
     Subject,
-    failure_for,
+    fork_refused,
     is_int_like,
     part,
 )
@@ -167,10 +167,7 @@ class GitLabClient(ForgeClient):
         elif response.status in (200, 201, 202):
             data = response.data if isinstance(response.data, dict) else {}
         else:
-            failure = failure_for(response)
-            if failure.transient:
-                raise failure
-            raise ForgeFailure("fork-unavailable", transient=False, forge_message=failure.forge_message)
+            raise fork_refused(response)
         fork_id, path = data.get("id"), data.get("path_with_namespace")
         parent = part(data, "forked_from_project").get("id")
         if not is_int_like(fork_id) or not isinstance(path, str) or not path or parent != int(ref.project_id) \

@@ -320,12 +320,8 @@ class FakeForge:
                   "clone_url": f"{self.url}/git/{fork}.git", "owner": {"login": owner},
                   "parent": {"full_name": repo}, "source": {"full_name": repo}}
         with self._pull_lock:
-            if fork not in self.forks and self.git_root is not None:
-                origin = self.git_root / f"{self._context(forge, repo)['git_name']}.git"
-                copy = self.git_root / f"{fork}.git"
-                if origin.is_dir() and not copy.exists():
-                    subprocess.run(["git", "clone", "-q", "--bare", str(origin), str(copy)], check=True,
-                                   capture_output=True)
+            if fork not in self.forks:
+                self._copy_repository(self._context(forge, repo)["git_name"], fork)
             self.forks[fork] = repo
             self.routes[f"{api}/repos/{fork}"] = (200, answer)
         return 202, answer
@@ -334,27 +330,15 @@ class FakeForge:
         """GitLab's fork API for the project (docs.gitlab.com/api/project_forks): a POST makes `owner`'s fork, a bare
         copy of the served repository (409 once it exists, the fork then listed by GET .../forks?owned=true); a
         merge request created on the fork with `target_project_id` lands in the project."""
+        self.routes[("POST", f"/api/v4/projects/{project_id}/fork")] = \
+            lambda request: self._gitlab_fork(project_id, path, owner)
+
+    def _gitlab_fork(self, project_id: int, path: str, owner: str) -> tuple[int, dict]:
         fork_path = f"{owner}/{path.split('/')[-1]}"
         fork_id = _number_of(fork_path)
-
-        def answer() -> dict:
-            return {"id": fork_id, "path_with_namespace": fork_path, "default_branch": "main",
-                    "http_url_to_repo": f"{self.url}/git/{fork_path}.git", "import_status": "finished",
-                    "forked_from_project": {"id": project_id, "path_with_namespace": path}}
-
-        def create(request):
-            with self._pull_lock:
-                if fork_path in self.forks:
-                    return 409, {"message": {"name": ["has already been taken"], "path": ["has already been taken"]}}
-                if self.git_root is not None:
-                    origin, copy = self.git_root / f"{path}.git", self.git_root / f"{fork_path}.git"
-                    if origin.is_dir() and not copy.exists():
-                        subprocess.run(["git", "clone", "-q", "--bare", str(origin), str(copy)], check=True,
-                                       capture_output=True)
-                self.forks[fork_path] = str(project_id)
-                self.routes[f"/api/v4/projects/{fork_id}"] = (200, answer())
-                self.routes[f"/api/v4/projects/{project_id}/forks"] = (200, [answer()])
-            return 201, answer()
+        answer = {"id": fork_id, "path_with_namespace": fork_path, "default_branch": "main",
+                  "http_url_to_repo": f"{self.url}/git/{fork_path}.git", "import_status": "finished",
+                  "forked_from_project": {"id": project_id, "path_with_namespace": path}}
 
         def merge_request(request):
             body = request["body"] if isinstance(request["body"], dict) else {}
@@ -362,8 +346,50 @@ class FakeForge:
                 return 400, {"message": "target_project_id is not the fork's parent"}
             return self._gitlab_create({**request, "body": body}, str(project_id), fork=fork_path)
 
-        self.routes[("POST", f"/api/v4/projects/{project_id}/fork")] = create
-        self.routes[("POST", f"/api/v4/projects/{fork_id}/merge_requests")] = merge_request
+        with self._pull_lock:
+            if fork_path in self.forks:
+                return 409, {"message": {"name": ["has already been taken"], "path": ["has already been taken"]}}
+            self._copy_repository(self._context("gitlab", str(project_id)).get("git_name", path), fork_path)
+            self.forks[fork_path] = str(project_id)
+            self.routes[f"/api/v4/projects/{fork_id}"] = (200, answer)
+            self.routes[f"/api/v4/projects/{project_id}/forks"] = (200, [answer])
+            self.routes[("POST", f"/api/v4/projects/{fork_id}/merge_requests")] = merge_request
+        return 201, answer
+
+    def serve_azure_forks(self, fork_project: str = "pidispatch-forks") -> None:
+        """Azure DevOps' fork create (POST {project}/_apis/git/repositories with a `parentRepository`,
+        learn.microsoft.com rest/api/azure/devops/git/repositories/create) in the deployment's `fork_project`: a bare
+        copy of the parent's served repository, answered as the fork; its name taken answers 409 (TF400948); a pull
+        request whose `forkSource` is the fork comes from it."""
+        self.route("POST", rf"/{re.escape(fork_project)}/_apis/git/repositories",
+                   lambda request: self._azure_fork(request, fork_project))
+
+    def _azure_fork(self, request, fork_project: str) -> tuple[int, dict]:
+        body = request["body"] if isinstance(request["body"], dict) else {}
+        parent, name = (body.get("parentRepository") or {}).get("id"), body.get("name")
+        if not isinstance(parent, str) or not isinstance(name, str) or not name:
+            return 400, _azure_error("The value of parentRepository is required.", "InvalidArgumentValueException")
+        fork = f"{fork_project}/{name}"
+        fork_id = str(uuid.uuid5(uuid.NAMESPACE_URL, fork))
+        answer = {"id": fork_id, "name": name, "isFork": True, "defaultBranch": "refs/heads/main",
+                  "remoteUrl": f"{self.url}/git/{fork}.git", "project": {"id": fork_id, "name": fork_project},
+                  "parentRepository": {"id": parent, "project": {"id": AZURE_PROJECT_ID}}}
+        with self._pull_lock:
+            if fork in self.forks:
+                return 409, _azure_error(f"TF400948: A Git repository with the name {name} already exists.",
+                                         "GitRepositoryNameAlreadyExistsException")
+            self._copy_repository(self._context("azure", parent)["git_name"], fork)
+            self.forks[fork] = parent
+            self.routes[f"/{fork_project}/_apis/git/repositories/{name}"] = (200, answer)
+        return 201, answer
+
+    def _copy_repository(self, git_name: str, copy_name: str) -> None:
+        """A fork's repository: a bare clone of the served one (nothing to copy where no git is served)."""
+        if self.git_root is None:
+            return
+        origin, copy = self.git_root / f"{git_name}.git", self.git_root / f"{copy_name}.git"
+        if origin.is_dir() and not copy.exists():
+            subprocess.run(["git", "clone", "-q", "--bare", str(origin), str(copy)], check=True, capture_output=True)
 
     def github_app(self, app_id: str, installation_id: str, public_key, account: str, token: str = "ghs_jobtoken"):
         """The installation-token exchange, checking the App's RS256 JWT as GitHub does; each minted token is
@@ -585,6 +611,8 @@ class FakeForge:
     def _commits_and_diff(self, pr: dict) -> tuple[list[tuple[str, str]], str]:
         """The head's commits that its base lacks, and their diff, from the served bare repository."""
         bare = self._bare(pr["forge"], pr["repo"])
+        if pr["fork"] and self.git_root is not None:  # a fork's branch lives in the fork's repository
+            bare = self.git_root / f"{pr['fork']}.git" if (self.git_root / f"{pr['fork']}.git").is_dir() else None
         if bare is None:
             return [], ""
         try:
@@ -843,8 +871,10 @@ class FakeForge:
             "artifactId": f"vstfs:///Git/PullRequestId/{project['id']}%2f{repository_id}%2f{number}",
         }
         if pr["fork"] is not None:
+            fork_project, _, fork_name = pr["fork"].rpartition("/")
             answer["forkSource"] = {"name": f"refs/heads/{pr['head']}", "repository": {
-                "id": str(uuid.uuid5(uuid.NAMESPACE_URL, pr["fork"])), "name": pr["fork"], "project": project}}
+                "id": str(uuid.uuid5(uuid.NAMESPACE_URL, pr["fork"])), "name": fork_name,
+                "project": {"name": fork_project} if fork_project else project}}
         return answer
 
     def _azure_get(self, request, repo, number):
@@ -858,9 +888,11 @@ class FakeForge:
         status = query.get("searchCriteria.status", "active")
         statuses = {"active": "open", "abandoned": "closed", "completed": "merged"}
         source, target = query.get("searchCriteria.sourceRefName"), query.get("searchCriteria.targetRefName")
+        source_repository = query.get("searchCriteria.sourceRepositoryId")
         found = [pr for pr in self.pulls_of("azure", repo)
                  if (status == "all" or statuses.get(status) == pr["state"])
-                 and source in (None, f"refs/heads/{pr['head']}") and target in (None, f"refs/heads/{pr['base']}")]
+                 and source in (None, f"refs/heads/{pr['head']}") and target in (None, f"refs/heads/{pr['base']}")
+                 and source_repository in (None, self._azure_source_id(pr))]
         skip, top = int(query.get("$skip", 0)), int(query.get("$top", 101))  # 101: the service's default page
         value = [self._azure_json(pr) for pr in found[skip:skip + top]]
         return 200, {"value": value, "count": len(value)}
@@ -875,15 +907,30 @@ class FakeForge:
                                      "InvalidArgumentValueException")
         head = body["sourceRefName"].removeprefix("refs/heads/")
         base = body["targetRefName"].removeprefix("refs/heads/")
+        fork_id = ((body.get("forkSource") or {}).get("repository") or {}).get("id")
+        fork = None
+        if fork_id is not None:
+            fork = next((name for name, parent in self.forks.items()
+                         if repo.lower() in (parent.lower(), str(self._context("azure", parent).get("name")).lower())
+                         and str(uuid.uuid5(uuid.NAMESPACE_URL, name)) == str(fork_id).lower()), None)
+            if fork is None:
+                return 400, _azure_error("The fork source is not a fork of the target repository.",
+                                         "InvalidArgumentValueException")
         with self._pull_lock:
-            if self._open_duplicate("azure", repo, head, base):
+            if self._open_duplicate("azure", repo, head, base, fork):
                 return 409, _azure_error("TF401179: An active pull request for the source and target branch already "
                                          "exists.", "GitPullRequestExistsException")
             pr = self._created("azure", repo, head=head, base=base, title=body["title"],
                                body=body.get("description") or "", draft=body.get("isDraft") is True,
                                issues=[int(ref["id"]) for ref in body.get("workItemRefs") or []
-                                       if isinstance(ref, dict) and str(ref.get("id", "")).isdigit()])
+                                       if isinstance(ref, dict) and str(ref.get("id", "")).isdigit()], fork=fork)
         return 201, self._azure_json(pr)
+
+    def _azure_source_id(self, pr: dict) -> str:
+        """The id of the repository a pull request's branch is in: its fork's, else its own repository's."""
+        if pr["fork"]:
+            return str(uuid.uuid5(uuid.NAMESPACE_URL, pr["fork"]))
+        return self._context("azure", pr["repo"])["key"]
 
 
 GITLAB_DRAFT = re.compile(r"^\s*(?:\[draft\]|\(draft\)|draft:)", re.IGNORECASE)  # the title marks a draft

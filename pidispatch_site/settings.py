@@ -394,6 +394,7 @@ AZURE_GRAPH_URL = env("AZURE_GRAPH_URL", default="")  # derived from AZURE_ORG_U
 AZURE_TOKEN = env("AZURE_TOKEN", default="")
 AZURE_SELF_ID = env("AZURE_SELF_ID", default="")
 AZURE_SELF_EMAIL = env("AZURE_SELF_EMAIL", default="")
+AZURE_FORK_PROJECT = env("AZURE_FORK_PROJECT", default="")  # the deployment's project for its forks (publishTo: fork)
 # Besides Project Administrators (known by its SID), the project groups whose members may start work, by the
 # account name the process template gave them (a localised server's templates name them differently).
 AZURE_WRITER_GROUPS = env.list("AZURE_WRITER_GROUPS", default=["Contributors", "Build Administrators"])

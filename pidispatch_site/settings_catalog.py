@@ -131,6 +131,9 @@ SECTIONS: tuple[Section, ...] = (
         S("AZURE_TOKEN", "", "The PAT: project-membership lookups (vso.graph) and the token Azure jobs act with."),
         S("AZURE_SELF_ID", "", "This deployment's own identity id."),
         S("AZURE_SELF_EMAIL", "", "Its email."),
+        S("AZURE_FORK_PROJECT", "", "The project (name or id) of the organisation where the deployment keeps its "
+          "forks, for triggers that publish through a fork (run.publishTo: fork); AZURE_TOKEN may create "
+          "repositories there. Unset: Azure DevOps jobs that publish through a fork are refused (fork-unavailable)."),
         S("AZURE_WRITER_GROUPS", "Contributors,Build Administrators", "Project groups besides Project "
           "Administrators whose members may start work, by their account name."),
     )),

@@ -161,9 +161,10 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
                                "declare one in the host's environment."),
     "fork-unavailable": ("The trigger publishes through the deployment's fork (run.publishTo: fork), and this forge "
                          "or its credentials cannot fork here (this release forks on GitHub with a personal access "
-                         "token, on GitLab and on Forgejo).",
-                         "Publish to the origin (run.publishTo: origin) knowing its CI runs the agent's code with the "
-                         "repository's secrets, or configure a token that can fork."),
+                         "token, on GitLab, on Forgejo, and on Azure DevOps into AZURE_FORK_PROJECT).",
+                         "Configure a token that can fork (Azure DevOps: set AZURE_FORK_PROJECT), or publish to the "
+                         "origin (run.publishTo: origin) knowing its CI runs the agent's code with the repository's "
+                         "secrets."),
     "fork-not-ready": ("The forge had not made the deployment's fork in time.", "Nothing to do: the job is retried."),
     "chain-pi-changed": ("A chained job's .pi/ is not the one its chain's first job started on: an agent of the "
                          "chain changed the skills (or which flows may be chained) of the jobs after it.",

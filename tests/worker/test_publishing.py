@@ -75,11 +75,13 @@ def forge(request, forges, tmp_path, settings):
         return Forge(name, forges, root, repo="kostekIV/test", git_name="kostekIV/test",
                      credential=("pidispatch", "forgejo-test-token"), spec_fields={"repo": "kostekIV/test"},
                      register=lambda sha: forges.forgejo_repository("kostekIV/test", sha), pull_key="kostekIV/test")
-    return Forge(name, forges, root, repo="Fabrikam/widgets", git_name="widgets", credential=("", "azure-pat"),
-                 spec_fields={"repo": "Fabrikam/widgets", "project_id": AZURE_PROJECT,
-                              "repository_id": AZURE_REPOSITORY},
-                 register=lambda sha: forges.azure_repository(AZURE_PROJECT, AZURE_REPOSITORY, "widgets", sha),
-                 pull_key=AZURE_REPOSITORY)
+    azure = Forge(name, forges, root, repo="Fabrikam/widgets", git_name="widgets", credential=("", "azure-pat"),
+                  spec_fields={"repo": "Fabrikam/widgets", "project_id": AZURE_PROJECT,
+                               "repository_id": AZURE_REPOSITORY},
+                  register=lambda sha: forges.azure_repository(AZURE_PROJECT, AZURE_REPOSITORY, "widgets", sha),
+                  pull_key=AZURE_REPOSITORY)
+    azure.settings = settings  # its fork project is the deployment's setting
+    return azure
 
 
 github_only = pytest.mark.parametrize("forge", ["github"], indirect=True)
@@ -235,13 +237,19 @@ def test_a_pull_request_from_a_fork_only_gets_a_comment(tmp_path, forge):
 
 # --- run.publishTo: fork (issue 46 §2): the agent's branch where the origin's CI gives it no secret ----------------
 
-forking = pytest.mark.parametrize("forge", ["github", "gitlab", "forgejo"], indirect=True)
+forking = pytest.mark.parametrize("forge", ["github", "gitlab", "forgejo", "azure"], indirect=True)
+AZURE_FORK_PROJECT = "pidispatch-forks"
 
 
 def with_fork(forge) -> tuple[str, Path]:
     """The stand-in's fork API for the forge's repository: the fork's name and its bare repository."""
     if forge.name == "gitlab":
         forge.forges.gitlab_forks(int(forge.pull_key), forge.repo)
+    elif forge.name == "azure":
+        forge.settings.AZURE_FORK_PROJECT = AZURE_FORK_PROJECT
+        forge.forges.serve_azure_forks(AZURE_FORK_PROJECT)
+        fork = f"{AZURE_FORK_PROJECT}/widgets"
+        return fork, forge.root / f"{fork}.git"
     else:
         forge.forges.add_forks(forge.name, forge.repo)
     fork = f"pidispatch-bot/{forge.repo.split('/')[1]}"
@@ -313,11 +321,28 @@ def test_through_the_fork_a_pull_requests_work_is_a_pull_request_into_its_branch
 
 @pytest.mark.parametrize("forge", ["azure"], indirect=True)
 def test_a_forge_that_cannot_fork_refuses_the_job_before_it_runs_never_publishing_to_the_origin(tmp_path, forge):
+    # Azure DevOps without AZURE_FORK_PROJECT: the deployment has nowhere to fork to.
+    forge.forges.serve_azure_forks(AZURE_FORK_PROJECT)
     spec = forge.spec("job-no-fork", number=7, publish_to="fork")
     with pytest.raises(publishing.ForgeFailure) as refused:
         start(tmp_path, spec)
     assert (refused.value.reason, refused.value.transient) == ("fork-unavailable", False)
-    assert forge.branches() == {"main": forge.sha}
+    assert forge.branches() == {"main": forge.sha} and not forge.forges.forks
+
+
+@pytest.mark.parametrize("forge", ["azure"], indirect=True)
+def test_a_repository_of_the_forks_name_that_is_not_its_fork_is_never_pushed_to(tmp_path, forge):
+    forge.settings.AZURE_FORK_PROJECT = AZURE_FORK_PROJECT
+    forge.forges.routes[("POST", f"/{AZURE_FORK_PROJECT}/_apis/git/repositories")] = (409, {
+        "message": "TF400948: A Git repository with the name widgets already exists.",
+        "typeKey": "GitRepositoryNameAlreadyExistsException"})
+    forge.forges.routes[f"/{AZURE_FORK_PROJECT}/_apis/git/repositories/widgets"] = (200, {
+        "id": "9e1b6a52-0000-4000-8000-000000000001", "name": "widgets", "isFork": False,
+        "remoteUrl": f"{forge.forges.url}/git/{AZURE_FORK_PROJECT}/widgets.git",
+        "project": {"id": "9e1b6a52-0000-4000-8000-000000000002", "name": AZURE_FORK_PROJECT}})
+    with pytest.raises(publishing.ForgeFailure) as refused:
+        start(tmp_path, forge.spec("job-squatted", number=7, publish_to="fork"))
+    assert (refused.value.reason, refused.value.transient) == ("fork-unavailable", False)
 
 
 @github_only

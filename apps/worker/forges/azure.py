@@ -1,6 +1,8 @@
 """Azure DevOps: is the actor a member of the project, who our own token belongs to, the default branch
 and its branch policies, status comments (work item comments, pull request threads), and pull requests (a
-head, finding and opening one, Git Pull Requests API 7.1). A job acts with AZURE_TOKEN (a PAT).
+head, finding and opening one, Git Pull Requests API 7.1). A job acts with AZURE_TOKEN (a PAT). Its fork lives in
+the deployment's own project (AZURE_FORK_PROJECT): forks stay in the organisation, and a project of its own keeps
+the origin project's pipelines, service connections and variable groups away from the agent's branch.
 
 Membership is answered by the Graph API on `vssps`: the actor's subject descriptor, the groups it belongs
 to (walked upwards a few levels, so membership through an Entra/AAD group counts), and which of the
@@ -24,6 +26,7 @@ from apps.worker.forges.base import (
     Credential,
     ForgeClient,
     ForgeFailure,
+    Fork,
     Identity,
     IdentityUnavailable,
     PullHead,
@@ -32,7 +35,9 @@ from apps.worker.forges.base import (
     Response,
     Subject,
     TTLCache,
+    fork_refused,
     is_int_like,
+    part,
     retry_after,
 )
 
@@ -54,6 +59,8 @@ PROJECT_ADMINISTRATORS_SID = re.compile(r"^S-1-9-1551374245(?:-\d+){4}-0-0-0-0-1
 WRITER_GROUPS = ("Contributors", "Build Administrators")
 # A create refused because an active pull request joins the same two branches (409).
 PULL_REQUEST_EXISTS = ("TF401179", "GitPullRequestExistsException")
+# A create refused because the project has a repository of that name (409; the deployment's fork, made before).
+REPOSITORY_EXISTS = ("TF400948", "GitRepositoryNameAlreadyExistsException")
 
 
 def group_sid(descriptor: str) -> str:
@@ -111,12 +118,18 @@ class AzureClient(ForgeClient):
     @classmethod
     def from_settings(cls, **common) -> AzureClient:
         return cls(base_url=settings.AZURE_ORG_URL, token=settings.AZURE_TOKEN, graph_url=settings.AZURE_GRAPH_URL,
-                   writer_groups=settings.AZURE_WRITER_GROUPS, **common)
+                   writer_groups=settings.AZURE_WRITER_GROUPS, fork_project=settings.AZURE_FORK_PROJECT, **common)
 
-    def __init__(self, *, base_url: str, token: str, graph_url: str = "", writer_groups=WRITER_GROUPS, **kwargs):
+    def __init__(self, *, base_url: str, token: str, graph_url: str = "", writer_groups=WRITER_GROUPS,
+                 fork_project: str = "", **kwargs):
         super().__init__(base_url=base_url, token=token, **kwargs)
         self.graph_url = (graph_url or graph_url_for(base_url)).rstrip("/")
         self.writer_groups = frozenset(name.casefold() for name in writer_groups)
+        self.fork_project = fork_project.strip()
+
+    @property
+    def forks(self) -> bool:
+        return bool(self.fork_project)
 
     def _auth_headers(self, token: str) -> dict[str, str]:
         credential = base64.b64encode(f":{token}".encode()).decode()
@@ -332,6 +345,71 @@ class AzureClient(ForgeClient):
         return self._send("POST", f"{self._repository_url(ref)}/pullrequests?api-version={GIT_API_VERSION}", pull,
                           credential.token)
 
+    def _open_fork_pull_request(self, ref: RepoRef, fork: Fork, head_branch: str, base_branch: str, title: str,
+                                body: str, draft: bool, issue_number: int | None, credential: Credential) -> Response:
+        """Created on this repository (the target), its `forkSource` the fork."""
+        pull = {"sourceRefName": f"refs/heads/{head_branch}", "targetRefName": f"refs/heads/{base_branch}",
+                "title": title, "description": body, "isDraft": draft,
+                "forkSource": {"repository": {"id": fork.project_id}}}
+        if issue_number is not None:
+            pull["workItemRefs"] = [{"id": str(issue_number)}]
+        return self._send("POST", f"{self._repository_url(ref)}/pullrequests?api-version={GIT_API_VERSION}", pull,
+                          credential.token)
+
+    def _find_fork_pull_request(self, ref: RepoRef, fork: Fork, head_branch: str, base_branch: str,
+                                credential: Credential) -> PullRequest | None:
+        source, target = f"refs/heads/{head_branch}", f"refs/heads/{base_branch}"
+        query = urlencode({"searchCriteria.sourceRefName": source, "searchCriteria.targetRefName": target,
+                           "searchCriteria.sourceRepositoryId": fork.project_id, "searchCriteria.status": "active",
+                           "$top": 100, "api-version": GIT_API_VERSION})
+        pulls = self._answer(self._get(f"{self._repository_url(ref)}/pullrequests?{query}", credential.token))
+        found = [pull for pull in pulls.get("value") or [] if isinstance(pull, dict) and pull.get("status") == "active"
+                 and pull.get("sourceRefName") == source and pull.get("targetRefName") == target
+                 and str(part(part(pull, "forkSource"), "repository").get("id") or "").lower() == fork.project_id
+                 and is_int_like(pull.get("pullRequestId"))]
+        return self._opened(ref, min(found, key=lambda pull: pull["pullRequestId"])) if found else None
+
+    # --- the deployment's fork ---
+
+    def _fork(self, ref: RepoRef, credential: Credential) -> Fork:
+        """The fork in AZURE_FORK_PROJECT, named as the repository: POST .../_apis/git/repositories with the origin
+        as its `parentRepository`; a second create answers 409 (TF400948), and the fork is then read by name. A
+        repository of that name that is not this one's fork is refused, never pushed to."""
+        origin = self._answer(self._get(f"{self._repository_url(ref)}?api-version={GIT_API_VERSION}",
+                                        credential.token))
+        origin_id, name = str(origin.get("id") or ""), origin.get("name")
+        origin_project = part(origin, "project").get("id")
+        if not GUID.fullmatch(origin_id) or not isinstance(name, str) or not name \
+                or not isinstance(origin_project, str):
+            raise ForgeFailure("forge-malformed-answer", transient=True)
+        target = {"id" if GUID.fullmatch(self.fork_project) else "name": self.fork_project}
+        repositories = f"{self.base_url}/{quote(self.fork_project, safe='')}/_apis/git/repositories"
+        response = self._send("POST", f"{repositories}?api-version={GIT_API_VERSION}", {
+            "name": name, "project": target,
+            "parentRepository": {"id": origin_id, "project": {"id": origin_project}}}, credential.token)
+        if response.status == 409 and self._says(response, REPOSITORY_EXISTS):
+            data = self._answer(self._get(f"{repositories}/{quote(name, safe='')}?api-version={GIT_API_VERSION}",
+                                          credential.token))
+        elif response.status in (200, 201):
+            data = response.data if isinstance(response.data, dict) else {}
+        else:
+            raise fork_refused(response)
+        fork_id = str(data.get("id") or "").lower()
+        project_name = part(data, "project").get("name")
+        if data.get("isFork") is not True or not GUID.fullmatch(fork_id) or fork_id == origin_id.lower() \
+                or str(part(data, "parentRepository").get("id") or "").lower() != origin_id.lower() \
+                or not isinstance(project_name, str) or not project_name:
+            raise ForgeFailure("fork-unavailable", transient=False)  # what answered is not a fork of this one
+        return Fork(repo=f"{project_name}/{data.get('name') or name}",
+                    clone_url=self.own_clone_url(data.get("remoteUrl")), project_id=fork_id)
+
+    @staticmethod
+    def _says(response: Response, markers: tuple[str, ...]) -> bool:
+        """Does an error answer carry one of `markers` (its TF code or its exception's type key)?"""
+        data = response.data if isinstance(response.data, dict) else {}
+        said = f"{data.get('message')} {data.get('typeKey')}"
+        return any(marker in said for marker in markers)
+
     def _opened(self, ref: RepoRef, data: dict) -> PullRequest:
         """The pull request and its web page (its `url` is the API's), by the names the answer gives."""
         repository = data.get("repository") if isinstance(data.get("repository"), dict) else {}
@@ -344,9 +422,7 @@ class AzureClient(ForgeClient):
     def _already_exists(self, response: Response) -> bool:
         # 409 {"message": "TF401179: An active pull request for the source and target branch already exists.",
         #      "typeKey": "GitPullRequestExistsException", ...}
-        data = response.data if isinstance(response.data, dict) else {}
-        said = f"{data.get('message')} {data.get('typeKey')}"
-        return response.status in (400, 409) and any(marker in said for marker in PULL_REQUEST_EXISTS)
+        return response.status in (400, 409) and self._says(response, PULL_REQUEST_EXISTS)
 
     def _issue_link(self, issue_number: int) -> str:
         return ""  # the work item is linked by the create call's workItemRefs

@@ -29,6 +29,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 AZURE_PROJECT_ID = "068d2409-14eb-4d8a-88bf-c8a9e7f5b4e2"
+AZURE_FORK_PROJECT = "pidispatch-forks"  # where its Azure DevOps makes the deployment's forks (AZURE_FORK_PROJECT)
 # A project's groups as Azure DevOps creates them: the well-known ones by the sub-authorities that end their
 # SID, the process template's with a random SID of their own (`-1-` and four random numbers).
 AZURE_PROJECT_GROUPS = {
@@ -83,7 +84,8 @@ class FakeForge:
         self.not_modified = 0  # 304s answered
         self.issue_feeds: dict[str, GitHubIssueFeeds] = {}
         self._pull_lock = threading.Lock()
-        self.forks: dict[str, str] = {}  # GitHub: a fork's owner/name -> the repository it forks
+        self.forks: dict[str, str] = {}  # a fork's name (its git repository's) -> the repository it forks
+        self.fork_routes: list = []  # the routes each fork added (forgotten with it)
         forge = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -305,13 +307,15 @@ class FakeForge:
                    (201, {"id": 1, "body": "", "user": {"login": "pi-bot[bot]"}}))
         self._pull_repository("github", repo, git_name=repo)
         self._github_pull_routes(re.escape(repo))
+        self.add_forks("github", repo)  # jobs publish through the deployment's fork by default
 
     def add_forks(self, forge: str, repo: str, owner: str = "pidispatch-bot") -> None:
         """The fork API of GitHub (docs.github.com/rest/repos/forks) or Forgejo (POST /api/v1/repos/.../forks) for
         `repo`: a POST makes `owner`'s fork, a bare copy of the served repository, and answers 202 with it (a second
         POST answers the same fork); a pull request whose head is `owner:<branch>` comes from it."""
         api = {"github": "", "forgejo": "/api/v1"}[forge]
-        self.routes[("POST", f"{api}/repos/{repo}/forks")] = lambda request: self._fork(forge, repo, owner)
+        self.routes[("POST", f"{api}/repos/{repo}/forks")] = \
+            lambda request: self._fork(forge, repo, (request["body"] or {}).get("organization") or owner)
 
     def _fork(self, forge: str, repo: str, owner: str) -> tuple[int, dict]:
         fork = f"{owner}/{repo.split('/')[1]}"
@@ -323,7 +327,7 @@ class FakeForge:
             if fork not in self.forks:
                 self._copy_repository(self._context(forge, repo)["git_name"], fork)
             self.forks[fork] = repo
-            self.routes[f"{api}/repos/{fork}"] = (200, answer)
+            self._fork_route(f"{api}/repos/{fork}", (200, answer))
         return 202, answer
 
     def gitlab_forks(self, project_id: int, path: str, owner: str = "pidispatch-bot") -> None:
@@ -351,12 +355,12 @@ class FakeForge:
                 return 409, {"message": {"name": ["has already been taken"], "path": ["has already been taken"]}}
             self._copy_repository(self._context("gitlab", str(project_id)).get("git_name", path), fork_path)
             self.forks[fork_path] = str(project_id)
-            self.routes[f"/api/v4/projects/{fork_id}"] = (200, answer)
-            self.routes[f"/api/v4/projects/{project_id}/forks"] = (200, [answer])
-            self.routes[("POST", f"/api/v4/projects/{fork_id}/merge_requests")] = merge_request
+            self._fork_route(f"/api/v4/projects/{fork_id}", (200, answer))
+            self._fork_route(f"/api/v4/projects/{project_id}/forks", (200, [answer]))
+            self._fork_route(("POST", f"/api/v4/projects/{fork_id}/merge_requests"), merge_request)
         return 201, answer
 
-    def serve_azure_forks(self, fork_project: str = "pidispatch-forks") -> None:
+    def serve_azure_forks(self, fork_project: str = AZURE_FORK_PROJECT) -> None:
         """Azure DevOps' fork create (POST {project}/_apis/git/repositories with a `parentRepository`,
         learn.microsoft.com rest/api/azure/devops/git/repositories/create) in the deployment's `fork_project`: a bare
         copy of the parent's served repository, answered as the fork; its name taken answers 409 (TF400948); a pull
@@ -380,8 +384,22 @@ class FakeForge:
                                          "GitRepositoryNameAlreadyExistsException")
             self._copy_repository(self._context("azure", parent)["git_name"], fork)
             self.forks[fork] = parent
-            self.routes[f"/{fork_project}/_apis/git/repositories/{name}"] = (200, answer)
+            self._fork_route(f"/{fork_project}/_apis/git/repositories/{name}", (200, answer))
         return 201, answer
+
+    def _fork_route(self, key, answer) -> None:
+        self.routes[key] = answer
+        self.fork_routes.append(key)
+
+    def forget_forks(self) -> None:
+        """No fork any more: their repositories and routes gone (tests that share one stand-in start afresh)."""
+        for fork in self.forks:
+            if self.git_root is not None:
+                subprocess.run(["rm", "-rf", str(self.git_root / f"{fork}.git")], check=True)
+        for key in self.fork_routes:
+            self.routes.pop(key, None)
+        self.forks.clear()
+        self.fork_routes.clear()
 
     def _copy_repository(self, git_name: str, copy_name: str) -> None:
         """A fork's repository: a bare clone of the served one (nothing to copy where no git is served)."""
@@ -393,32 +411,52 @@ class FakeForge:
 
     def github_app(self, app_id: str, installation_id: str, public_key, account: str, token: str = "ghs_jobtoken"):
         """The installation-token exchange, checking the App's RS256 JWT as GitHub does; each minted token is
-        `<token>-<n>` and is listed in `self.minted` with the repositories it was scoped to."""
-        import jwt
-
+        `<token>-<n>` and is listed in `self.minted` with the installation and the repositories it was scoped to."""
         self.minted: list[dict] = []
-
-        def exchange(request):
-            scheme, _, presented = request["headers"].get("authorization", "").partition(" ")
-            try:
-                claims = jwt.decode(presented, public_key, algorithms=["RS256"],
-                                    options={"require": ["iat", "exp", "iss"]})
-            except jwt.PyJWTError as error:
-                return 401, {"message": f"A JSON web token could not be decoded ({type(error).__name__})"}
-            if scheme != "Bearer" or str(claims["iss"]) != app_id or claims["exp"] - claims["iat"] > 600:
-                return 401, {"message": "'Issuer' claim ('iss') must be an Integer"}
-            names = (request["body"] or {}).get("repositories") or []
-            minted = {"token": f"{token}-{len(self.minted) + 1}", "repositories": [f"{account}/{n}" for n in names],
-                      "permissions": (request["body"] or {}).get("permissions")}
-            self.minted.append(minted)
-            return 201, {"token": minted["token"], "expires_at": "2099-01-01T00:00:00Z",
-                         "permissions": minted["permissions"] or {"contents": "write", "issues": "write"},
-                         "repository_selection": "selected",
-                         "repositories": [{"id": 1, "full_name": name} for name in minted["repositories"]]}
-
-        self.routes[("POST", f"/app/installations/{installation_id}/access_tokens")] = exchange
+        self._app = (app_id, public_key, token)
+        self.routes[("POST", f"/app/installations/{installation_id}/access_tokens")] = \
+            lambda request: self._app_exchange(request, installation_id, account)
         self.routes[("DELETE", "/installation/token")] = (204, None)
         self.routes["/app"] = (200, {"id": int(app_id), "slug": "pi-dispatch-test", "name": "pi dispatch test"})
+
+    def github_app_installed_on(self, organization: str, installation_id: str) -> None:
+        """The App (`github_app` first) installed on another organization too, on all its repositories: `GET
+        /orgs/{org}/installation` (with the App's JWT) names the installation, whose tokens it mints."""
+        def installation(request):
+            if self._app_claims(request) is None:
+                return 401, {"message": "A JSON web token could not be decoded"}
+            return 200, {"id": int(installation_id), "account": {"login": organization, "type": "Organization"},
+                         "repository_selection": "all"}
+
+        self.routes[f"/orgs/{organization}/installation"] = installation
+        self.routes[("POST", f"/app/installations/{installation_id}/access_tokens")] = \
+            lambda request: self._app_exchange(request, installation_id, organization)
+
+    def _app_claims(self, request) -> dict | None:
+        import jwt
+
+        app_id, public_key, _ = self._app
+        scheme, _, presented = request["headers"].get("authorization", "").partition(" ")
+        try:
+            claims = jwt.decode(presented, public_key, algorithms=["RS256"], options={"require": ["iat", "exp", "iss"]})
+        except jwt.PyJWTError:
+            return None
+        if scheme != "Bearer" or str(claims["iss"]) != app_id or claims["exp"] - claims["iat"] > 600:
+            return None
+        return claims
+
+    def _app_exchange(self, request, installation_id: str, account: str):
+        if self._app_claims(request) is None:
+            return 401, {"message": "A JSON web token could not be decoded"}
+        names = (request["body"] or {}).get("repositories") or []
+        minted = {"token": f"{self._app[2]}-{len(self.minted) + 1}", "installation": installation_id,
+                  "repositories": [f"{account}/{n}" for n in names],
+                  "permissions": (request["body"] or {}).get("permissions")}
+        self.minted.append(minted)
+        return 201, {"token": minted["token"], "expires_at": "2099-01-01T00:00:00Z",
+                     "permissions": minted["permissions"] or {"contents": "write", "issues": "write"},
+                     "repository_selection": "selected" if names else "all",
+                     "repositories": [{"id": 1, "full_name": name} for name in minted["repositories"]]}
 
     def gitlab_project(self, project_id: int, path: str, sha: str, *, branch: str = "main", protected: bool = True):
         self.routes[f"/api/v4/projects/{project_id}"] = (200, {
@@ -431,6 +469,7 @@ class FakeForge:
                    (201, {"id": 302, "body": "", "author": {"id": 900001}}))
         self._pull_repository("gitlab", project_id, path=path, git_name=path)
         self._gitlab_pull_routes(str(project_id))
+        self.gitlab_forks(project_id, path)
 
     def forgejo_repository(self, repo: str, sha: str, *, branch: str = "main", protected: bool = True):
         self.routes[f"/api/v1/repos/{repo}"] = (200, {
@@ -442,6 +481,7 @@ class FakeForge:
         self.route("POST", rf"/api/v1/repos/{re.escape(repo)}/issues/\d+/comments", (201, {"id": 11, "body": ""}))
         self._pull_repository("forgejo", repo, git_name=repo)
         self._forgejo_pull_routes(re.escape(repo))
+        self.add_forks("forgejo", repo)
 
     def azure_repository(self, project_id: str, repository_id: str, name: str, sha: str, *,
                          blocking_policy: bool = True, project_name: str = "Fabrikam"):
@@ -461,6 +501,7 @@ class FakeForge:
         self._pull_repository("azure", repository_id, project_id=project_id, project_name=project_name, name=name,
                               git_name=name)
         self._azure_pull_routes(re.escape(project_id), re.escape(repository_id))
+        self.serve_azure_forks()
 
     # --- pull/merge requests: one store, answered in each forge's own shapes ---
 
@@ -1160,6 +1201,9 @@ def basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
+DEMO_BOT = "pi-demo-bot"  # the account the stand-in's tokens belong to, owner of every fork it makes
+
+
 def github_for_any_repository(root: Path, token: str, files: dict, address: str = "127.0.0.1") -> FakeForge:
     """A GitHub where every repository is a protected `main` holding `files`, cloned from a local git remote
     with `token`, and comments are accepted. The tests' workers and the `make run` demo use it (on `address`:
@@ -1173,12 +1217,12 @@ def github_for_any_repository(root: Path, token: str, files: dict, address: str 
     server.route("GET", rf"{repo}/rules/branches/main", (200, []))
     server.route("POST", rf"{repo}/issues/\d+/comments", (201, {"id": 1}))
     # Who the token is (`doctor --live` asks): a classic token with only the scope a job needs.
-    server.route("GET", "/user", (200, {"login": "pi-demo-bot", "id": 1, "type": "User"}, {"X-OAuth-Scopes": "repo"}))
+    server.route("GET", "/user", (200, {"login": DEMO_BOT, "id": 1, "type": "User"}, {"X-OAuth-Scopes": "repo"}))
     server.any_git_name = "any"
     # The token's account forks any repository (run.publishTo: fork, the default): `pi-demo-bot/<name>`.
     forks = re.compile(r"/repos/(?P<repo>[^/]+/[^/]+)/forks")
     server.route("POST", forks.pattern,
-                 lambda request: server._fork("github", forks.fullmatch(request["path"])["repo"], "pi-demo-bot"))
+                 lambda request: server._fork("github", forks.fullmatch(request["path"])["repo"], DEMO_BOT))
 
     def forget_published():
         """Back to the repository's first state: no branch but main, no pull request (tests share one)."""
@@ -1187,10 +1231,7 @@ def github_for_any_repository(root: Path, token: str, files: dict, address: str 
             if ref != "refs/heads/main":
                 git(bare, "update-ref", "-d", ref)
         server.pull_requests.clear()
-        for fork in list(server.forks):
-            subprocess.run(["rm", "-rf", str(root / f"{fork}.git")], check=True)
-            server.routes.pop(f"/repos/{fork}", None)
-        server.forks.clear()
+        server.forget_forks()
 
     server.forget_published = forget_published
     server._github_pull_routes(r"[^/]+/[^/]+")  # pull requests of any repository
@@ -1229,6 +1270,13 @@ def forges_for_any_repository(root: Path, tokens: dict[str, str], files: dict, a
         "id": int(request["path"].rsplit("/", 1)[1]), "username": "someone", "access_level": 30, "state": "active"}))
     server.route("POST", project + r"/(issues|merge_requests)/\d+/notes", (201, {"id": 302, "body": ""}))
     server._gitlab_pull_routes(r"\d+")
+    # Each forge's token's account forks any repository (run.publishTo: fork, the default).
+    def gitlab_fork(request):
+        project_id = request["path"].split("/")[4]
+        path = server._context("gitlab", project_id).get("path", f"demo/project-{project_id}")
+        return server._gitlab_fork(int(project_id), path, DEMO_BOT)
+
+    server.route("POST", project + r"/fork", gitlab_fork)
 
     repo = r"/api/v1/repos/[^/]+/[^/]+"
     server.route("GET", repo, lambda request: (200, {
@@ -1240,6 +1288,9 @@ def forges_for_any_repository(root: Path, tokens: dict[str, str], files: dict, a
     server.route("GET", repo + r"/collaborators/[^/]+/permission", (200, {"permission": "write", "role_name": "write"}))
     server.route("POST", repo + r"/issues/\d+/comments", (201, {"id": 11, "body": ""}))
     server._forgejo_pull_routes(r"[^/]+/[^/]+")
+    forks = re.compile(r"/api/v1/repos/(?P<repo>[^/]+/[^/]+)/forks")
+    server.route("POST", forks.pattern,
+                 lambda request: server._fork("forgejo", forks.fullmatch(request["path"])["repo"], DEMO_BOT))
 
     repositories = r"/(?P<project>[^/_][^/]*)/_apis/git/repositories"
 
@@ -1259,6 +1310,7 @@ def forges_for_any_repository(root: Path, tokens: dict[str, str], files: dict, a
     server.route("POST", r"/[^/_][^/]*/_apis/wit/workItems/\d+/comments", (200, {"id": 5, "text": ""}))
     server.route("POST", repositories + r"/[^/]+/pullRequests/\d+/threads", (200, {"id": 6}))
     server._azure_pull_routes(r"[^/_][^/]*", r"[^/]+")
+    server.serve_azure_forks()
     server.route("GET", r"/_apis/graph/descriptors/[^/]+",
                  lambda request: (200, {"value": "aad." + request["path"].rsplit("/", 1)[1][:8]}))
     server.routes["/_apis/graph/groups"] = (200, {"count": 1, "value": [

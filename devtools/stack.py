@@ -214,6 +214,7 @@ def _demo_forge_settings(url: str) -> dict[str, str]:
         "FORGEJO_WEBHOOK_SECRET": secrets.token_hex(20), "FORGEJO_SELF_ID": DEMO_SELF_ID,
         "AZURE_ORG_URL": url, "AZURE_TOKEN": DEMO_FORGE_TOKENS["azure"], "AZURE_WEBHOOK_MODE": "basic",
         "AZURE_WEBHOOK_SECRET": f"pidispatch:{secrets.token_hex(20)}", "AZURE_SELF_ID": DEMO_AZURE_SELF_ID,
+        "AZURE_FORK_PROJECT": fake_forge.AZURE_FORK_PROJECT,
     }
 
 

@@ -251,7 +251,7 @@ PI_PR_DRAFT = env.bool("PI_PR_DRAFT", default=True)
 # Where a forge job's branch is pushed when its trigger says nothing (run.publishTo): `fork`, the deployment's own
 # fork, whose pull request the origin's CI treats as an outside contribution; `origin`, a branch of the repository,
 # where its CI runs the agent's code with the repository's secrets.
-PI_PUBLISH_TO = env("PI_PUBLISH_TO", default="origin")
+PI_PUBLISH_TO = env("PI_PUBLISH_TO", default="fork")
 if PI_PUBLISH_TO not in ("fork", "origin"):
     raise ImproperlyConfigured(f"PI_PUBLISH_TO must be fork or origin, not {PI_PUBLISH_TO!r}.")
 PI_PUBLIC_URL = env("PI_PUBLIC_URL", default="")  # this deployment's admin, linked from what it publishes
@@ -374,6 +374,9 @@ GITHUB_APP_ID = env("GITHUB_APP_ID", default="")
 GITHUB_APP_INSTALLATION_ID = env("GITHUB_APP_INSTALLATION_ID", default="")
 GITHUB_APP_PRIVATE_KEY = env("GITHUB_APP_PRIVATE_KEY", default="")  # the PEM itself (`\n` escapes allowed)
 GITHUB_APP_PRIVATE_KEY_PATH = env("GITHUB_APP_PRIVATE_KEY_PATH", default="")  # or a file holding it
+# Where the deployment's forks are made (run.publishTo: fork): required with an App (installed there, all
+# repositories); with a personal access token, unset is the token's own account.
+GITHUB_FORK_ORGANIZATION = env("GITHUB_FORK_ORGANIZATION", default="")
 GITLAB_WEBHOOK_MODE = env("GITLAB_WEBHOOK_MODE", default="")  # "token" or "signature"
 GITLAB_WEBHOOK_SECRET = env("GITLAB_WEBHOOK_SECRET", default="")
 GITLAB_TOKEN = env("GITLAB_TOKEN", default="")

@@ -105,6 +105,9 @@ SECTIONS: tuple[Section, ...] = (
         S("GITHUB_APP_INSTALLATION_ID", "", "The App's installation."),
         S("GITHUB_APP_PRIVATE_KEY", "", "The App's private key, the PEM itself (\\n escapes allowed)."),
         S("GITHUB_APP_PRIVATE_KEY_PATH", "", "Or a file holding it."),
+        S("GITHUB_FORK_ORGANIZATION", "", "The organization the deployment's forks are made in (run.publishTo: "
+          "fork). With an App: required, the App installed there on all repositories with Administration and "
+          "Contents write; with a token: unset is the token's own account."),
     )),
     Section("GitLab", "every process (served once the mode, secret or self id is set)", (
         S("GITLAB_WEBHOOK_MODE", "", "token (the webhook's secret token) or signature (its whsec_ signing token)."),
@@ -213,8 +216,10 @@ SECTIONS: tuple[Section, ...] = (
     )),
     Section("Publishing", "the workers", (
         S("PI_PR_DRAFT", "true", "Pull/merge requests the worker opens are drafts."),
-        S("PI_PUBLISH_TO", "origin", "Where a forge job's branch goes when its trigger's run.publishTo is unset: fork "
-          "(the deployment's own fork: its pull request gets no CI secret until a person approves) or origin."),
+        S("PI_PUBLISH_TO", "fork", "Where a forge job's branch goes when its trigger's run.publishTo is unset: fork "
+          "(the deployment's own fork: its pull request gets no CI secret until a person approves; a forge or "
+          "credentials that cannot fork refuse the job fork-unavailable) or origin (a branch of the repository, "
+          "where its CI runs the agent's code with the repository's secrets)."),
         S("PI_GIT_AUTHOR_NAME", "pidispatch", "The bot identity every published commit carries."),
         S("PI_GIT_AUTHOR_EMAIL", "pidispatch@users.noreply.localhost", "Its email."),
         S("PI_MAX_CHANGED_FILES", "300", "More changed paths than this is not pushed."),

@@ -30,7 +30,7 @@ AZURE_HEADER, AZURE_HEADER_VALUE = "X-Pi-Hook-Key", "azure-header-secret"
 
 SELF_IDS = {"github": "424242", "gitlab": "900001", "forgejo": "900002",
             "azure": "0f0f0f0f-1111-2222-3333-444444444444"}
-from devtools.fake_forge import AZURE_PROJECT_ID  # noqa: E402,F401  (re-exported)
+from devtools.fake_forge import AZURE_FORK_PROJECT, AZURE_PROJECT_ID  # noqa: E402,F401  (re-exported)
 
 
 def load(relative: str) -> dict:
@@ -164,6 +164,7 @@ def forges(settings, fake_forge):
     settings.AZURE_GRAPH_URL = fake_forge.url
     settings.AZURE_TOKEN = "azure-pat"
     settings.AZURE_SELF_ID = SELF_IDS["azure"]
+    settings.AZURE_FORK_PROJECT = AZURE_FORK_PROJECT
     settings.PI_FORGE_API_TIMEOUT_SECONDS = 2.0
     return fake_forge
 

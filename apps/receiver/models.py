@@ -129,7 +129,8 @@ class Trigger(models.Model):
         choices=[("", "the deployment's default (PI_PUBLISH_TO)"), ("origin", "origin"), ("fork", "fork")],
         help_text="Where the agent's branch is pushed. fork: the deployment's own fork, its pull request an outside "
                   "contribution, so the origin's CI gives it no secret until a person approves it (GitHub, "
-                  "GitLab, Forgejo; another forge refuses the job fork-unavailable). origin: a branch of the "
+                  "GitLab, Forgejo, Azure DevOps with AZURE_FORK_PROJECT; credentials that cannot fork refuse the "
+                  "job fork-unavailable). origin: a branch of the "
                   "repository itself, where push and pull-request CI runs the agent's code with the repository's "
                   "secrets.")
     packages = models.BooleanField(

@@ -92,9 +92,10 @@ WORDS = {
                                             "request; not with parallel agents, secrets or a command."),
     "publish_to": ("Push the work to", "fork: the deployment's own fork; the pull request is an outside "
                                        "contribution, and the repository's CI gives it no secret until a person "
-                                       "approves it (GitHub, GitLab, Forgejo). origin: a branch of the repository "
-                                       "itself, where its CI runs the agent's code with the repository's secrets. "
-                                       "Empty: the deployment's PI_PUBLISH_TO."),
+                                       "approves it (GitHub, GitLab, Forgejo, Azure DevOps). origin: a branch of "
+                                       "the repository itself, where its CI runs the agent's code with the "
+                                       "repository's secrets. Empty: the deployment's PI_PUBLISH_TO (fork unless "
+                                       "set)."),
     "allow_ci_changes": ("May change CI files", "Off: a change to .github/workflows/, .gitlab-ci.yml, ... is not "
                                                 "pushed, and the work is kept for you to review."),
     "image": ("Job image", "Empty: PI_JOB_IMAGE. e.g. pi-job:latest"),

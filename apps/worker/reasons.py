@@ -160,9 +160,11 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
                                "Read the worker log on the run's host; move the skills under a declared root, or "
                                "declare one in the host's environment."),
     "fork-unavailable": ("The trigger publishes through the deployment's fork (run.publishTo: fork), and this forge "
-                         "or its credentials cannot fork here (this release forks on GitHub with a personal access "
-                         "token, on GitLab, on Forgejo, and on Azure DevOps into AZURE_FORK_PROJECT).",
-                         "Configure a token that can fork (Azure DevOps: set AZURE_FORK_PROJECT), or publish to the "
+                         "or its credentials cannot fork here (GitHub: a token's own account, or a GitHub App's "
+                         "installation on GITHUB_FORK_ORGANIZATION; GitLab; Forgejo; Azure DevOps into "
+                         "AZURE_FORK_PROJECT).",
+                         "Configure credentials that can fork (a GitHub App: GITHUB_FORK_ORGANIZATION; Azure DevOps: "
+                         "AZURE_FORK_PROJECT), or publish to the "
                          "origin (run.publishTo: origin) knowing its CI runs the agent's code with the repository's "
                          "secrets."),
     "fork-not-ready": ("The forge had not made the deployment's fork in time.", "Nothing to do: the job is retried."),

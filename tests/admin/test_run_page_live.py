@@ -149,12 +149,13 @@ def test_a_published_run_shows_its_paths_commits_and_diff_beside_the_posted_summ
     changes = RunChanges.objects.get(run=run)
     (pull,) = github.pulls_of("github", "acme/web")
     assert changes.source == "pushed" and changes.summary and changes.summary in pull["body"]
-    # The commits are the ones pushed to the published branch.
-    branch_head = subprocess.run(["git", "--git-dir", str(github.bare), "rev-parse", f"refs/heads/{pull['head']}"],
+    # The commits are the ones pushed to the published branch (of the deployment's fork, where jobs publish).
+    published = github.git_root / f"{pull['fork']}.git"
+    branch_head = subprocess.run(["git", "--git-dir", str(published), "rev-parse", f"refs/heads/{pull['head']}"],
                                  capture_output=True, text=True, check=True).stdout.strip()
     # The forge's commit carries the title; the record names the worker's commit by what it is instead.
     assert changes.commits == [{"sha": branch_head, "subject": "Changes the agent left uncommitted"}]
-    assert subprocess.run(["git", "--git-dir", str(github.bare), "log", "-1", "--format=%s", branch_head],
+    assert subprocess.run(["git", "--git-dir", str(published), "log", "-1", "--format=%s", branch_head],
                           capture_output=True, text=True, check=True).stdout.strip().endswith("(#7)")
 
     page.goto(f"{live_server.url}{reverse('admin:worker_run_change', args=[run.pk])}")

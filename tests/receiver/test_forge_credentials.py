@@ -12,7 +12,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
 from apps.worker.forges import ForgeFailure, RepoRef, Subject, forge_client
-from apps.worker.forges.github import JOB_PERMISSIONS
+from apps.worker.forges.github import FORK_PERMISSIONS, FORK_PUSH_PERMISSIONS, JOB_PERMISSIONS
 
 APP_ID, INSTALLATION_ID = "12345", "678"
 
@@ -56,8 +56,8 @@ def test_a_job_token_is_minted_for_its_one_repository_with_a_verified_rs256_jwt(
     # Scoped to the one repository and to what publishing needs: never `workflows`, nor anything else.
     assert exchange["body"] == {"repositories": ["web"], "permissions": {
         "contents": "write", "pull_requests": "write", "issues": "write"}}
-    assert github_app.minted == [{"token": "ghs_jobtoken-1", "repositories": ["acme/web"],
-                                  "permissions": JOB_PERMISSIONS}]
+    assert github_app.minted == [{"token": "ghs_jobtoken-1", "installation": INSTALLATION_ID,
+                                  "repositories": ["acme/web"], "permissions": JOB_PERMISSIONS}]
     assert "workflows" not in JOB_PERMISSIONS
     presented = exchange["headers"]["authorization"].removeprefix("Bearer ")
     claims = jwt.decode(presented, app_key[1], algorithms=["RS256"])
@@ -141,6 +141,50 @@ def test_the_apps_identity_is_its_bot_account(github_app):
                                                               "type": "Bot"})
     assert forge_client("github").self_identity().id == "41898282"
     assert github_app.requests[0]["path"] == "/app"
+
+
+FORK_ORGANIZATION, FORK_INSTALLATION = "acme-pi-forks", "5150"
+
+
+def test_an_app_forks_into_its_fork_organization_with_a_token_of_its_installation_there(github_app, settings):
+    settings.GITHUB_FORK_ORGANIZATION = FORK_ORGANIZATION
+    github_app.github_app_installed_on(FORK_ORGANIZATION, FORK_INSTALLATION)
+    github_app.add_forks("github", "acme/web")
+    client = forge_client("github")
+    job = client.job_credential(RepoRef("acme/web"))
+
+    fork = client.fork(RepoRef("acme/web"), job)
+
+    assert fork.repo == f"{FORK_ORGANIZATION}/web"
+    (create,) = [r for r in github_app.requests if r["path"] == "/repos/acme/web/forks"]
+    assert create["body"] == {"organization": FORK_ORGANIZATION}
+    # Made with a token of the fork organization's installation (the job's covers the one repository), minted for
+    # this request with only what forking needs, and revoked at once.
+    fork_token = github_app.minted[1]
+    assert fork_token == {"token": "ghs_jobtoken-2", "installation": FORK_INSTALLATION, "repositories": [],
+                          "permissions": FORK_PERMISSIONS}
+    assert create["headers"]["authorization"] == "Bearer ghs_jobtoken-2"
+    assert any(r["method"] == "DELETE" and r["headers"]["authorization"] == "Bearer ghs_jobtoken-2"
+               for r in github_app.requests)
+
+    # The job's branch is pushed with a token for the fork alone, contents only.
+    push = client.fork_credential(fork, job)
+    assert github_app.minted[2] == {"token": push.token, "installation": FORK_INSTALLATION,
+                                    "repositories": [f"{FORK_ORGANIZATION}/web"], "permissions": FORK_PUSH_PERMISSIONS}
+    assert "workflows" not in FORK_PUSH_PERMISSIONS and "administration" not in FORK_PUSH_PERMISSIONS
+
+
+def test_an_app_without_a_fork_organization_or_not_installed_there_cannot_fork(github_app, settings):
+    github_app.add_forks("github", "acme/web")
+    client = forge_client("github")
+    job = client.job_credential(RepoRef("acme/web"))
+    with pytest.raises(ForgeFailure) as unset:
+        client.fork(RepoRef("acme/web"), job)
+    settings.GITHUB_FORK_ORGANIZATION = "not-installed-here"
+    with pytest.raises(ForgeFailure) as not_installed:
+        forge_client("github").fork(RepoRef("acme/web"), job)
+    assert {unset.value.reason, not_installed.value.reason} == {"fork-unavailable"}
+    assert not [r for r in github_app.requests if r["path"] == "/repos/acme/web/forks"]  # never asked to fork
 
 
 def test_the_private_key_can_come_from_a_file_or_with_escaped_newlines(github_app, settings, app_key, tmp_path):

@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 from django.core.management import call_command
 
-from devtools.fake_forge import forges_for_any_repository
+from devtools.fake_forge import AZURE_FORK_PROJECT, forges_for_any_repository
 from devtools.stack import DEMO_REPOSITORY
 from tests.receiver_support import rule
 
@@ -31,6 +31,7 @@ def stand_in(settings, tmp_path, worker_env):
         "FORGEJO_SELF_ID": "1",
         "AZURE_ORG_URL": server.url, "AZURE_TOKEN": TOKENS["azure"], "AZURE_WEBHOOK_MODE": "basic",
         "AZURE_WEBHOOK_SECRET": "pidispatch:azure-secret", "AZURE_SELF_ID": AZURE_SELF,
+        "AZURE_FORK_PROJECT": AZURE_FORK_PROJECT,
     }
     for name, value in forge_settings.items():
         setattr(settings, name, value)

@@ -76,8 +76,10 @@ def test_github_asks_for_repository_and_branch_with_the_jobs_token(tmp_path, for
 
     assert workspace.head.name == "trunk" and head_of(dirs.workspace) == sha
     api = [r for r in forges.requests if not r["path"].startswith("/git/")]
-    # A protected branch needs no ruleset lookup.
-    assert [r["path"] for r in api] == ["/repos/acme/web", "/repos/acme/web/branches/trunk"]
+    # A protected branch needs no ruleset lookup; the deployment's fork (where the work goes) is made before the
+    # agent runs.
+    assert [r["path"] for r in api] == ["/repos/acme/web", "/repos/acme/web/branches/trunk", "/repos/acme/web/forks",
+                                        "/repos/pidispatch-bot/web"]
     assert all(r["headers"]["authorization"] == "Bearer ghp-test" for r in api)
 
 
@@ -245,7 +247,8 @@ def test_gitlab_job_clones_with_its_token(tmp_path, forges):
     assert head_of(dirs.workspace) == sha
     assert workspace.credential.token == "glpat-test"
     api = [r for r in forges.requests if r["path"].startswith("/api/")]
-    assert [r["path"] for r in api] == ["/api/v4/projects/42", "/api/v4/projects/42/repository/branches/main"]
+    assert [r["path"] for r in api] == ["/api/v4/projects/42", "/api/v4/projects/42/repository/branches/main",
+                                        "/api/v4/projects/42/fork", f"/api/v4/projects/{workspace.fork.project_id}"]
     assert all(r["headers"]["private-token"] == "glpat-test" for r in api)
 
 
@@ -267,7 +270,8 @@ def test_forgejo_job_clones_with_its_token(tmp_path, forges):
     assert head_of(dirs.workspace) == sha
     assert workspace.credential.token == "forgejo-test-token"
     api = [r for r in forges.requests if r["path"].startswith("/api/")]
-    assert [r["path"] for r in api] == ["/api/v1/repos/kostekIV/test", "/api/v1/repos/kostekIV/test/branches/main"]
+    assert [r["path"] for r in api] == ["/api/v1/repos/kostekIV/test", "/api/v1/repos/kostekIV/test/branches/main",
+                                        "/api/v1/repos/kostekIV/test/forks", "/api/v1/repos/pidispatch-bot/test"]
     assert all(r["headers"]["authorization"] == "token forgejo-test-token" for r in api)
 
 

@@ -17,7 +17,7 @@ from apps.worker.forges.publishing import service as publishing
 from apps.worker.models import Outcome, Run
 from apps.worker.sandbox import container, forge_workspace, jobfiles
 from tests.jobspecs import forge_spec
-from tests.receiver_support import basic, commit_files, make_repository
+from tests.receiver_support import AZURE_FORK_PROJECT, basic, commit_files, make_repository
 
 AZURE_PROJECT = "068d2409-14eb-4d8a-88bf-c8a9e7f5b4e2"
 AZURE_REPOSITORY = "3411ebc1-d5aa-464f-9615-0b527bc66719"
@@ -41,14 +41,27 @@ class Forge:
     def bare(self) -> Path:
         return self.root / f"{self.git_name}.git"
 
-    def branches(self) -> dict[str, str]:
-        listing = subprocess.run(["git", "-C", str(self.bare), "for-each-ref",
+    @property
+    def fork(self) -> str:
+        """The deployment's fork of the repository (the stand-in makes it on the first job's request), where jobs
+        publish by default."""
+        if self.name == "azure":
+            return f"{AZURE_FORK_PROJECT}/{self.git_name}"
+        return f"pidispatch-bot/{self.repo.split('/')[1]}"
+
+    @property
+    def fork_bare(self) -> Path:
+        return self.root / f"{self.fork}.git"
+
+    def branches(self, bare: Path | None = None) -> dict[str, str]:
+        """The branches of the origin (or of `bare`, the fork's repository)."""
+        listing = subprocess.run(["git", "-C", str(bare or self.bare), "for-each-ref",
                                   "--format=%(refname:short) %(objectname)", "refs/heads"],
                                  capture_output=True, text=True, check=True).stdout
         return dict(line.split() for line in listing.splitlines())
 
-    def git(self, *args) -> str:
-        return subprocess.run(["git", "-C", str(self.bare), *args], capture_output=True, text=True,
+    def git(self, *args, bare: Path | None = None) -> str:
+        return subprocess.run(["git", "-C", str(bare or self.bare), *args], capture_output=True, text=True,
                               check=True).stdout.strip()
 
     def spec(self, job_id, **fields):
@@ -112,8 +125,9 @@ def test_a_job_without_a_target_title_names_its_pull_request_from_the_summary(tm
     assert len(messages.title(long, SUMMARY)) == messages.TITLE_CHARS and messages.title(long, "").endswith("… (#7)")
 
 
-def test_new_commits_become_one_draft_pull_request_against_the_default_branch(tmp_path, forge):
-    spec = forge.spec("job-pr", number=7)
+@pytest.mark.parametrize("publish_to", ["", "origin"])  # "": the deployment's default, through its fork
+def test_new_commits_become_one_draft_pull_request_against_the_default_branch(tmp_path, forge, publish_to):
+    spec = forge.spec("job-pr", number=7, publish_to=publish_to)
     dirs, workspace = start(tmp_path, spec)
     (dirs.workspace / "src" / "footer.css").write_text("footer { margin-top: 2em; }\n")
 
@@ -121,17 +135,21 @@ def test_new_commits_become_one_draft_pull_request_against_the_default_branch(tm
 
     assert reason == "" and publication.outcome == "published" and publication.pushed_commits == 1
     assert publication.changed_files == 1  # what the run page says the agent changed
-    head = forge.branches()["pi/7-fix-bug"]
-    assert forge.git("rev-parse", f"{head}^") == forge.sha  # on top of the commit the job started from
-    assert forge.git("show", f"{head}:src/footer.css") == "footer { margin-top: 2em; }"
-    assert forge.git("log", "-1", "--format=%an <%ae>", head) == "pidispatch <pidispatch@users.noreply.localhost>"
+    bare = forge.bare if publish_to == "origin" else forge.fork_bare
+    assert ("pi/7-fix-bug" in forge.branches()) == (publish_to == "origin")
+    head = forge.branches(bare)["pi/7-fix-bug"]
+    assert forge.git("rev-parse", f"{head}^", bare=bare) == forge.sha  # on top of the commit the job started from
+    assert forge.git("show", f"{head}:src/footer.css", bare=bare) == "footer { margin-top: 2em; }"
+    assert forge.git("log", "-1", "--format=%an <%ae>", head, bare=bare) == \
+        "pidispatch <pidispatch@users.noreply.localhost>"
     (pull,) = forge.pulls()
     assert (pull["head"], pull["base"], pull["draft"]) == ("pi/7-fix-bug", "main", True)
+    assert pull["fork"] == (None if publish_to == "origin" else forge.fork)
     # The title is the issue's own ("A bug", forge_spec's), the agent's summary is the body.
     assert pull["title"].endswith("A bug (#7)") and pull["issues"] == [7]
     assert "Fix the footer overlap" in pull["body"] and "The footer now sits below the button." in pull["body"]
     assert "job-pr" in pull["body"]
-    message = forge.git("log", "-1", "--format=%B", head)
+    message = forge.git("log", "-1", "--format=%B", head, bare=bare)
     assert message.startswith("A bug (#7)\n\nFix the footer overlap\n\nThe footer now sits below the button.")
     assert publication.pull_request == pull["number"] and publication.url
 
@@ -193,7 +211,8 @@ def pull_request_on_branch(forge, *, fork=None):
 
 def test_a_job_on_a_pull_request_starts_from_its_head_and_pushes_to_its_branch(tmp_path, forge):
     pull, feature_sha = pull_request_on_branch(forge)
-    spec = forge.spec("job-on-pr", target_type="pull_request", number=pull["number"])
+    # Publishing to the origin: the pull request's own branch takes the work (through the fork, the next tests).
+    spec = forge.spec("job-on-pr", target_type="pull_request", number=pull["number"], publish_to="origin")
     dirs, workspace = start(tmp_path, spec)
     assert (dirs.workspace / "feature.txt").read_text() == "wip\n"  # the PR's head, not the default branch
     (dirs.workspace / "feature.txt").write_text("done\n")
@@ -209,7 +228,7 @@ def test_a_job_on_a_pull_request_starts_from_its_head_and_pushes_to_its_branch(t
 @github_only
 def test_a_pull_request_branch_that_moved_gets_a_comment_never_a_force_push(tmp_path, forge):
     pull, _ = pull_request_on_branch(forge)
-    spec = forge.spec("job-moved", target_type="pull_request", number=pull["number"])
+    spec = forge.spec("job-moved", target_type="pull_request", number=pull["number"], publish_to="origin")
     dirs, workspace = start(tmp_path, spec)
     (dirs.workspace / "feature.txt").write_text("done\n")
     moved = commit_files(forge.bare, {"other.txt": "someone pushed\n"}, branch="feature")
@@ -238,33 +257,11 @@ def test_a_pull_request_from_a_fork_only_gets_a_comment(tmp_path, forge):
 # --- run.publishTo: fork (issue 46 §2): the agent's branch where the origin's CI gives it no secret ----------------
 
 forking = pytest.mark.parametrize("forge", ["github", "gitlab", "forgejo", "azure"], indirect=True)
-AZURE_FORK_PROJECT = "pidispatch-forks"
-
-
-def with_fork(forge) -> tuple[str, Path]:
-    """The stand-in's fork API for the forge's repository: the fork's name and its bare repository."""
-    if forge.name == "gitlab":
-        forge.forges.gitlab_forks(int(forge.pull_key), forge.repo)
-    elif forge.name == "azure":
-        forge.settings.AZURE_FORK_PROJECT = AZURE_FORK_PROJECT
-        forge.forges.serve_azure_forks(AZURE_FORK_PROJECT)
-        fork = f"{AZURE_FORK_PROJECT}/widgets"
-        return fork, forge.root / f"{fork}.git"
-    else:
-        forge.forges.add_forks(forge.name, forge.repo)
-    fork = f"pidispatch-bot/{forge.repo.split('/')[1]}"
-    return fork, forge.root / f"{fork}.git"
-
-
-def heads_of(bare: Path) -> dict[str, str]:
-    listing = subprocess.run(["git", "-C", str(bare), "for-each-ref", "--format=%(refname:short) %(objectname)",
-                              "refs/heads"], capture_output=True, text=True, check=True).stdout
-    return dict(line.split() for line in listing.splitlines())
 
 
 @forking
 def test_through_the_fork_the_work_is_pushed_there_and_its_pull_request_comes_from_it(tmp_path, forge):
-    fork, bare = with_fork(forge)
+    fork, bare = forge.fork, forge.fork_bare
     spec = forge.spec("job-fork-mode", number=7, publish_to="fork")
     dirs, workspace = start(tmp_path, spec)
     assert workspace.fork.repo == fork  # made before the agent ran
@@ -274,8 +271,8 @@ def test_through_the_fork_the_work_is_pushed_there_and_its_pull_request_comes_fr
 
     assert (reason, publication.outcome, publication.pushed_commits) == ("", "published", 1)
     assert "pi/7-fix-bug" not in forge.branches()  # nothing of the agent's in the origin, where CI has secrets
-    head = heads_of(bare)["pi/7-fix-bug"]
-    assert forge.git("--git-dir", str(bare), "rev-parse", f"{head}^") == forge.sha
+    head = forge.branches(bare)["pi/7-fix-bug"]
+    assert forge.git("rev-parse", f"{head}^", bare=bare) == forge.sha
     (pull,) = forge.pulls()
     assert (pull["fork"], pull["head"], pull["base"], pull["sha"]) == (fork, "pi/7-fix-bug", "main", head)
     assert publication.pull_request == pull["number"] and pull["issues"] == [7]
@@ -287,16 +284,16 @@ def test_through_the_fork_the_work_is_pushed_there_and_its_pull_request_comes_fr
 
 @github_only
 def test_the_deployments_default_decides_where_a_trigger_says_nothing(tmp_path, forge, settings):
-    fork, _ = with_fork(forge)
-    settings.PI_PUBLISH_TO = "fork"
-    _, by_default = start(tmp_path / "a", forge.spec("job-default", number=7))
-    _, to_origin = start(tmp_path / "b", forge.spec("job-origin", number=8, publish_to="origin"))
-    assert (by_default.fork.repo, to_origin.fork) == (fork, None)
+    _, by_default = start(tmp_path / "a", forge.spec("job-default", number=7))  # the shipped default: the fork
+    settings.PI_PUBLISH_TO = "origin"
+    _, to_origin = start(tmp_path / "b", forge.spec("job-origin", number=8))
+    _, said_fork = start(tmp_path / "c", forge.spec("job-fork", number=9, publish_to="fork"))
+    assert (by_default.fork.repo, to_origin.fork, said_fork.fork.repo) == (forge.fork, None, forge.fork)
 
 
 @forking
 def test_a_later_job_uses_the_fork_an_earlier_one_made(tmp_path, forge):
-    fork, _ = with_fork(forge)
+    fork = forge.fork
     _, first = start(tmp_path / "a", forge.spec("job-a", number=7, publish_to="fork"))
     _, second = start(tmp_path / "b", forge.spec("job-b", number=8, publish_to="fork"))
     assert first.fork == second.fork and first.fork.repo == fork
@@ -304,7 +301,7 @@ def test_a_later_job_uses_the_fork_an_earlier_one_made(tmp_path, forge):
 
 @forking
 def test_through_the_fork_a_pull_requests_work_is_a_pull_request_into_its_branch(tmp_path, forge):
-    fork, _ = with_fork(forge)
+    fork = forge.fork
     pull, feature_sha = pull_request_on_branch(forge)
     spec = forge.spec("job-fork-pr", target_type="pull_request", number=pull["number"], publish_to="fork")
     dirs, workspace = start(tmp_path, spec)
@@ -322,7 +319,7 @@ def test_through_the_fork_a_pull_requests_work_is_a_pull_request_into_its_branch
 @pytest.mark.parametrize("forge", ["azure"], indirect=True)
 def test_a_forge_that_cannot_fork_refuses_the_job_before_it_runs_never_publishing_to_the_origin(tmp_path, forge):
     # Azure DevOps without AZURE_FORK_PROJECT: the deployment has nowhere to fork to.
-    forge.forges.serve_azure_forks(AZURE_FORK_PROJECT)
+    forge.settings.AZURE_FORK_PROJECT = ""
     spec = forge.spec("job-no-fork", number=7, publish_to="fork")
     with pytest.raises(publishing.ForgeFailure) as refused:
         start(tmp_path, spec)
@@ -332,7 +329,6 @@ def test_a_forge_that_cannot_fork_refuses_the_job_before_it_runs_never_publishin
 
 @pytest.mark.parametrize("forge", ["azure"], indirect=True)
 def test_a_repository_of_the_forks_name_that_is_not_its_fork_is_never_pushed_to(tmp_path, forge):
-    forge.settings.AZURE_FORK_PROJECT = AZURE_FORK_PROJECT
     forge.forges.routes[("POST", f"/{AZURE_FORK_PROJECT}/_apis/git/repositories")] = (409, {
         "message": "TF400948: A Git repository with the name widgets already exists.",
         "typeKey": "GitRepositoryNameAlreadyExistsException"})
@@ -490,4 +486,5 @@ def test_the_jobs_own_secrets_are_scrubbed_from_the_pull_request(tmp_path, forge
     (pull,) = forge.pulls()
     assert "Publish with [scrubbed]" in pull["body"] and "The token, once more: [scrubbed]" in pull["body"]
     assert value not in json.dumps(pull) and base64.b64encode(value.encode()).decode()[:12] not in json.dumps(pull)
-    assert value not in forge.git("log", "-1", "--format=%B", forge.branches()["pi/7-fix-bug"])
+    head = forge.branches(forge.fork_bare)["pi/7-fix-bug"]
+    assert value not in forge.git("log", "-1", "--format=%B", head, bare=forge.fork_bare)

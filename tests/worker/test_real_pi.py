@@ -103,14 +103,16 @@ def test_a_labelled_issue_is_worked_on_by_the_real_pi_and_becomes_a_pull_request
     assert seen["attrs"]["HostConfig"]["NetworkMode"] == "none"
     assert not any(entry.split("=", 1)[0] in FORGE_TOKEN_NAMES for entry in environment)  # nor a forge token
 
-    # The worker, not the agent, took the agent's commit to the forge: a branch and one draft pull request.
+    # The worker, not the agent, took the agent's commit to the forge: a branch of the deployment's fork (the
+    # default) and one draft pull request from it.
     assert (run.publish_outcome, run.pushed_commits) == ("published", 1) and run.changed_files >= 1
     (pull,) = [pr for pr in github_stand_in.created_pull_requests if pr["number"] == run.pull_request]
     assert pull["head"].startswith("pi/7-fix-bug") and pull["base"] == "main" and pull["draft"] is True
+    assert pull["fork"] == "pi-demo-bot/web"
     # The pull request is titled by its issue (the forge's own text, for the forge only); the summary is its body.
     assert pull["title"].endswith("(#7)") and "The README now says what the repository is." in pull["body"]
     assert pull["issues"] == [7] and job_id in pull["body"] and run.publish_url
-    pushed = subprocess.run(["git", "-C", str(github_stand_in.git_root / "any.git"), "log", "-1",
+    pushed = subprocess.run(["git", "-C", str(github_stand_in.git_root / "pi-demo-bot/web.git"), "log", "-1",
                              "--format=%an|%s", pull["sha"]], capture_output=True, text=True, check=True).stdout
     assert pushed.strip() == "pidispatch|Fix the README"  # the agent's commit, written again as the bot's
 

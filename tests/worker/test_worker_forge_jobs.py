@@ -109,25 +109,43 @@ def test_a_github_app_job_gets_a_fresh_repository_token_that_is_revoked_after(
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption()).decode()
     github.github_app("4242", "99", key.public_key(), account="acme", token="ghs_e2e")
-    github.git_authorization = basic("x-access-token", "ghs_e2e-1")  # only the minted token may clone
+    github.github_app_installed_on("acme-pi-forks", "100")  # where the deployment's forks are made
+    # Only minted tokens reach git: the job's clones the origin, the fork's own pushes to the fork.
+    github.serve_git(github.bare.parent.parent, (basic("x-access-token", "ghs_e2e-1"),
+                                                 basic("x-access-token", "ghs_e2e-3")))
     job_id = deliver(post_github, "fj-e2e-app", "fake-agent:sleep=2")
     seen: dict = {}
     watcher = container_env_while_running(job_id, seen)
 
     run_worker("pi-jobs", env_overrides={"GITHUB_API_URL": github.url, "GITHUB_TOKEN": "", "GITHUB_APP_ID": "4242",
-                                         "GITHUB_APP_INSTALLATION_ID": "99", "GITHUB_APP_PRIVATE_KEY": pem})
+                                         "GITHUB_APP_INSTALLATION_ID": "99", "GITHUB_APP_PRIVATE_KEY": pem,
+                                         "GITHUB_FORK_ORGANIZATION": "acme-pi-forks"})
     joined(watcher, 100, "the container watcher")
 
     assert Run.objects.get(job_id=job_id).outcome == Outcome.COMPLETED
-    assert github.minted == [{"token": "ghs_e2e-1", "repositories": ["acme/web"], "permissions": {
-        "contents": "write", "pull_requests": "write", "issues": "write"}}]
+    assert github.minted == [
+        {"token": "ghs_e2e-1", "installation": "99", "repositories": ["acme/web"],
+         "permissions": {"contents": "write", "pull_requests": "write", "issues": "write"}},
+        # The fork, made by the App's installation on the fork organization, and the push to it alone.
+        {"token": "ghs_e2e-2", "installation": "100", "repositories": [],
+         "permissions": {"administration": "write", "contents": "read"}},
+        {"token": "ghs_e2e-3", "installation": "100", "repositories": ["acme-pi-forks/web"],
+         "permissions": {"contents": "write"}}]
     assert not set(seen) & FORGE_TOKEN_NAMES and "ghs_e2e" not in str(seen)
-    assert Run.objects.get(job_id=job_id).publish_outcome == "published"  # pushed with the minted token
-    api = [r for r in github.requests if r["path"].startswith("/repos/")]
-    assert api and all(r["headers"]["authorization"] == "Bearer ghs_e2e-1" for r in api)
-    revoke = github.requests[-1]
-    assert (revoke["method"], revoke["path"], revoke["headers"]["authorization"]) == (
-        "DELETE", "/installation/token", "Bearer ghs_e2e-1")
+    run = Run.objects.get(job_id=job_id)
+    assert run.publish_outcome == "published"
+    (pull,) = github.pulls_of("github", "acme/web")
+    assert (pull["fork"], pull["head"], run.pull_request) == ("acme-pi-forks/web", "pi/7-fix-bug", pull["number"])
+    pushes = [r for r in github.requests if r["path"].startswith("/git/acme-pi-forks/web.git")
+              and r["method"] == "POST"]
+    assert pushes and all(r["headers"]["authorization"] == basic("x-access-token", "ghs_e2e-3") for r in pushes)
+    origin_api = [r for r in github.requests if r["path"].startswith("/repos/acme/web")
+                  and not r["path"].endswith("/forks")]
+    assert origin_api and all(r["headers"]["authorization"] == "Bearer ghs_e2e-1" for r in origin_api)
+    # Every minted token is revoked by the end, the job's last.
+    revoked = [r["headers"]["authorization"] for r in github.requests if r["method"] == "DELETE"]
+    assert sorted(revoked) == ["Bearer ghs_e2e-1", "Bearer ghs_e2e-2", "Bearer ghs_e2e-3"]
+    assert revoked[-1] == "Bearer ghs_e2e-1" and github.requests[-1]["method"] == "DELETE"
 
 
 def test_job_folders_and_the_clone_are_removed_after_the_run_when_no_sandbox_keeps_them(

@@ -561,6 +561,11 @@ class ForgeClient:
         except Unreachable as error:
             raise failure_for_unreachable(error) from None
 
+    def fork_credential(self, fork: Fork, credential: Credential) -> Credential:
+        """What pushes to the deployment's fork: the job's own credential, unless the forge mints one for the fork
+        (a GitHub App's installation on the fork organization); one minted here is released by the caller."""
+        return credential
+
     def git_authorization(self, credential: Credential) -> str:
         """The `Authorization` header git sends (never put into a URL, a config file or an argv)."""
         return basic_authorization(self.git_user, credential.token)
@@ -618,12 +623,13 @@ class ForgeClient:
     def _fork(self, ref: RepoRef, credential: Credential) -> Fork:
         raise NotImplementedError
 
-    def _shared_shape_fork(self, api_root: str, ref: RepoRef, credential: Credential) -> Fork:
+    def _shared_shape_fork(self, api_root: str, ref: RepoRef, credential: Credential, organization: str = "") -> Fork:
         """GitHub's and Forgejo's shape: POST {api_root}/repos/{owner}/{name}/forks makes the token's account's
-        fork, or answers the one it has (202, the fork's repository); then the fork's own GET, once the forge has
-        made it (GitHub makes it in the background)."""
+        fork (or `organization`'s), or answers the one it has (202, the fork's repository); then the fork's own GET,
+        once the forge has made it (GitHub makes it in the background)."""
         owner, name = repo_halves(ref)
-        response = self._send("POST", f"{api_root}/repos/{owner}/{name}/forks", {}, credential.token)
+        response = self._send("POST", f"{api_root}/repos/{owner}/{name}/forks",
+                              {"organization": organization} if organization else {}, credential.token)
         if response.status not in (200, 201, 202):
             raise fork_refused(response)
         data = response.data if isinstance(response.data, dict) else {}

@@ -39,6 +39,11 @@ PROTECTING_RULES = {"pull_request", "update"}
 # What a job's App token may do: push the work, open its pull request, comment. Never `workflows`: a token
 # without it cannot push a change under .github/workflows/.
 JOB_PERMISSIONS = {"contents": "write", "pull_requests": "write", "issues": "write"}
+# What an App's token on the fork organization needs to make a fork there (docs.github.com, "Create a fork": the
+# Administration write and Contents read repository permissions), minted for that one request and revoked after.
+FORK_PERMISSIONS = {"administration": "write", "contents": "read"}
+# And to push the job's branch to the fork: its one repository, contents only (no workflows: as a job's token).
+FORK_PUSH_PERMISSIONS = {"contents": "write"}
 
 
 class GitHubClient(ForgeClient):
@@ -57,11 +62,13 @@ class GitHubClient(ForgeClient):
         from apps.worker.forges import github_app_from_settings
 
         return cls(base_url=settings.GITHUB_API_URL, token=settings.GITHUB_TOKEN,
-                   app=github_app_from_settings(common["timeout"]), **common)
+                   app=github_app_from_settings(common["timeout"]),
+                   fork_organization=settings.GITHUB_FORK_ORGANIZATION, **common)
 
-    def __init__(self, *, app: GitHubApp | None = None, **kwargs):
+    def __init__(self, *, app: GitHubApp | None = None, fork_organization: str = "", **kwargs):
         super().__init__(**kwargs)
         self.app = app
+        self.fork_organization = fork_organization.strip()
 
     def _auth_headers(self, token: str) -> dict[str, str]:
         return {
@@ -187,11 +194,25 @@ class GitHubClient(ForgeClient):
     # --- the deployment's fork ---
 
     def _fork(self, ref: RepoRef, credential: Credential) -> Fork:
-        """The token's account's fork. An App's job token covers the one repository, not a fork: this release
-        forks with a personal access token only."""
-        if self.app is not None:
+        """The fork in GITHUB_FORK_ORGANIZATION, else (a personal access token) in the token's own account. An App
+        forks only into an organization it is installed on: its job token covers the one repository, so the fork is
+        made with a token of the App's installation there, minted for it and revoked after."""
+        if self.app is None:
+            return self._shared_shape_fork(self.base_url, ref, credential, self.fork_organization)
+        if not self.fork_organization:
             raise ForgeFailure("fork-unavailable", transient=False)
-        return self._shared_shape_fork(self.base_url, ref, credential)
+        installation = self.app.organization_installation(self.fork_organization)
+        token = self.app.installation_token("", FORK_PERMISSIONS, installation_id=installation)
+        try:
+            return self._shared_shape_fork(self.base_url, ref, token, self.fork_organization)
+        finally:
+            self.app.revoke(token.token)
+
+    def fork_credential(self, fork: Fork, credential: Credential) -> Credential:
+        if self.app is None:
+            return credential
+        installation = self.app.organization_installation(self.fork_organization)
+        return self.app.installation_token(fork.repo, FORK_PUSH_PERMISSIONS, installation_id=installation)
 
     def _fork_head(self, fork: Fork, head_branch: str) -> str:
         return self._owner_head(fork, head_branch)

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.parse import quote
 
 import jwt
 
@@ -90,10 +91,12 @@ class GitHubApp:
             raise ForgeFailure("forge-unconfigured", transient=False) from None
 
     def installation_token(self, repo: str, permissions: dict[str, str] | None = None, *,
-                           reuse: bool = False) -> InstallationToken:
-        """A token for the installation, limited to `repo` (owner/name) and, when given, `permissions`.
-        `reuse` takes a cached token that still has more than 5 minutes to live."""
-        key = self._cache_key(repo, permissions)
+                           reuse: bool = False, installation_id: str = "") -> InstallationToken:
+        """A token for the installation (GITHUB_APP_INSTALLATION_ID, or `installation_id`: another account's),
+        limited to `repo` (owner/name) and, when given, `permissions`. `reuse` takes a cached token that still has
+        more than 5 minutes to live."""
+        installation_id = installation_id or self.installation_id
+        key = self._cache_key(repo, permissions, installation_id)
         if reuse:
             cached = self.token_cache.get(key)
             if cached is not None:
@@ -104,7 +107,7 @@ class GitHubApp:
             body["permissions"] = permissions
         try:
             response = request_json(
-                "POST", f"{self.api_url}/app/installations/{self.installation_id}/access_tokens",
+                "POST", f"{self.api_url}/app/installations/{installation_id}/access_tokens",
                 {**API_HEADERS, "Authorization": f"Bearer {self.jwt()}"}, self.timeout, body=body,
             )
         except Unreachable as error:
@@ -140,10 +143,27 @@ class GitHubApp:
             raise ForgeFailure("forge-malformed-answer", transient=True)
         return slug
 
-    def _cache_key(self, repo: str, permissions: dict[str, str] | None) -> tuple:
+    def organization_installation(self, organization: str) -> str:
+        """The id of the App's installation on `organization` (`GET /orgs/{org}/installation` with the JWT); an
+        organization the App is not installed on is `fork-unavailable`."""
+        try:
+            response = request_json("GET", f"{self.api_url}/orgs/{quote(organization, safe='')}/installation",
+                                    {**API_HEADERS, "Authorization": f"Bearer {self.jwt()}"}, self.timeout)
+        except Unreachable as error:
+            raise failure_for_unreachable(error) from None
+        if response.status == 404:
+            raise ForgeFailure("fork-unavailable", transient=False)
+        if response.status != 200:
+            raise failure_for(response)
+        installation = response.data.get("id") if isinstance(response.data, dict) else None
+        if not isinstance(installation, int) or isinstance(installation, bool):
+            raise ForgeFailure("forge-malformed-answer", transient=True)
+        return str(installation)
+
+    def _cache_key(self, repo: str, permissions: dict[str, str] | None, installation_id: str) -> tuple:
         # The key's fingerprint, not the key: a rotated key must not be served tokens minted by the old one.
         key_print = hashlib.sha256(self.private_key.encode()).hexdigest()[:16]
-        return (self.api_url, self.app_id, self.installation_id, key_print, repo.lower(),
+        return (self.api_url, self.app_id, installation_id, key_print, repo.lower(),
                 tuple(sorted((permissions or {}).items())))
 
     @staticmethod

@@ -226,14 +226,8 @@ def _publish(spec, destination: Destination, work: Work, client, credential, sum
             return Publication(BRANCH_MOVED, pull_request=pull.number, pushed_commits=0)
         return Publication(PUBLISHED, pull_request=pull.number, pushed_commits=work.commits)
     # From the fork, a pull request's own work is a pull request into its branch; the rest into the default branch.
-    push_url = fork.clone_url if fork is not None else destination.clone_url
     base = pull.branch if pull is not None else destination.base_branch
-    branch = destination.job_branch
-    if _push(work, push_url, branch, client, credential) == "moved":
-        # The name is taken by earlier work (another job on the same issue): this job's own, stable suffix.
-        branch = f"{branch}-{hashlib.sha256(spec.job_id.encode()).hexdigest()[:8]}"
-        if _push(work, push_url, branch, client, credential) == "moved":
-            raise PublishRefused("push-refused")
+    branch = _push_job_branch(spec, destination, work, client, credential)
     existing = _forge_call(client.find_pull_request, destination.ref, branch, base, credential, fork)
     if existing is None:
         existing = _forge_call(
@@ -242,6 +236,24 @@ def _publish(spec, destination: Destination, work: Work, client, credential, sum
             draft=settings.PI_PR_DRAFT, issue_number=destination.number if destination.target_type == "issue" else None,
             credential=credential, fork=fork)
     return Publication(PUBLISHED, pull_request=existing.number, pushed_commits=work.commits, url=existing.url)
+
+
+def _push_job_branch(spec, destination: Destination, work: Work, client, credential) -> str:
+    """The job's branch, pushed to the fork (with the credential the forge gives for it) or to the origin: its
+    name, or this job's own suffix on it where earlier work (another job on the same issue) holds the name."""
+    fork = destination.fork
+    push_url = fork.clone_url if fork is not None else destination.clone_url
+    push_credential = _forge_call(client.fork_credential, fork, credential) if fork is not None else credential
+    try:
+        branch = destination.job_branch
+        if _push(work, push_url, branch, client, push_credential) == "moved":
+            branch = f"{branch}-{hashlib.sha256(spec.job_id.encode()).hexdigest()[:8]}"
+            if _push(work, push_url, branch, client, push_credential) == "moved":
+                raise PublishRefused("push-refused")
+        return branch
+    finally:
+        if push_credential is not credential:
+            client.release_credential(push_credential)
 
 
 def _comment(spec, destination, client, summary, note="") -> Publication:

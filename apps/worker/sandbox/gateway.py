@@ -342,9 +342,11 @@ class EgressGateway:
         received = await self._read_body(request)
         document = provider_calls.parse(received)
         model = provider_calls.model_of(call, document)
-        feature = provider_calls.refusal(call, document)
+        feature = provider_calls.refusal(call, document)  # the more telling reason first
         if feature:
             raise CallRefused(403, feature)
+        if provider_calls.unknown_field(call, document, self.upstream.hostname):
+            raise CallRefused(403, "provider-field-refused")
         if not self.limits.allows(model):
             raise CallRefused(403, "model-not-allowed", stop=True)
         rates = call_budget.Rates.of(prices.price(self.upstream.provider, model))

@@ -21,8 +21,13 @@ The body is parsed once, strictly (UTF-8, one JSON object, no duplicate key at a
 trailing comma), and what is forwarded is that document: serialised again when the gateway rewrote it (its output
 ceiling, its usage request), else the bytes it parsed, which then hold no construct two JSON parsers read apart,
 so no parser upstream can read another model or another ceiling than the gateway did. The model is the document's
-(Google: the checked path's). Features the meter cannot bound are refused: provider-side tools (web search, code
-execution, remote MCP servers, URL fetches),
+(Google: the checked path's). Only the fields each API shape is known to take for inference pass, at the top level
+and inside the objects that steer routing, thinking or output (an allow list: what pi-ai 0.73.1's providers send
+and the provider documents; a few routing fields only to the one upstream that reads them): any other field is
+refused `provider-field-refused`, since an unknown one may route to another model than the one priced (`models`,
+`providerOptions.gateway.models`), switch on a provider-side tool (`plugins`, `search_parameters`) or spell a field
+the gateway rewrote a second way (Google's snake_case). Features the meter cannot bound are refused
+(`provider-feature-refused`): provider-side tools (web search, code execution, remote MCP servers, URL fetches),
 references to content stored at the provider (files, cached contents, earlier responses), several answers per
 call, priority tiers, and media the gateway cannot bound (documents, audio, video). Images travel inline only.
 """
@@ -52,6 +57,44 @@ GOOGLE_CALL = re.compile(r"^/models/([a-z0-9][a-z0-9.-]{0,99}):(generateContent|
 MODEL_NAME = re.compile(r"^[\x21-\x7e]{1,200}$")
 GOOGLE_REQUEST_FIELDS = frozenset({"contents", "systemInstruction", "tools", "toolConfig", "generationConfig",
                                    "safetySettings", "model"})
+GOOGLE_GENERATION_FIELDS = frozenset({"temperature", "topP", "topK", "maxOutputTokens", "stopSequences",
+                                      "candidateCount", "seed", "thinkingConfig", "responseModalities"})
+GOOGLE_THINKING_FIELDS = frozenset({"thinkingBudget", "includeThoughts", "thinkingLevel"})
+
+# The top-level fields each API shape's billed call may carry: what pi-ai's buildParams writes, and the
+# provider's documented inference parameters beside them (sampling, stops, tool choice).
+REQUEST_FIELDS = {
+    ANTHROPIC: frozenset({"model", "messages", "max_tokens", "stream", "system", "temperature", "top_p", "top_k",
+                          "stop_sequences", "tools", "tool_choice", "thinking", "output_config", "metadata"}),
+    COMPLETIONS: frozenset({"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+                            "temperature", "top_p", "stop", "seed", "tools", "tool_choice", "parallel_tool_calls",
+                            "tool_stream", "prompt_cache_key", "prompt_cache_retention", "store", "reasoning_effort",
+                            "enable_thinking", "chat_template_kwargs", "thinking", "n", "modalities",
+                            "service_tier"}),
+    RESPONSES: frozenset({"model", "input", "instructions", "stream", "max_output_tokens", "temperature", "top_p",
+                          "tools", "tool_choice", "parallel_tool_calls", "prompt_cache_key", "prompt_cache_retention",
+                          "store", "reasoning", "include", "service_tier"}),
+}
+# Anthropic's free token count takes the request's content only.
+COUNT_TOKENS_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking"})
+# Routing preferences pi sends to the one upstream that reads them (pi-ai keys them on the base URL's host too).
+HOST_FIELDS = {"openrouter.ai": {COMPLETIONS: frozenset({"provider", "reasoning"})},
+               "ai-gateway.vercel.sh": {COMPLETIONS: frozenset({"providerOptions"})}}
+# Inside the objects that steer a call, the same: only the keys known (a value that is not an object is the
+# provider's to refuse).
+NESTED_FIELDS = {
+    ANTHROPIC: {"thinking": {"type", "budget_tokens", "display"}, "output_config": {"effort"},
+                "metadata": {"user_id"}},
+    COMPLETIONS: {"stream_options": {"include_usage"}, "chat_template_kwargs": {"enable_thinking", "preserve_thinking"},
+                  "thinking": {"type"}, "reasoning": {"effort"},
+                  # OpenRouter's provider routing: among the providers serving the one model asked for.
+                  "provider": {"order", "only", "ignore", "allow_fallbacks", "require_parameters", "data_collection",
+                               "zdr", "sort", "quantizations", "max_price"},
+                  "providerOptions": {"gateway"}},
+    RESPONSES: {"reasoning": {"effort", "summary"}},
+}
+VERCEL_GATEWAY_FIELDS = frozenset({"only", "order"})  # never `models`: a fallback to another, unpriced model
+RESPONSES_INCLUDES = frozenset({"reasoning.encrypted_content"})
 
 # Anthropic betas that change nothing the meter relies on; any other (a 1M context billed at another rate,
 # the files API, MCP servers, ...) is dropped from the forwarded headers.
@@ -207,6 +250,39 @@ def _walk(value):
             stack.extend(item)
 
 
+def unknown_field(call: Call, document: dict, host: str) -> bool:
+    """Whether the document carries a field this API shape (on this upstream `host`) is not known to take."""
+    if call.api == GOOGLE:
+        requests = [document]
+        if not call.billed:  # countTokens: {"contents": ...} or {"generateContentRequest": {...}}
+            if set(document) - {"contents", "generateContentRequest"}:
+                return True
+            requests = [_mapping(document.get("generateContentRequest"))]
+        for request in requests:
+            config = _mapping(request.get("generationConfig"))
+            if set(request) - GOOGLE_REQUEST_FIELDS or set(config) - GOOGLE_GENERATION_FIELDS \
+                    or set(_mapping(config.get("thinkingConfig"))) - GOOGLE_THINKING_FIELDS \
+                    or config.get("responseModalities", ["TEXT"]) != ["TEXT"]:
+                return True
+        return False
+    if call.api == ANTHROPIC and not call.billed:
+        known = COUNT_TOKENS_FIELDS
+    else:
+        extra = next((fields.get(call.api, frozenset()) for name, fields in HOST_FIELDS.items()
+                      if host == name or host.endswith("." + name)), frozenset())
+        known = REQUEST_FIELDS[call.api] | extra
+    if set(document) - known:
+        return True
+    for name, keys in NESTED_FIELDS[call.api].items():
+        if set(_mapping(document.get(name))) - keys:
+            return True
+    if call.api == COMPLETIONS and set(_mapping(_mapping(document.get("providerOptions")).get("gateway"))) \
+            - VERCEL_GATEWAY_FIELDS:
+        return True
+    return call.api == RESPONSES and not all(isinstance(item, str) and item in RESPONSES_INCLUDES
+                                             for item in _items(document.get("include")))
+
+
 def refusal(call: Call, document: dict) -> str | None:
     """The reason a call's content cannot be forwarded (`provider-feature-refused`), or None."""
     refused = "provider-feature-refused"
@@ -257,18 +333,13 @@ def refusal(call: Call, document: dict) -> str | None:
             if kind == "input_image" and not str(item.get("image_url", "")).startswith("data:"):
                 return refused
         return None
-    # Google: camelCase keys only (its JSON mapping also reads snake_case, which would let a second spelling of
-    # a field the gateway rewrote win upstream), known top-level fields only, function tools only.
+    # Google (its fields camelCase only: unknown_field): one answer, function tools only.
     requests = [document]
     if not call.billed:  # countTokens: {"contents": ...} or {"generateContentRequest": {...}}
-        if set(document) - {"contents", "generateContentRequest"}:
-            return refused
         requests = [_mapping(document.get("generateContentRequest"))] if "generateContentRequest" in document else []
     for request in requests:
-        if set(request) - GOOGLE_REQUEST_FIELDS:
-            return refused
         config = _mapping(request.get("generationConfig"))
-        if any("_" in key for key in config) or config.get("candidateCount", 1) != 1:
+        if config.get("candidateCount", 1) != 1:
             return refused
         if any(not isinstance(tool, dict) or set(tool) - {"functionDeclarations"}
                for tool in _items(request.get("tools"))):

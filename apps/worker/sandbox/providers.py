@@ -82,6 +82,10 @@ class Upstream:
         return urlsplit(self.base_url).path.rstrip("/")
 
     @property
+    def hostname(self) -> str:
+        return urlsplit(self.base_url).hostname or ""
+
+    @property
     def host_port(self) -> str:
         parts = urlsplit(self.base_url)
         return f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"

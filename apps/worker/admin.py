@@ -133,8 +133,8 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     # Every recorded field is on the page; numbers, times and targets in their readable form (`*_display`).
     fieldsets = (
         (None, {"fields": ("job_id", "attempt", "attempts_display", "outcome", "reason", "explanation",
-                           "forge_message", "refused_by_limit_display", "lost_retry_display", "forge_sentence",
-                           "exit_code")}),
+                           "forge_message", "publish_refusal", "refused_by_limit_display", "lost_retry_display",
+                           "forge_sentence", "exit_code")}),
         ("What it did", {"fields": ("publish_outcome", "publish_display", "pull_request", "pushed_commits",
                                     "changed_files", "agent_summary", "summary_chars")}),
         # The agent's paths, commits and diff (apps/worker/forges/publishing/changes.py), beside what was posted.

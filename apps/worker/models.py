@@ -152,6 +152,10 @@ class Run(models.Model):
     # forge names (a branch's owner), so it is shown on the run page alone: never logged, posted or notified.
     forge_message = models.CharField("the forge said", max_length=500, blank=True, default="", db_default="",
                                      help_text="The forge's own message when it refused a request (bounded, scrubbed).")
+    publish_refusal = models.CharField(
+        "publishing refused for", max_length=300, blank=True, default="", db_default="",
+        help_text="What the worker found when it refused to push (secret-in-work: the file or commit, and which "
+                  "secret by its name, never its value).")
     # Dollar caps (apps/worker/gates/budget.py): what was held in the dollar windows before the container, what the
     # windows were charged after it, and how: `metered` (the gateway's metered cost), `floor` (the cost could
     # not be known: the whole hold stays charged), `refunded` (no container ran), `unreserved` (a per-job cap

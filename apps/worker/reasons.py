@@ -244,10 +244,16 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
                                "Nothing is published; start the run again without nested repositories."),
     "push-refused": ("The forge refused the push (a protected branch, or a hook).",
                      "Allow the bot to push pi/* branches, then “Publish again”."),
-    "summary-held-secret": ("The agent's summary held the provider key or a forge token (as it is or encoded), so "
-                            "nothing of the run was published.",
+    "summary-held-secret": ("The agent's summary held the provider key or a forge token (as it is, encoded, or in "
+                            "a form only the forge's page shows), or one of the job's secrets in a form that cannot "
+                            "be cut out, so nothing of the run was published.",
                             "Treat the key or token as leaked: rotate it, and review the kept work before "
                             "“Publish again” (which posts a fixed text, never that summary)."),
+    "secret-in-work": ("A file or a commit message of the agent's work held a secret of this deployment or of the "
+                       "job (as it is, encoded, or in a form the forge's page shows as it): the run page says which "
+                       "file or commit and which secret, by its name. Nothing was pushed.",
+                       "Treat that secret as leaked (rotate it), and look at the kept work; it is not published "
+                       "as it is."),
 }
 
 REASONS: dict[str, Reason] = {token: Reason(token, *text) for token, text in _EXPLAINED.items()}
@@ -400,6 +406,7 @@ STOPPED = {
     "work-nested-repository": NOT_PUBLISHED + "the agent left another git repository inside its workspace.",
     "push-refused": NOT_PUBLISHED + "the forge refused the push (a protected branch, or a hook)." + KEPT,
     "summary-held-secret": NOT_PUBLISHED + "the agent's summary held a credential of this deployment." + KEPT,
+    "secret-in-work": NOT_PUBLISHED + "the agent's work held a secret of this deployment or of the job." + KEPT,
     "forge-auth-refused": NOT_PUBLISHED + "the forge refused this deployment's credential." + KEPT,
     "forge-repo-not-found": NOT_PUBLISHED + "this deployment's credential cannot see this repository." + KEPT,
     "forge-request-refused": NOT_PUBLISHED + "the forge refused a request to open the pull request." + KEPT,

@@ -72,6 +72,8 @@ def publication_fields(publication) -> dict:
               "changed_files": publication.changed_files}
     if publication.forge_message:
         fields["forge_message"] = forge_message_field(publication.forge_message)
+    if publication.refusal:
+        fields["publish_refusal"] = publication.refusal[:Run._meta.get_field("publish_refusal").max_length]
     return fields
 
 

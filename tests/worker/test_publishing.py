@@ -4,6 +4,7 @@ pushes to the triggering PR's branch, or comments. In process: the clone is a re
 agent's work is files written into it."""
 
 import base64
+import codecs
 import json
 import subprocess
 import urllib.parse
@@ -440,6 +441,18 @@ HELD_KEY = {  # the provider key as an agent that reached it might write it into
     "hex": "Done. " + PROVIDER_KEY.encode().hex().upper(),
     "url-encoded": "Done. https://x.example/?k=" + urllib.parse.quote(PROVIDER_KEY, safe=""),
     "split": "Done. " + "\n".join(PROVIDER_KEY[i:i + 6] for i in range(0, len(PROVIDER_KEY), 6)),
+    # Forms the forge's page shows as the key itself (issue 47 §2), and cheap encodings of it.
+    "HTML entities": "Done. " + "".join(f"&#{ord(char)};" for char in PROVIDER_KEY),
+    "hex entities": "Done. " + "".join(f"&#x{ord(char):X};" for char in PROVIDER_KEY),
+    "markdown escapes": "Done. " + PROVIDER_KEY.replace("-", "\\-"),
+    "a comment between its halves": f"Done. {PROVIDER_KEY[:12]}<!-- nothing to see -->{PROVIDER_KEY[12:]}",
+    "tags between its parts": f"Done. {PROVIDER_KEY[:8]}<b></b>{PROVIDER_KEY[8:20]}<span>{PROVIDER_KEY[20:]}</span>",
+    "emphasis inside it": f"Done. {PROVIDER_KEY[:10]}**{PROVIDER_KEY[10:20]}**{PROVIDER_KEY[20:]}",
+    "zero-width spaces": "Done. " + "\u200b".join(PROVIDER_KEY),
+    "soft hyphens": "Done. " + "\u00ad".join(PROVIDER_KEY),
+    "reversed": "Done. " + PROVIDER_KEY[::-1],
+    "rot13": "Done. " + codecs.encode(PROVIDER_KEY, "rot13"),
+    "base32": "Done. " + base64.b32encode(f"k={PROVIDER_KEY}".encode()).decode(),
 }
 
 
@@ -450,7 +463,8 @@ def test_a_summary_holding_the_provider_key_publishes_nothing_and_keeps_the_work
     dirs, workspace = start(tmp_path, spec)
     (dirs.workspace / "fix.txt").write_text("fixed\n")
 
-    publication, reason = publish(spec, dirs, workspace, summary=HELD_KEY[how], credentials=[PROVIDER_KEY])
+    publication, reason = publish(spec, dirs, workspace, summary=HELD_KEY[how],
+                                  credentials={"ANTHROPIC_API_KEY": PROVIDER_KEY})
 
     assert (publication.outcome, reason) == ("summary-held-secret", "summary-held-secret")
     assert set(forge.branches()) == {"main"} and forge.pulls() == [] and comments_posted(forge.forges) == []
@@ -479,8 +493,8 @@ def test_the_jobs_own_secrets_are_scrubbed_from_the_pull_request(tmp_path, forge
     (dirs.workspace / "fix.txt").write_text("fixed\n")
     summary = f"Publish with {value}\n\nThe token, once more: {base64.b64encode(value.encode()).decode()}"
 
-    publication, reason = publish(spec, dirs, workspace, summary=summary, credentials=[PROVIDER_KEY],
-                                  job_secrets=[value])
+    publication, reason = publish(spec, dirs, workspace, summary=summary,
+                                  credentials={"ANTHROPIC_API_KEY": PROVIDER_KEY}, job_secrets={"NPM_TOKEN": value})
 
     assert (publication.outcome, reason) == ("published", "")
     (pull,) = forge.pulls()
@@ -488,3 +502,62 @@ def test_the_jobs_own_secrets_are_scrubbed_from_the_pull_request(tmp_path, forge
     assert value not in json.dumps(pull) and base64.b64encode(value.encode()).decode()[:12] not in json.dumps(pull)
     head = forge.branches(forge.fork_bare)["pi/7-fix-bug"]
     assert value not in forge.git("log", "-1", "--format=%B", head, bare=forge.fork_bare)
+
+
+@github_only
+def test_a_job_secret_only_the_forges_page_would_show_is_never_posted(tmp_path, forge):
+    """Scrubbing cuts a secret out of the text as written; written as entities, it cannot be cut out."""
+    value = "npm_0123456789abcdefghijklmnop"
+    spec = forge.spec("job-entities", number=7)
+    dirs, workspace = start(tmp_path, spec)
+    (dirs.workspace / "fix.txt").write_text("fixed\n")
+    summary = "Published with " + "".join(f"&#{ord(char)};" for char in value)
+
+    publication, reason = publish(spec, dirs, workspace, summary=summary, job_secrets={"NPM_TOKEN": value})
+
+    assert (publication.outcome, reason) == ("summary-held-secret", "summary-held-secret")
+    assert forge.pulls() == [] and forge.branches(forge.fork_bare) == {"main": forge.sha}
+
+
+@github_only
+@pytest.mark.parametrize("where, written, secret", [
+    ("config/settings.py", f"API_KEY = '{PROVIDER_KEY}'\n", "ANTHROPIC_API_KEY"),
+    ("docs/notes.md", "key: " + "".join(f"&#{ord(char)};" for char in PROVIDER_KEY) + "\n", "ANTHROPIC_API_KEY"),
+    ("notes/b64.txt", base64.b64encode(PROVIDER_KEY.encode()).decode() + "\n", "ANTHROPIC_API_KEY"),
+    ("README.md", "Use npm_0123456789abcdefghijklmnop[::-1]: " + "npm_0123456789abcdefghijklmnop"[::-1] + "\n",
+     "NPM_TOKEN"),
+])
+def test_a_file_of_the_work_holding_a_secret_is_never_pushed(tmp_path, forge, where, written, secret):
+    spec = forge.spec("job-file-leak", number=7)
+    dirs, workspace = start(tmp_path, spec)
+    path = dirs.workspace / where
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(written)
+
+    publication, reason = publish(spec, dirs, workspace, summary="Fixed it.",
+                                  credentials={"ANTHROPIC_API_KEY": PROVIDER_KEY},
+                                  job_secrets={"NPM_TOKEN": "npm_0123456789abcdefghijklmnop"})
+
+    assert (publication.outcome, reason) == ("secret-in-work", "secret-in-work")
+    assert publication.refusal == f"{where} holds {secret}"  # which file and whose name, never the value
+    assert PROVIDER_KEY not in publication.refusal
+    assert forge.pulls() == [] and forge.branches() == {"main": forge.sha}
+    assert forge.branches(forge.fork_bare) == {"main": forge.sha} and kept.is_kept(dirs.root)
+
+
+@github_only
+def test_a_commit_message_holding_the_forge_token_is_never_pushed(tmp_path, forge):
+    spec = forge.spec("job-message-leak", number=7)
+    dirs, workspace = start(tmp_path, spec)
+    token = workspace.credential.token
+    (dirs.workspace / "fix.txt").write_text("fixed\n")
+    for command in (["add", "fix.txt"], ["-c", "user.name=agent", "-c", "user.email=a@example.invalid", "commit",
+                                          "-q", "-m", "Fix\n\ntoken: " + "\u200b".join(token)]):
+        subprocess.run(["git", "-c", f"safe.directory={dirs.workspace}", "-C", str(dirs.workspace), *command],
+                       check=True, capture_output=True)
+
+    publication, reason = publish(spec, dirs, workspace, summary="Fixed it.")
+
+    assert (publication.outcome, reason) == ("secret-in-work", "secret-in-work")
+    assert publication.refusal.startswith("commit ") and publication.refusal.endswith("holds the job's forge token")
+    assert forge.pulls() == [] and forge.branches(forge.fork_bare) == {"main": forge.sha}

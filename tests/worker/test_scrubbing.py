@@ -4,6 +4,7 @@ and split by whitespace or newlines; ordinary text is left alone. Property tests
 around them, through run_logs.captured (what a run's log keeps)."""
 
 import base64
+import codecs
 import json
 import urllib.parse
 
@@ -48,6 +49,10 @@ def forms(secret: str, before: bytes, after: bytes) -> dict[str, str]:
         "split by spaces": split(secret, 3, " "),
         "split in a JSON string": split(secret, 4, "\\n"),
         "hex split in pairs": " ".join(split(data.hex(), 2, " ").split()),
+        "reversed": secret[::-1],
+        "rot13": codecs.encode(secret, "rot13"),
+        "base32": base64.b32encode(data).decode(),
+        "base32 in lower case": base64.b32encode(data).decode().lower(),
     }
 
 
@@ -83,3 +88,40 @@ def test_a_short_secret_is_looked_for_only_as_it_is():
     scrubber = Scrubber(["abc", ""])
     assert scrubber.scrub("abc and a b c and 616263") == f"{SCRUBBED} and a b c and 616263"
     assert Scrubber([]).scrub("anything") == "anything" and not Scrubber([""]).finds("anything")
+
+
+def rendered_forms(secret: str) -> dict[str, str]:
+    """What a forge's page shows as the secret itself, though the text as written does not hold it."""
+    return {
+        "HTML entities": "".join(f"&#{ord(char)};" for char in secret),
+        "named and hex entities": "".join("&amp;" if char == "&" else f"&#x{ord(char):x};" for char in secret),
+        "markdown escapes": "".join("\\" + char if not char.isalnum() and char.isascii() else char
+                                    for char in secret),
+        "a comment inside": f"{secret[:4]}<!-- -->{secret[4:]}",
+        "a tag inside": f"{secret[:3]}<span>{secret[3:7]}</span>{secret[7:]}",
+        "zero-width spaces": "\u200b".join(secret),
+        "soft hyphens": "\u00ad".join(secret),
+        "word joiners and a BOM": "\u2060".join(secret) + "\ufeff",
+        "emphasis inside": f"{secret[:4]}**{secret[4:]}**",
+    }
+
+
+# Not Markdown's or HTML's own characters, and no control character: a page shows `&#145;` as the quote
+# Windows-1252 has there (HTML's rule), not as U+0091, and `&#127;` as nothing.
+@given(secret=secrets.filter(lambda secret: not set(secret) & set("*_~`<>&\\;")
+                             and not any(0x7F <= ord(char) <= 0x9F for char in secret)),
+       head=surroundings, tail=surroundings)
+@hypothesis_settings(PROPERTY_SETTINGS)
+def test_every_form_a_forges_page_shows_as_the_secret_is_found(secret, head, tail):
+    scrubber = Scrubber({"A_SECRET": secret})
+    for name, form in rendered_forms(secret).items():
+        text = f"{head} {form} {tail}"
+        assert scrubber.finds(text), name
+        assert scrubber.which(text) == "A_SECRET", name
+
+
+def test_which_names_the_secret_a_text_holds_never_anothers():
+    scrubber = Scrubber({"ANTHROPIC_API_KEY": KEY, "GITHUB_TOKEN": "ghp_0123456789abcdefghijABCDEFGHIJ"})
+    assert scrubber.which("token ghp_0123456789abcdefghijABCDEFGHIJ") == "GITHUB_TOKEN"
+    assert scrubber.which(base64.b64encode(KEY.encode()).decode()) == "ANTHROPIC_API_KEY"
+    assert scrubber.which("nothing of either") is None

@@ -704,8 +704,9 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         published_as = replace(spec, kind="github", repo=attempt.forge.repo) \
             if isinstance(attempt.forge, folder_forge.FolderOnGitHub) else spec
         publication, reason = publishing.publish_run(published_as, attempt.forge, dirs.root, dirs.workspace,
-                                                     summary, result.ended_at, credentials=[credential[1]],
-                                                     job_secrets=list(secret_values.values()))
+                                                     summary, result.ended_at,
+                                                     credentials={credential[0]: credential[1]},
+                                                     job_secrets=secret_values)
         verdict = replace(verdict, publication=publication)
         if reason == publishing.UNAVAILABLE:
             verdict = replace(verdict, outcome=Outcome.FAILED, reason=reason, retryable=False)

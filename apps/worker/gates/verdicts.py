@@ -26,6 +26,7 @@ class Publication:
     url: str = ""
     changed_files: int | None = None  # paths the agent's work changed (pushed or not)
     forge_message: str = field(default="", repr=False)  # the forge's own words when it refused (ForgeFailure)
+    refusal: str = ""  # what the worker found when it refused to push (`secret-in-work`: where, which secret's name)
     # Its paths, commits and bounded diff, for the run page (publishing/changes.py: WorkChanges); None: not read.
     changes: object | None = field(default=None, repr=False, compare=False)
 

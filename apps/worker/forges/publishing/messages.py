@@ -28,18 +28,23 @@ def _clean(text: str) -> str:
     return CONTROL.sub("", text or "").strip()
 
 
-def postable_summary(summary: str, *, credentials, job_secrets) -> tuple[str, bool]:
+def postable_summary(summary: str, *, credentials: dict[str, str], job_secrets: dict[str, str]) -> tuple[str, bool]:
     """The summary as it may reach the forge, and whether it held one of the `credentials` (the provider key, a
-    forge token). The job's own secrets (`run.secrets`: the trigger gave them to the agent) are scrubbed out and the
-    rest is posted. A credential is another matter: the agent never holds one (the gateway adds the key outside its
-    container, the worker publishes with the token), so a summary holding one, as it is, encoded or split, means the
-    agent reached it around its sandbox, or tried to smuggle it out. Nothing it wrote is then trusted to be free of
-    it in some form the scrubber does not know: the caller posts none of its words and pushes none of its commits
-    (`summary-held-secret`), and keeps the work with WITHHELD_SUMMARY in place of the summary, for an operator to
-    review and publish again under that fixed text."""
+    forge token; by name), or a job secret in a form that cannot be cut out. The job's own secrets (`run.secrets`:
+    the trigger gave them to the agent) are scrubbed out and the rest is posted. A credential is another matter: the
+    agent never holds one (the gateway adds the key outside its container, the worker publishes with the token), so
+    a summary holding one, as it is, encoded or split, means the agent reached it around its sandbox, or tried to
+    smuggle it out. Nothing it wrote is then trusted to be free of it in some form the scrubber does not know: the
+    caller posts none of its words and pushes none of its commits (`summary-held-secret`), and keeps the work with
+    WITHHELD_SUMMARY in place of the summary, for an operator to review and publish again under that fixed text."""
     if Scrubber(credentials).finds(summary):
         return WITHHELD_SUMMARY, True
-    return Scrubber([*credentials, *job_secrets]).scrub(summary), False
+    scrubbed = Scrubber({**job_secrets, **credentials}).scrub(summary)
+    if Scrubber(job_secrets).finds(scrubbed):
+        # A form only the forge's page shows (entities, an invisible character, a comment between its halves):
+        # what cannot be cut out of the text is not posted either.
+        return WITHHELD_SUMMARY, True
+    return scrubbed, False
 
 
 def footer(spec: JobSpec) -> str:

@@ -37,7 +37,7 @@ from django.conf import settings
 from apps import forge_registry
 from apps.worker.forges import Credential, ForgeClient, ForgeFailure, Fork, PullHead, RepoRef, forge_client
 from apps.worker.forges.publishing import changes as work_changes
-from apps.worker.forges.publishing import checks, kept, messages
+from apps.worker.forges.publishing import checks, kept, messages, secret_scan
 from apps.worker.forges.publishing.work import Work, WorkUnreadable, bot_identity, collect
 from apps.worker.gates.verdicts import Publication
 from apps.worker.sandbox.forge_workspace import AUTH_REFUSED, NOT_FOUND
@@ -49,6 +49,7 @@ PUBLISHED, COMMENTED, NOTHING = "published", "commented", "nothing-to-publish"
 UNAVAILABLE = "publish-unavailable"  # every attempt met a transient forge error: failed, never retried
 BRANCH_MOVED = "branch-moved"  # the pull request's branch moved while the agent worked: commented instead
 SUMMARY_HELD_SECRET = "summary-held-secret"  # the agent's summary held a credential: nothing published
+SECRET_IN_WORK = "secret-in-work"  # a file or commit message of the work held a secret: nothing published
 MOVED = ("non-fast-forward", "fetch first", "[rejected]")
 REFUSED_BY_REMOTE = ("[remote rejected]", "protected branch", "pre-receive hook declined", "denied")
 # A ref another push was updating at the same moment: try again (it is then taken, or ours).
@@ -119,21 +120,29 @@ def destination_for(spec, workspace) -> Destination:
                        fork_project_id=workspace.fork.project_id if workspace.fork else "")
 
 
+def named_forge_tokens(workspace) -> dict[str, str]:
+    """The forge tokens no published text may hold, by name: the job's own (a GitHub App's is minted for it), and
+    each one this deployment is configured with."""
+    configured = {f"{name.upper()}_TOKEN": forge_client(name).token for name in forge_registry.NAMES}
+    return {"the job's forge token": workspace.credential.token, **configured}
+
+
 def forge_tokens(workspace) -> list[str]:
-    """The forge tokens no published text may hold: the job's own (a GitHub App's is minted for it), and each one
-    this deployment is configured with."""
-    return [workspace.credential.token, *(forge_client(name).token for name in forge_registry.NAMES)]
+    return list(named_forge_tokens(workspace).values())
 
 
 def publish_run(spec, workspace, job_root: Path, workspace_folder: Path, summary: str, finished_at: float, *,
-                credentials=(), job_secrets=()) -> tuple[Publication, str]:
+                credentials: dict[str, str] | None = None,
+                job_secrets: dict[str, str] | None = None) -> tuple[Publication, str]:
     """Publish a completed run's work. Returns the publication and the run's reason: "" when the run stays
     completed, a refusal token (policy) or UNAVAILABLE (failed, not retried). Never raises for the forge.
-    `credentials` (the provider key; the forge tokens are added here) may not appear in what is posted, the job's
-    own secrets are scrubbed from it (messages.postable_summary)."""
+    `credentials` (the provider key by its variable's name; the forge tokens are added here) may not appear in what
+    is posted, the job's own secrets (by their names) are scrubbed from it (messages.postable_summary), and none of
+    them may be in the work's files or commit messages (secret_scan.py)."""
     destination = destination_for(spec, workspace)
-    summary, held_credential = messages.postable_summary(
-        summary, credentials=[*credentials, *forge_tokens(workspace)], job_secrets=job_secrets)
+    credentials = {**named_forge_tokens(workspace), **(credentials or {})}
+    job_secrets = dict(job_secrets or {})
+    summary, held_credential = messages.postable_summary(summary, credentials=credentials, job_secrets=job_secrets)
     worker_message = messages.commit_message(spec, summary)
     try:
         work = collect(workspace_folder, start_sha=destination.start_sha, store=job_root / "publish.git",
@@ -142,7 +151,7 @@ def publish_run(spec, workspace, job_root: Path, workspace_folder: Path, summary
     except WorkUnreadable as unreadable:
         logger.warning("publish_refused job=%s reason=%s", spec.job_id, unreadable.reason)
         return Publication(unreadable.reason), unreadable.reason
-    described = work_changes.describe(work, [*credentials, *forge_tokens(workspace), *job_secrets],
+    described = work_changes.describe(work, [*credentials.values(), *job_secrets.values()],
                                       worker_subject=worker_message.partition("\n")[0])
     if held_credential:
         logger.warning("publish_refused job=%s reason=%s commits=%d", spec.job_id, SUMMARY_HELD_SECRET, work.commits)
@@ -150,6 +159,14 @@ def publish_run(spec, workspace, job_root: Path, workspace_folder: Path, summary
             kept.keep(job_root, spec, destination, work, summary)  # the fixed text stands for the summary
         publication = Publication(SUMMARY_HELD_SECRET, pushed_commits=0, changed_files=len(work.changes))
         return _with_changes(publication, described, summary, work), SUMMARY_HELD_SECRET
+    found = secret_scan.first_secret(work, {**job_secrets, **credentials})
+    if found is not None:
+        logger.warning("publish_refused job=%s reason=%s where=%s secret=%s", spec.job_id, SECRET_IN_WORK,
+                       found.where, found.secret)
+        kept.keep(job_root, spec, destination, work, summary)
+        publication = Publication(SECRET_IN_WORK, pushed_commits=0, changed_files=len(work.changes),
+                                  refusal=str(found))
+        return _with_changes(publication, described, summary, work), SECRET_IN_WORK
     publication, reason = deliver(spec, destination, work, workspace.client, workspace.credential, job_root, summary)
     return _with_changes(publication, described, summary, work), reason
 

@@ -131,6 +131,41 @@ def test_import_pi_stages_the_setup_and_never_a_key(tmp_path):
     assert ANTHROPIC_KEY.encode() not in staged and b"t0k" not in staged and b"CORP_KEY" not in staged
 
 
+def test_import_pi_takes_every_credential_out_of_models_json_and_names_where(tmp_path):
+    """Every job can read the overlay: a credential in a base URL, a model's headers or a field pi does not know
+    would reach each of them."""
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    (agent / "models.json").write_text(json.dumps({"providers": {"corp": {
+        "baseUrl": "https://svc:hunter2-pass@llm.example.com:8443/v1?api-key=QUERYKEY#frag",
+        "api": "openai-completions",
+        "models": [{"id": "corp-large", "baseUrl": "https://llm.example.com/v2?token=MODELTOKEN",
+                    "headers": {"X-Api-Key": "MODELHEADER"}, "contextWindow": 128000, "secretNote": "NOTEKEY"}],
+        "modelOverrides": {"corp-small": {"headers": {"Authorization": "OVERRIDEHEADER"}, "maxTokens": 4096}},
+        "password": "PROVIDERPASS"}}, "extra": {"token": "TOPTOKEN"}}))
+    overlay = tmp_path / "overlay"
+
+    out, _ = import_pi("--from", str(agent), "--to", str(overlay))
+
+    models = json.loads((overlay / "models.json").read_text())
+    assert models == {"providers": {"corp": {
+        "baseUrl": "https://llm.example.com:8443/v1", "api": "openai-completions",
+        "models": [{"id": "corp-large", "baseUrl": "https://llm.example.com/v2", "contextWindow": 128000}],
+        "modelOverrides": {"corp-small": {"maxTokens": 4096}}}}}
+    staged = (overlay / "models.json").read_bytes()
+    for secret in (b"hunter2", b"QUERYKEY", b"MODELTOKEN", b"MODELHEADER", b"NOTEKEY", b"OVERRIDEHEADER",
+                   b"PROVIDERPASS", b"TOPTOKEN", b"svc"):
+        assert secret not in staged
+    # Each removal is named (where, which field), never its value.
+    for said in ("providers.corp.baseUrl's user info and query and fragment",
+                 "providers.corp.models[corp-large].baseUrl's query", "providers.corp.models[corp-large].headers",
+                 "providers.corp.models[corp-large].secretNote (not a field pi knows here)",
+                 "providers.corp.modelOverrides[corp-small].headers", "providers.corp.password",
+                 "models.json: extra (not a field of pi's models.json)"):
+        assert said in out, said
+    assert "hunter2" not in out and "QUERYKEY" not in out and "MODELHEADER" not in out
+
+
 def test_import_pi_replaces_what_it_staged_before(tmp_path):
     agent = tmp_path / "agent"
     skill(agent / "skills", "old", "Old.")

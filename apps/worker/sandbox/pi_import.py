@@ -5,9 +5,11 @@
     report.refused    # (source path, why) never copied
 
 What is staged (apps/worker/sandbox/pi_overlay.py says how a job loads it): `skills/`, `prompts/`, `extensions/`,
-the persona (`AGENTS.md`, `APPEND_SYSTEM.md`), `models.json` with every provider's `apiKey` and `headers` taken
-out (jobs never read it: the worker writes their models.json; it is kept so the operator's model list travels
-with the overlay), and each package settings.json names by a local path, into `packages/<name>/`. npm and git
+the persona (`AGENTS.md`, `APPEND_SYSTEM.md`), `models.json` with its credentials taken out (every job can read
+the overlay, though the worker writes the models.json pi uses; it is kept so the operator's model list travels
+with the overlay): each provider's and model's `apiKey` and `headers`, the user info, query and fragment of every
+`baseUrl` (`https://user:pass@host/v1?api-key=...`), and any field pi's models.json schema does not have, each
+named in the report; and each package settings.json names by a local path, into `packages/<name>/`. npm and git
 package sources are not fetched (nothing here downloads code): stage a local copy of one to use it.
 
 Never staged: `auth.json` (it holds keys), `sessions/`, `settings.json`, anything else; and any file whose text
@@ -25,12 +27,18 @@ import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 FOLDERS = ("skills", "prompts", "extensions")
 FILES = ("AGENTS.md", "APPEND_SYSTEM.md")
 NEVER = {"auth.json": "holds the provider keys pi logged in with", "sessions": "your own conversations",
          "settings.json": "your interactive settings (a job gets its own)"}
-MODELS_SECRET_FIELDS = ("apiKey", "headers")
+# pi's models.json schema (pi-coding-agent's model-registry): what each level may hold. `apiKey` and `headers`
+# hold credentials and are always taken out; a field pi does not know is taken out too (it may hold anything).
+PROVIDER_FIELDS = frozenset({"name", "baseUrl", "api", "compat", "authHeader", "models", "modelOverrides"})
+MODEL_FIELDS = frozenset({"id", "name", "api", "baseUrl", "reasoning", "thinkingLevelMap", "input", "cost",
+                          "contextWindow", "maxTokens", "compat"})
+OVERRIDE_FIELDS = MODEL_FIELDS - {"id", "api", "baseUrl"}
 MAX_FILE_BYTES = 8 * 1024 * 1024
 # Shapes of credentials a file must not hold: provider and forge keys, cloud keys, private keys, bearer tokens.
 KEY_PATTERNS = tuple(re.compile(pattern) for pattern in (
@@ -126,12 +134,25 @@ def _stage_models(source: Path, destination: Path, report: Report) -> None:
     except (OSError, ValueError):
         report.refused.append(("models.json", "not readable JSON"))
         return
-    providers = document.get("providers") if isinstance(document, dict) else None
-    for name, entry in (providers or {}).items() if isinstance(providers, dict) else ():
-        for secret in MODELS_SECRET_FIELDS:
-            if isinstance(entry, dict) and secret in entry:
-                del entry[secret]
-                report.stripped.append(f"models.json: providers.{name}.{secret}")
+    if not isinstance(document, dict) or not isinstance(document.get("providers"), dict):
+        report.refused.append(("models.json", "not pi's shape ({\"providers\": {...}})"))
+        return
+    for key in set(document) - {"providers"}:
+        del document[key]
+        report.stripped.append(f"models.json: {key} (not a field of pi's models.json)")
+    for name, entry in document["providers"].items():
+        if not isinstance(entry, dict):
+            continue
+        where = f"providers.{name}"
+        _keep_only(entry, PROVIDER_FIELDS, where, report)
+        for index, model in enumerate(entry.get("models") or [] if isinstance(entry.get("models"), list) else []):
+            if isinstance(model, dict):
+                label = model.get("id") if isinstance(model.get("id"), str) and model.get("id") else index
+                _keep_only(model, MODEL_FIELDS, f"{where}.models[{label}]", report)
+        overrides = entry.get("modelOverrides")
+        for model_id, override in overrides.items() if isinstance(overrides, dict) else ():
+            if isinstance(override, dict):
+                _keep_only(override, OVERRIDE_FIELDS, f"{where}.modelOverrides[{model_id}]", report)
     data = (json.dumps(document, indent=2) + "\n").encode()
     if holds_key(data):
         report.refused.append(("models.json", "still holds something shaped like a credential after its apiKey "
@@ -140,6 +161,36 @@ def _stage_models(source: Path, destination: Path, report: Report) -> None:
     destination.write_bytes(data)
     destination.chmod(0o644)
     report.staged.append("models.json")
+
+
+def _keep_only(entry: dict, known: frozenset, where: str, report: Report) -> None:
+    """`entry` without its credentials and without what pi does not know, each removal named in the report."""
+    for key in sorted(set(entry) - known):
+        del entry[key]
+        why = "" if key in ("apiKey", "headers") else " (not a field pi knows here)"
+        report.stripped.append(f"models.json: {where}.{key}{why}")
+    url = entry.get("baseUrl")
+    if isinstance(url, str):
+        clean, removed = _without_credentials(url)
+        if removed:
+            entry["baseUrl"] = clean
+            report.stripped.append(f"models.json: {where}.baseUrl's {' and '.join(removed)}")
+
+
+def _without_credentials(url: str) -> tuple[str, list[str]]:
+    """The URL without the parts that carry credentials (user info, query, fragment), and which were there."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "", ["unparseable value"]
+    removed = [name for name, present in (("user info", "@" in parts.netloc), ("query", bool(parts.query)),
+                                          ("fragment", bool(parts.fragment))) if present]
+    if not removed:
+        return url, []
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{port}" if port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, "", "")), removed
 
 
 def _stage_packages(source: Path, overlay: Path, report: Report) -> None:

@@ -317,6 +317,9 @@ PI_ON_FAILURE_TIMEOUT_MS = env.int("PI_ON_FAILURE_TIMEOUT_MS", default=10000)
 PI_NOTIFY_ATTEMPTS = env.int("PI_NOTIFY_ATTEMPTS", default=5)
 PI_NOTIFY_RETRY_SECONDS = env.int("PI_NOTIFY_RETRY_SECONDS", default=30)
 PI_NOTIFY_TIMEOUT_SECONDS = env.float("PI_NOTIFY_TIMEOUT_SECONDS", default=10)
+# Internal hosts a notification endpoint may reach (names as URLs spell them, addresses, networks): by default
+# none, so no endpoint reaches loopback, a private network or a cloud's metadata service.
+PI_NOTIFY_INTERNAL_HOSTS = env.list("PI_NOTIFY_INTERNAL_HOSTS", default=[])
 # How long a job that found its scope's slots (or its folder) busy waits before it looks again.
 PI_SCOPE_BUSY_RECHECK_SECONDS = env.int("PI_SCOPE_BUSY_RECHECK_SECONDS", default=5)
 # How soon a job deferred because the database did not answer before any spend is tried again.

@@ -239,6 +239,9 @@ SECTIONS: tuple[Section, ...] = (
         S("PI_NOTIFY_ATTEMPTS", "5", "Tries of one notification delivery in all."),
         S("PI_NOTIFY_RETRY_SECONDS", "30", "The first backoff between them (doubling)."),
         S("PI_NOTIFY_TIMEOUT_SECONDS", "10", "How long one try may take."),
+        S("PI_NOTIFY_INTERNAL_HOSTS", "", "Internal hosts an endpoint may reach (host names as URLs spell them, "
+          "addresses or networks, comma-separated); unset: none (no loopback, private network or metadata "
+          "service)."),
     )),
     Section("Run logs", "the workers", (
         S("PI_CAPTURE_JOB_LOGS", "false", "Keep each run's container output and summary (they hold issue text)."),

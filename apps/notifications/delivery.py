@@ -3,8 +3,10 @@
 The body is the delivery's document (JSON style: `{"event", "subject", "delivery", "data": {...}}`; Slack style:
 `{"text": "..."}` of the same ids), POSTed with `Content-Type: application/json`, `X-Pidispatch-Event`,
 `X-Pidispatch-Notification`, `X-Pidispatch-Timestamp` (unix seconds) and, when the endpoint names a signing secret,
-`X-Pidispatch-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>." + body>`. A 2xx answer delivers it; anything else
-(an error status, a redirect, a timeout, a refused connection, the secret's variable unset) is recorded as a try and
+`X-Pidispatch-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>." + body>`. Each try judges the URL again
+(destination.py: the name resolved now, every address public or named in PI_NOTIFY_INTERNAL_HOSTS) and connects to
+the address it judged. A 2xx answer delivers it; anything else (an error status, a redirect, which is never
+followed, a timeout, a refused connection, an internal address, the secret's variable unset) is recorded as a try and
 raised, so RQ tries again as the job's retry policy says; the last try marks the delivery failed. Every try leaves a
 NotificationAttempt row (status code or error token, and how long it took): never the answer's body, never the secret.
 """
@@ -18,12 +20,14 @@ import logging
 import os
 import time
 
-import requests
+import certifi
+import urllib3
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from rq import get_current_job
 
+from .destination import DestinationRefused, judge
 from .models import Notification, NotificationAttempt, NotificationStatus, Style
 
 logger = logging.getLogger("pidispatch.notifications")
@@ -65,16 +69,38 @@ def _post(delivery: Notification) -> tuple[int | None, str]:
             return None, "secret-unset"
         headers["X-Pidispatch-Signature"] = sign(secret.encode(), timestamp, body)
     try:
-        answer = requests.post(endpoint.url, data=body, headers=headers, timeout=settings.PI_NOTIFY_TIMEOUT_SECONDS,
-                               allow_redirects=False)
-    except requests.Timeout:
-        return None, "timeout"
-    except requests.ConnectionError:
+        destination = judge(endpoint.url)
+    except DestinationRefused as refused:
+        logger.warning("notification_refused endpoint=%s why=%s", endpoint.pk, refused.reason)
+        return None, refused.reason
+    pool = _pool(destination)
+    try:
+        answer = pool.urlopen("POST", destination.target, body=body,
+                              headers={**headers, "Host": destination.host_header}, redirect=False, retries=False,
+                              assert_same_host=False, preload_content=False)
+    except urllib3.exceptions.NewConnectionError:
         return None, "unreachable"
-    except requests.RequestException as error:
-        return None, type(error).__name__.lower()[:64]
-    answer.close()
-    return answer.status_code, "" if 200 <= answer.status_code < 300 else f"http-{answer.status_code}"
+    except urllib3.exceptions.TimeoutError:
+        return None, "timeout"
+    except urllib3.exceptions.SSLError:
+        return None, "tls-refused"
+    except urllib3.exceptions.HTTPError:
+        return None, "unreachable"
+    finally:
+        pool.close()
+    answer.release_conn()
+    return answer.status, "" if 200 <= answer.status < 300 else f"http-{answer.status}"
+
+
+def _pool(destination) -> urllib3.HTTPConnectionPool:
+    """A connection to the judged address, never the name resolved again; TLS checks the certificate against the
+    name the URL gave."""
+    timeout = urllib3.Timeout(total=settings.PI_NOTIFY_TIMEOUT_SECONDS)
+    if destination.scheme == "https":
+        return urllib3.HTTPSConnectionPool(destination.address, destination.port, timeout=timeout, maxsize=1,
+                                           cert_reqs="CERT_REQUIRED", ca_certs=certifi.where(),
+                                           server_hostname=destination.host, assert_hostname=destination.host)
+    return urllib3.HTTPConnectionPool(destination.address, destination.port, timeout=timeout, maxsize=1)
 
 
 def deliver(delivery_pk: int) -> str:

@@ -42,6 +42,16 @@ class Endpoint(models.Model):
     def __str__(self):
         return self.name
 
+    def clean(self):
+        from django.core.exceptions import ValidationError
+
+        from .destination import DestinationRefused, judge
+
+        try:
+            judge(self.url)
+        except DestinationRefused as refused:
+            raise ValidationError({"url": str(refused)}) from None
+
 
 class NotificationStatus(models.TextChoices):
     PENDING = "pending"

@@ -5,6 +5,7 @@ receiver, which checks each request's signature and answers as the test scripts 
 import hashlib
 import hmac
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -72,8 +73,9 @@ def receiver():
 @pytest.fixture
 def notify_worker(worker_env):
     def run(**env):
+        # The test's receivers listen on loopback, an internal address this host names as allowed.
         result = subprocess.run([sys.executable, "manage.py", "notify_worker", "--burst"], cwd=ROOT,
-                                env={**worker_env, VARIABLE: SECRET, **env},
+                                env={**worker_env, VARIABLE: SECRET, "PI_NOTIFY_INTERNAL_HOSTS": "127.0.0.1", **env},
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stdout + result.stderr
         return result
@@ -176,9 +178,96 @@ def test_a_window_reaching_its_soft_hold_is_notified_once(receiver, run_worker, 
                                                    "jobId": jobs[2], "reason": "soft-hold"}
 
 
-def test_a_signing_secret_must_be_named_by_a_notify_variable(admin_client):
+def test_a_signing_secret_must_be_named_by_a_notify_variable(admin_client, settings):
+    settings.PI_NOTIFY_INTERNAL_HOSTS = ["127.0.0.1"]
     response = admin_client.post(reverse("admin:notifications_endpoint_add"), {
         "name": "x", "url": "http://127.0.0.1:9/", "style": "json", "secret_variable": "ANTHROPIC_API_KEY",
         "on_failure": "on", "enabled": "on"})
     assert response.status_code == 200 and "PI_NOTIFY_SECRET_" in response.content.decode()
     assert not Endpoint.objects.exists()
+
+
+# --- no notification to an internal address (issue 47 §4) ---------------------------------------------------------
+
+@pytest.mark.parametrize("url", [
+    "http://127.0.0.1:6379/", "http://localhost:8000/admin/", "http://169.254.169.254/latest/meta-data/",
+    "http://[::1]:5432/", "http://10.1.2.3/hook", "http://192.168.0.10/hook", "http://100.64.0.1/hook",
+    "http://0.0.0.0:6379/", "http://[::ffff:127.0.0.1]/", "http://[fd00::1]/", "http://[2002:7f00:1::]/",
+    "http://user:password@hooks.example.com/", "ftp://hooks.example.com/", "gopher://127.0.0.1:6379/_INFO",
+])
+def test_an_endpoint_at_an_internal_address_is_refused_when_saved(url, admin_client):
+    response = admin_client.post(reverse("admin:notifications_endpoint_add"), {
+        "name": "internal", "url": url, "style": "json", "on_failure": "on", "enabled": "on"})
+    assert response.status_code == 200 and not Endpoint.objects.exists()
+    page = response.content.decode()
+    assert "internal address" in page or "user name or password" in page or "http:// and https://" in page \
+        or "Enter a valid URL" in page
+
+
+def test_an_internal_host_the_deployment_names_may_be_saved(admin_client, settings):
+    settings.PI_NOTIFY_INTERNAL_HOSTS = ["localhost", "10.20.0.0/16"]
+    for name, url in (("local", "http://localhost:8123/hook"), ("lan", "http://10.20.3.4/hook")):
+        admin_client.post(reverse("admin:notifications_endpoint_add"), {
+            "name": name, "url": url, "style": "json", "on_failure": "on", "enabled": "on"})
+    assert sorted(Endpoint.objects.values_list("name", flat=True)) == ["lan", "local"]
+
+
+def test_a_try_to_an_internal_address_reaches_nothing_and_says_why(receiver, notify_worker, settings):
+    """An endpoint saved before this check (or written past the admin): each try judges it again."""
+    settings.PI_NOTIFY_ATTEMPTS, settings.PI_NOTIFY_RETRY_SECONDS = 2, 0
+    endpoint_at = receiver([200])
+    Endpoint.objects.create(name="loopback", url=endpoint_at.url)
+    [delivery] = services.notify(Event.FAILURE, "gh-notify-ssrf", {"jobId": "gh-notify-ssrf"})
+
+    notify_worker(PI_NOTIFY_INTERNAL_HOSTS="")
+
+    delivery.refresh_from_db()
+    assert endpoint_at.requests == []
+    assert (delivery.status, [row.error for row in delivery.tries.all()]) == (
+        NotificationStatus.FAILED, ["internal-address", "internal-address"])
+
+
+def test_a_name_is_resolved_again_at_each_try_and_the_try_goes_where_it_was_judged(
+        receiver, settings, monkeypatch):
+    """A DNS answer that changes between the save and the try (rebinding) cannot be served here: the resolver is
+    the one stand-in; the receiver and the notifier are real."""
+    from apps.notifications import delivery as notifier
+
+    endpoint_at = receiver([200])
+    port = endpoint_at.server.server_address[1]
+    answers = {"hooks.example.test": "93.184.215.14"}  # a public address when the endpoint is saved
+    real = socket.getaddrinfo
+
+    def resolve(host, port, *args, **kwargs):
+        if host in answers:
+            return [(2, 1, 6, "", (answers[host], port))]
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr("apps.notifications.destination.socket.getaddrinfo", resolve)
+    endpoint = Endpoint(name="rebinding", url=f"http://hooks.example.test:{port}/hook")
+    endpoint.full_clean()
+    endpoint.save()
+    answers["hooks.example.test"] = "127.0.0.1"  # ... and loopback at the try
+    [refused] = services.notify(Event.FAILURE, "gh-notify-rebind", {"jobId": "gh-notify-rebind"})
+    with pytest.raises(notifier.DeliveryFailed):
+        notifier.deliver(refused.pk)
+    assert endpoint_at.requests == [] and refused.tries.get().error == "internal-address"
+
+    # Named as internal, the try connects to the address it judged (never resolving again), as the name it gave.
+    settings.PI_NOTIFY_INTERNAL_HOSTS = ["hooks.example.test"]
+    [allowed] = services.notify(Event.FAILURE, "gh-notify-named", {"jobId": "gh-notify-named"})
+    assert notifier.deliver(allowed.pk) == NotificationStatus.DELIVERED
+    [request] = endpoint_at.requests
+    assert request["headers"]["Host"] == f"hooks.example.test:{port}" and request["path"] == "/hook"
+
+
+def test_a_redirect_is_never_followed(receiver, settings):
+    from apps.notifications import delivery as notifier
+
+    settings.PI_NOTIFY_INTERNAL_HOSTS = ["127.0.0.1"]
+    endpoint_at = receiver([302])
+    Endpoint.objects.create(name="moved", url=endpoint_at.url)
+    [delivery] = services.notify(Event.FAILURE, "gh-notify-302", {"jobId": "gh-notify-302"})
+    with pytest.raises(notifier.DeliveryFailed):
+        notifier.deliver(delivery.pk)
+    assert len(endpoint_at.requests) == 1 and delivery.tries.get().error == "http-302"

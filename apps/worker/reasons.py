@@ -406,7 +406,7 @@ STOPPED = {
     "work-nested-repository": NOT_PUBLISHED + "the agent left another git repository inside its workspace.",
     "push-refused": NOT_PUBLISHED + "the forge refused the push (a protected branch, or a hook)." + KEPT,
     "summary-held-secret": NOT_PUBLISHED + "the agent's summary held a credential of this deployment." + KEPT,
-    "secret-in-work": NOT_PUBLISHED + "the agent's work held a secret of this deployment or of the job." + KEPT,
+    "secret-in-work": NOT_PUBLISHED + "the agent's work held a credential of this deployment or of the job." + KEPT,
     "forge-auth-refused": NOT_PUBLISHED + "the forge refused this deployment's credential." + KEPT,
     "forge-repo-not-found": NOT_PUBLISHED + "this deployment's credential cannot see this repository." + KEPT,
     "forge-request-refused": NOT_PUBLISHED + "the forge refused a request to open the pull request." + KEPT,

@@ -300,9 +300,11 @@ def test_the_container_receives_the_resolved_value_and_nothing_else_holds_it(run
                                                   "PI_LOG_LEVEL": "DEBUG"})
 
     run = Run.objects.get(job_id=job_id)
-    assert run.outcome == Outcome.COMPLETED
     job_root = Path(settings.PI_JOB_ROOT) / job_id
     assert (job_root / "workspace" / "env-NPM_TOKEN.txt").read_text() == VALUE
+    # The agent wrote the value into its work: the worker pushes none of it, and says where, by the secret's name.
+    assert (run.outcome, run.reason, run.publish_refusal) == (Outcome.POLICY, "secret-in-work",
+                                                              "env-NPM_TOKEN.txt holds NPM_TOKEN")
     report = json.loads((job_root / "workspace" / "sandbox-report.json").read_text())
     assert "NPM_TOKEN" in report["env_names"].split()
     assert calls(tmp_path) == [f"1:{REFERENCE}"]

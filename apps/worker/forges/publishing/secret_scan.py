@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from apps.worker.forges.publishing.work import GITLINK_MODE, Work, git
-from apps.worker.scrubbing import Scrubber
+from apps.worker.scrubbing import ENCODED_MIN_CHARS, Scrubber
 
 
 @dataclass(frozen=True)
@@ -25,10 +25,12 @@ class Finding:
 
 
 def first_secret(work: Work, secrets: Mapping[str, str]) -> Finding | None:
-    """The first commit message or changed file of `work` that holds one of `secrets` (name -> value), or None."""
-    scrubber = Scrubber(secrets)
-    if work.empty or not any(secrets.values()):
+    """The first commit message or changed file of `work` that holds one of `secrets` (name -> value), or None. A
+    value shorter than ENCODED_MIN_CHARS is not looked for: in a whole file it would match ordinary text."""
+    secrets = {name: value for name, value in secrets.items() if value and len(value) >= ENCODED_MIN_CHARS}
+    if work.empty or not secrets:
         return None
+    scrubber = Scrubber(secrets)
     listing = git(work.store, "log", "-z", "--format=%H%n%B", f"{work.start}..{work.head}").stdout
     for entry in listing.split("\0"):
         sha, _, message = entry.strip("\n").partition("\n")

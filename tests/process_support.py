@@ -2,12 +2,46 @@
 engine's own events, and a worker's work horse."""
 
 import os
+import shutil
 import threading
 from pathlib import Path
 
 import docker
 
 from apps.fleet import registry
+from devtools import services
+
+
+class PrivateRedis:
+    """A redis-server of a test's own, on one port and data folder across restarts (persistent, like production's):
+    stopped and started again, emptied, or started from an older copy of its data."""
+
+    def __init__(self, data_dir):
+        self.data_dir, self.port = data_dir, services.free_port()
+        self.service = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.service = services.start_redis(self.data_dir, self.port, persistent=True)
+
+    def stop(self) -> None:
+        self.service.stop()  # SIGTERM: it writes its append-only file and exits
+
+    def copy_data(self, to: Path) -> None:
+        """A copy of its data as it is on disk now (stop it first for a consistent one)."""
+        shutil.copytree(self.data_dir, to)
+
+    def restart_with(self, data: Path | None) -> None:
+        """Stopped, its data replaced by `data` (None: nothing, an empty Redis), and started again."""
+        self.stop()
+        shutil.rmtree(self.data_dir)
+        if data is not None:
+            shutil.copytree(data, self.data_dir)
+        self.start()
 
 
 def host_row(redis_conn, name) -> registry.HostRow | None:

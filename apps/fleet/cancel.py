@@ -15,6 +15,9 @@ The request also stays for the job's later life: the gate ladder's first gate as
 and refuses a job that slipped past removal (`operator-cancel`, no container), and the worker class
 never retries a cancelled job.
 
+Each request is also a row of the record (CancelRequest, as long as the key lives), from which state.py writes it
+again into a Redis that lost its data.
+
 Redis keys:
     pidispatch:cancel:<job id>   HASH by, at (ISO), state (requested | acknowledged | removed), worker
                                  (the RQ worker that acknowledged); expires after PI_FLEET_CANCEL_TTL_SECONDS
@@ -33,7 +36,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.registry import DeferredJobRegistry, ScheduledJobRegistry
 
-from . import audit, registry, waiting
+from . import audit, registry, state, waiting
 from .connection import get_redis, text
 
 logger = logging.getLogger("pidispatch.fleet")
@@ -61,6 +64,19 @@ def is_job_id(job_id) -> bool:
 
 def request_key(job_id: str) -> str:
     return f"pidispatch:cancel:{job_id}"
+
+
+def write_request(pipe, job_id: str, *, by: str, at, seconds: int, keep: bool = False) -> None:
+    """The cancel request's key (queued on `pipe`), living `seconds`. `keep`: one Redis holds already is left as it
+    is (its state: acknowledged, removed)."""
+    key = request_key(job_id)
+    if keep:
+        pipe.hsetnx(key, "by", by)
+        pipe.hsetnx(key, "at", at.isoformat())
+        pipe.hsetnx(key, "state", REQUESTED)
+    else:
+        pipe.hset(key, mapping={"by": by, "at": at.isoformat(), "state": REQUESTED})
+    pipe.expire(key, seconds)
 
 
 def is_cancel_requested(job_id: str, redis=None) -> bool:
@@ -95,9 +111,9 @@ def cancel_job(redis, job_id: str, *, by: str, ack_seconds: float | None = None)
         return CancelResult(job_id, "not-found", f"no job {job_id} in Redis: it never existed, or it ended and "
                                                  "expired (see the run history); nothing was changed")
     key = request_key(job_id)
+    now = timezone.now()
     pipe = redis.pipeline()
-    pipe.hset(key, mapping={"by": by, "at": timezone.now().isoformat(), "state": REQUESTED})
-    pipe.expire(key, settings.PI_FLEET_CANCEL_TTL_SECONDS)
+    write_request(pipe, job_id, by=by, at=now, seconds=settings.PI_FLEET_CANCEL_TTL_SECONDS)
     pipe.execute()
 
     result = None
@@ -122,9 +138,11 @@ def cancel_job(redis, job_id: str, *, by: str, ack_seconds: float | None = None)
         result = _await_acknowledgement(redis, job, ack_seconds)
     logger.info("fleet_cancel job=%s outcome=%s", job_id, result.outcome)
     if result.changed:
+        unrecorded = state.record_cancel(job_id, by=by, at=now, seconds=settings.PI_FLEET_CANCEL_TTL_SECONDS)
+        error = audit.record("cancel", actor=by, queues=[job.origin], job_id=job_id,
+                             outcome=result.message + (f" [{unrecorded}]" if unrecorded else ""))
         return CancelResult(result.job_id, result.outcome, result.message,
-                            audit.record("cancel", actor=by, queues=[job.origin], job_id=job_id,
-                                         outcome=result.message))
+                            "; ".join(said for said in (unrecorded, error) if said))
     return result
 
 

@@ -6,6 +6,8 @@ Drained is not paused: a pause is a queue's and stops every host that serves it;
 only that host. A drained host's own queue keeps its jobs until the host is undrained (or another host of the
 same name takes over).
 
+Each drain is also a row of the record (HostDrain), from which state.py rebuilds the flag when Redis lost its data.
+
 Redis keys (no expiry: a drain outlives every process of the host, its restarts and upgrades included):
     pidispatch:drain:<host>   HASH by, at (ISO), note
     pidispatch:drained        SET  the drained host names
@@ -13,6 +15,7 @@ Redis keys (no expiry: a drain outlives every process of the host, its restarts 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -20,7 +23,7 @@ from datetime import datetime
 
 from django.utils import timezone
 
-from . import audit, registry
+from . import audit, registry, state
 from .connection import text
 from .queues import host_queue, is_valid_host_name
 
@@ -48,18 +51,29 @@ def _checked(host: str) -> str:
     return host
 
 
+def write_flag(pipe, host: str, *, by: str, at: datetime, note: str) -> None:
+    """The host's drain flag (a drained host keeps its first drain's who, when and note), queued on `pipe`; its
+    last command answers whether the host is newly drained."""
+    pipe.hsetnx(flag_key(host), "by", by)
+    pipe.hsetnx(flag_key(host), "at", at.isoformat())
+    pipe.hsetnx(flag_key(host), "note", (note or "")[:NOTE_MAX])
+    pipe.sadd(INDEX, host)
+
+
 def drain(redis, host: str, *, by: str, note: str = "") -> str:
-    """Mark the host drained (again: the first drain's note and time stand). Returns the audit error, if any."""
+    """Mark the host drained (again: the first drain's note and time stand). Returns the audit error, if any (and
+    the record's, when the drain could not be written to the database)."""
     host = _checked(host)
+    now = timezone.now()
     with redis.pipeline() as pipe:
-        pipe.hsetnx(flag_key(host), "by", by)
-        pipe.hsetnx(flag_key(host), "at", timezone.now().isoformat())
-        pipe.hsetnx(flag_key(host), "note", (note or "")[:NOTE_MAX])
-        pipe.sadd(INDEX, host)
+        write_flag(pipe, host, by=by, at=now, note=note)
         new = pipe.execute()[3]
     logger.info("fleet_drain host=%s new=%d", host, new)
-    return audit.record("drain", actor=by, queues=[host_queue(host)], note=note,
-                        outcome=f"host {host} drained" if new else f"host {host} was drained already")
+    unrecorded = state.record_drain(host, by=by, at=now, note=(note or "")[:NOTE_MAX])
+    outcome = f"host {host} drained" if new else f"host {host} was drained already"
+    error = audit.record("drain", actor=by, queues=[host_queue(host)], note=note,
+                         outcome=outcome + (f" [{unrecorded}]" if unrecorded else ""))
+    return "; ".join(said for said in (unrecorded, error) if said)
 
 
 def undrain(redis, host: str, *, by: str) -> tuple[bool, str]:
@@ -70,10 +84,11 @@ def undrain(redis, host: str, *, by: str) -> tuple[bool, str]:
         pipe.srem(INDEX, host)
         deleted, removed = pipe.execute()
     was = bool(deleted or removed)
+    unrecorded = state.forget_drain(host)
     logger.info("fleet_undrain host=%s was_drained=%d", host, was)
     error = audit.record("undrain", actor=by, queues=[host_queue(host)],
                          outcome=f"host {host} undrained" if was else f"host {host} was not drained") if was else ""
-    return was, error
+    return was, "; ".join(said for said in (unrecorded, error) if said)
 
 
 def is_drained(redis, host: str) -> bool:
@@ -82,6 +97,8 @@ def is_drained(redis, host: str) -> bool:
 
 
 def read_flags(redis) -> dict[str, DrainFlag]:
+    with contextlib.suppress(state.StateUnknown):
+        state.ensure_restored(redis)  # a Redis that lost its data is given the recorded drains first
     names = sorted(name for name in (text(n) for n in redis.smembers(INDEX)) if is_valid_host_name(name))
     pipe = redis.pipeline(transaction=False)
     for name in names:

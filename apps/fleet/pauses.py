@@ -1,4 +1,5 @@
-"""Pause and resume, per queue: durable flags in Redis that workers honour within about a second.
+"""Pause and resume, per queue: flags in Redis that workers honour within about a second, each also a row of the
+record (QueuePause), from which state.py rebuilds them when Redis lost its data.
 
 A pause stops workers from taking new jobs off the queue; jobs still enqueue and running jobs finish.
 Each pause carries who, when, an optional note and an optional auto-resume time (`until`); the first
@@ -20,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from . import audit
+from . import audit, state
 from .connection import text
 from .queues import is_dispatch_queue
 
@@ -55,6 +56,12 @@ def flag_key(queue: str) -> str:
     return f"pidispatch:pause:{queue}"
 
 
+def write_flag(pipe, queue: str, *, by: str, at: datetime, note: str, until: datetime | None) -> None:
+    """The queue's pause flag, unless it is paused already (queued on `pipe`)."""
+    pipe.eval(_PAUSE_IF_NOT_PAUSED, 2, flag_key(queue), INDEX, by, at.isoformat(), (note or "")[:NOTE_MAX],
+              until.isoformat() if until else "", queue)
+
+
 @dataclass(frozen=True)
 class PauseFlag:
     queue: str
@@ -74,6 +81,7 @@ class SwitchResult:
     failed: dict[str, str] = field(default_factory=dict)
     degraded: str = ""
     audit_error: str = ""
+    record_error: str = ""  # the database's record of the change could not be written (state.py)
 
     @property
     def ok(self) -> bool:
@@ -97,6 +105,8 @@ class SwitchResult:
             text = (f"{verb} {', '.join(self.changed) or 'nothing'} but FAILED at {failed}: "
                     f"{'the fleet is half paused' if self.action == 'pause' else 'those queues are still paused'}"
                     " — retry, or fix the key named above")
+        if self.record_error:
+            text += f" [{self.record_error}]"
         if self.degraded:
             text += f" [fleet view degraded: {self.degraded}]"
         return text
@@ -149,12 +159,13 @@ def pause(redis, queues, *, by: str, note: str = "", until: datetime | None = No
     # below says which queues it could not reach.
     with contextlib.suppress(RedisError):
         paused_among(redis, queues, now)
-    args = (by, now.isoformat(), (note or "")[:NOTE_MAX], until.isoformat() if until else "")
     result = SwitchResult("pause", degraded=degraded)
     pipe = redis.pipeline(transaction=False)
     for queue in queues:
-        pipe.eval(_PAUSE_IF_NOT_PAUSED, 2, flag_key(queue), INDEX, *args, queue)
+        write_flag(pipe, queue, by=by, at=now, note=note, until=until)
     _collect(result, queues, pipe, lambda written: "changed" if written else "unchanged", replies_per_queue=1)
+    result.record_error = state.record_pauses(result.changed + result.unchanged, by=by, at=now,
+                                              note=(note or "")[:NOTE_MAX], until=until)
     _log_and_audit(result, by=by, note=note, until=until)
     return result
 
@@ -167,6 +178,7 @@ def resume(redis, queues, *, by: str, degraded: str = "", action: str = "resume"
         pipe.delete(flag_key(queue))
         pipe.srem(INDEX, queue)
     _collect(result, queues, pipe, lambda deleted, unindexed: "changed" if deleted or unindexed else "unchanged")
+    result.record_error = state.forget_pauses(result.changed + result.unchanged)
     _log_and_audit(result, by=by, action=action)
     return result
 
@@ -214,8 +226,11 @@ def _log_and_audit(result: SwitchResult, *, by: str, note: str = "", until=None,
 
 
 def read_flags(redis, now: datetime | None = None) -> dict[str, PauseFlag]:
-    """Every pause in force, by queue. Flags past their `until` are cleared here (auto-resume)."""
+    """Every pause in force, by queue. Flags past their `until` are cleared here (auto-resume). A Redis that lost its
+    data is given the recorded pauses first (state.py)."""
     now = now or timezone.now()
+    with contextlib.suppress(state.StateUnknown):
+        state.ensure_restored(redis)
     names = sorted(text(name) for name in redis.smembers(INDEX))
     names = [name for name in names if is_dispatch_queue(name)]
     pipe = redis.pipeline(transaction=False)
@@ -261,5 +276,6 @@ def _without_expired(redis, flags: dict[str, PauseFlag], now: datetime) -> dict[
             cleared.append(flag.queue)
     if cleared:
         result = SwitchResult("resume", changed=cleared)
+        result.record_error = state.forget_pauses(cleared, expired_by=now)
         _log_and_audit(result, by="auto-resume", action="auto-resume")
     return {queue: flag for queue, flag in flags.items() if flag not in expired}

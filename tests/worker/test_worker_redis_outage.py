@@ -15,34 +15,15 @@ from rq.job import Job
 from apps.fleet.connection import get_redis
 from apps.worker.models import Outcome, Run
 from apps.worker.sandbox.container import HOST_LABEL, JOB_LABEL
-from devtools import services
 from tests.conftest import wait_for
 from tests.jobspecs import enqueue_spec, forge_spec
+from tests.process_support import PrivateRedis
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
 HOST = {"PI_WORKER_NAME": "hostA"}
 QUEUES = ("pi-jobs", "pi-jobs@hostA")
 DEADLINE_LABEL = "pidispatch.deadline"  # part of the container contract: any worker reads it
-
-
-class PrivateRedis:
-    """A redis-server of this test's own, on one port and data folder across restarts."""
-
-    def __init__(self, data_dir):
-        self.data_dir, self.port = data_dir, services.free_port()
-        self.service = None
-        self.start()
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.service = services.start_redis(self.data_dir, self.port, persistent=True)
-
-    def stop(self) -> None:
-        self.service.stop()  # SIGTERM: it writes its append-only file and exits
 
 
 @pytest.fixture

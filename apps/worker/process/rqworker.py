@@ -51,7 +51,7 @@ from rq.job_lifecycle import call_exception_handlers, format_exc_info
 from rq.scheduler import RQScheduler
 from rq.worker.base import WorkerStatus
 
-from apps.fleet import drains, hosts, pauses, waiting
+from apps.fleet import drains, hosts, pauses, state, waiting
 from apps.fleet.cancel import is_cancel_requested
 from apps.fleet.connection import text
 from apps.fleet.queues import SHARED_QUEUE, host_of_queue, is_dispatch_queue
@@ -232,8 +232,12 @@ class DispatchWorker(Worker):
 
     def _active_queues(self):
         try:
+            # A Redis that lost its data gets the recorded pauses and drains back before anything is taken.
+            state.ensure_restored(self.connection)
             paused = pauses.paused_among(self.connection, self.queue_names())
             drained = drains.is_drained(self.connection, hosts.this_host().name)
+        except state.StateUnknown:
+            return []  # which queues are paused cannot be told: take nothing until the record can be read
         except RedisError:
             paused, drained = self._paused, self._drained  # keep the last known answer through a blip
         for name in sorted(paused ^ self._paused):

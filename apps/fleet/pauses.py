@@ -164,8 +164,9 @@ def pause(redis, queues, *, by: str, note: str = "", until: datetime | None = No
     for queue in queues:
         write_flag(pipe, queue, by=by, at=now, note=note, until=until)
     _collect(result, queues, pipe, lambda written: "changed" if written else "unchanged", replies_per_queue=1)
-    result.record_error = state.record_pauses(result.changed + result.unchanged, by=by, at=now,
-                                              note=(note or "")[:NOTE_MAX], until=until)
+    # Recorded as Redis holds each flag: a queue paused already keeps its first pause's who, when, note, until.
+    made = [PauseFlag(queue, by=by, at=now, note=(note or "")[:NOTE_MAX], until=until) for queue in result.changed]
+    result.record_error = state.record_pauses(made + _kept_flags(redis, result.unchanged))
     _log_and_audit(result, by=by, note=note, until=until)
     return result
 
@@ -181,6 +182,20 @@ def resume(redis, queues, *, by: str, degraded: str = "", action: str = "resume"
     result.record_error = state.forget_pauses(result.changed + result.unchanged)
     _log_and_audit(result, by=by, action=action)
     return result
+
+
+def _kept_flags(redis, queues: list[str]) -> list[PauseFlag]:
+    """The flags of queues that were paused already (unreadable ones are left out: their pause is Redis's)."""
+    if not queues:
+        return []
+    pipe = redis.pipeline(transaction=False)
+    for queue in queues:
+        pipe.hgetall(flag_key(queue))
+    try:
+        replies = pipe.execute(raise_on_error=False)
+    except RedisError:
+        return []
+    return [_flag(queue, raw) for queue, raw in zip(queues, replies, strict=True) if isinstance(raw, dict) and raw]
 
 
 def _checked(queues) -> list[str]:

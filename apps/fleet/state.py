@@ -37,17 +37,19 @@ def _said(error: Exception) -> str:
     return f"not recorded in the database ({type(error).__name__}): it holds only while Redis keeps its data"
 
 
-def record_pauses(queues, *, by: str, at: datetime, note: str, until: datetime | None) -> str:
-    """Each queue's pause row (a queue paused already keeps its row). "" or what went wrong, for the report."""
+def record_pauses(flags) -> str:
+    """Each pause flag's row, as Redis holds the flag (a row there already is left as it is). "" or what went
+    wrong, for the report."""
     from .models import QueuePause
 
     try:
         with transaction.atomic():
-            for queue in queues:
-                QueuePause.objects.get_or_create(queue=queue, defaults={"by": by, "at": at, "note": note,
-                                                                        "until": until})
+            for flag in flags:
+                QueuePause.objects.get_or_create(queue=flag.queue, defaults={
+                    "by": flag.by, "at": flag.at or timezone.now(), "note": flag.note, "until": flag.until})
     except DatabaseError as error:
-        logger.error("fleet_pause_unrecorded queues=%s error=%s", ",".join(queues), type(error).__name__)
+        logger.error("fleet_pause_unrecorded queues=%s error=%s", ",".join(flag.queue for flag in flags),
+                     type(error).__name__)
         return _said(error)
     return ""
 

@@ -14,6 +14,8 @@ import pytest
 from django.db import connection
 from rq.job import Job
 
+from apps.fleet import state
+from apps.fleet.connection import text
 from apps.worker.models import Outcome, Run
 from tests.conftest import database_url, wait_for
 from tests.jobspecs import enqueue_spec, forge_spec
@@ -100,6 +102,10 @@ def test_a_job_popped_while_the_database_is_down_waits_for_it_and_then_runs_once
         switchable_database, start_worker, redis_conn, fast_fleet, job_containers):
     worker = start_worker("pi-jobs", env={"DATABASE_URL": switchable_database.url, "PI_DATABASE_RECHECK_SECONDS": "1"})
     wait_for(lambda: "Listening on" in worker.output(), timeout=60, what="the worker to take work")
+    # The fleet's record is restored into this Redis (apps/fleet/state.py) while the database is up: a worker that
+    # could not restore it would take nothing at all.
+    wait_for(lambda: text(redis_conn.get(state.RESTORED) or b"") == redis_conn.info("server")["run_id"], timeout=30,
+             what="the fleet's record restored into Redis")
 
     switchable_database.cut()
     enqueue_spec(forge_spec("gh-db-down"), "pi-jobs")

@@ -128,3 +128,26 @@ def test_a_container_past_its_deadline_is_stopped_by_any_worker_on_its_host(star
     wait_for(lambda: "gh-overdue" not in job_containers(), timeout=30, what="the sweep to stop the overdue one")
     assert {"gh-in-time", "gh-elsewhere"} <= set(job_containers())
     assert "container_reaped job=gh-overdue host=hostA why=overdue" in worker.output()
+
+
+def test_a_job_taken_the_instant_redis_goes_away_still_reaches_its_horse(private_redis, monkeypatch, settings):
+    """Between leaving its queue and its horse's start a job is in no registry: a worker that died there on a
+    Redis error would lose it unseen (the fleet drill caught one). The horse's own ladder rides the outage out
+    (the test above); this is the moment before it, run in-process up to RQ's fork."""
+    from rq import Queue, Worker
+
+    from apps.worker.process.rqworker import DispatchWorker
+
+    settings.PI_WORKER_NAME = "hostA"
+    connection = get_redis()
+    worker = DispatchWorker([Queue(name, connection=connection) for name in QUEUES], connection=connection)
+    enqueue_spec(forge_spec("gh-taken-at-the-edge"), "pi-jobs")
+    job, queue = Queue.dequeue_any(worker.queues, None, connection=connection)
+    handed = []
+    monkeypatch.setattr(Worker, "execute_job", lambda self, job, queue: handed.append(job.id))
+
+    private_redis.stop()
+    worker.execute_job(job, queue)
+
+    assert handed == ["gh-taken-at-the-edge"]
+    assert worker.cancel_watch.job_id is None  # its watch was set and let go again, looking once more next tick

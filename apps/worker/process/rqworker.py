@@ -304,7 +304,13 @@ class DispatchWorker(Worker):
     # --- running a job ---------------------------------------------------------------------------------
 
     def execute_job(self, job, queue):
-        self._deferred_since = waiting.take(self.connection, job.id)
+        # The job has left its queue and is in no registry until its horse starts: nothing here may raise, or
+        # the worker dies holding it and nobody knows it was taken. Redis gone: the horse's ladder rides it out.
+        try:
+            self._deferred_since = waiting.take(self.connection, job.id)
+        except RedisError as error:
+            self._deferred_since = None
+            logger.warning("job_wait_note_unread job=%s error=%s", job.id, type(error).__name__)
         self.presence.job_started(job, queue.name)
         self.cancel_watch.start(job.id)
         try:
@@ -336,10 +342,7 @@ class DispatchWorker(Worker):
                 self._give_up(job, error)
         else:
             self.redis_outage.answered()
-            try:
-                self.cancel_watch.check()
-            except RedisError as exc:
-                logger.warning("job_cancel_check_failed job=%s error=%s", job.id, type(exc).__name__)
+            self.cancel_watch.check()
         self.pulse()
 
     def handle_work_horse_killed(self, job, retpid, ret_val, rusage):

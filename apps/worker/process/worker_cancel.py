@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 from docker.errors import DockerException, NotFound
+from redis.exceptions import RedisError
 from requests import RequestException
 
 from apps.fleet import cancel
@@ -33,17 +34,25 @@ class CancelWatch:
         self.job_id, self.acknowledged, self.stopped = None, False, False
 
     def check(self) -> None:
+        """One look. Redis unreachable: the next tick looks again (a job just taken when Redis went away must
+        still reach its horse, whose ladder rides out the outage; the worker must not die holding it)."""
         if not self.job_id or self.stopped:
             return
-        redis = self.worker.connection
         if not self.acknowledged:
-            if not cancel.is_cancel_requested(self.job_id, redis):
+            try:
+                self.acknowledged = self._acknowledge()
+            except RedisError as error:
+                logger.warning("job_cancel_check_failed job=%s error=%s", self.job_id, type(error).__name__)
                 return
-            self.acknowledged = cancel.acknowledge(redis, self.job_id, self.worker.name)
             if not self.acknowledged:
                 return
             logger.info("job_cancel_acknowledged job=%s", self.job_id)
         self.stopped = self._stop_container()
+
+    def _acknowledge(self) -> bool:
+        redis = self.worker.connection
+        return cancel.is_cancel_requested(self.job_id, redis) and cancel.acknowledge(redis, self.job_id,
+                                                                                     self.worker.name)
 
     def _stop_container(self) -> bool:
         """True once the container has been stopped. Not created yet (the ladder is still climbing): the

@@ -420,6 +420,9 @@ PI_REPLAY_WINDOW_SECONDS = env.int("PI_REPLAY_WINDOW_SECONDS", default=7 * 24 * 
 # The inbox replayer (`manage.py replay_deliveries --follow`): poll interval and the longest retry backoff.
 PI_INBOX_POLL_SECONDS = env.float("PI_INBOX_POLL_SECONDS", default=1.0)
 PI_INBOX_MAX_BACKOFF_SECONDS = env.int("PI_INBOX_MAX_BACKOFF_SECONDS", default=600)
+# The replayer also reconciles the accepted jobs with Redis (apps/worker/accepted.py): at once with a Redis process
+# it has not reconciled with (restarted empty, or from an older copy), and every this many seconds otherwise.
+PI_RECONCILE_SECONDS = env.int("PI_RECONCILE_SECONDS", default=60)
 
 # --- Logging: one `event key=value` line per event, ids only (never titles, bodies or logins) ------------
 

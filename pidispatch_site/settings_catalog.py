@@ -84,6 +84,8 @@ SECTIONS: tuple[Section, ...] = (
           "any other delivery id (0: off)."),
         S("PI_INBOX_POLL_SECONDS", "1", "How often the inbox replayer (replay_deliveries --follow) looks."),
         S("PI_INBOX_MAX_BACKOFF_SECONDS", "600", "The longest retry backoff of a pending delivery."),
+        S("PI_RECONCILE_SECONDS", "60", "How often the replayer also looks for accepted jobs Redis no longer "
+          "holds and queues them again (at once when Redis restarted empty or from an older copy)."),
         S("PI_FORGE_API_TIMEOUT_SECONDS", "3", "Timeout of forge API calls (lookups, tokens, branches, comments)."),
         S("PI_FORGE_RETRY_AFTER_MAX_SECONDS", "3600", "The longest Retry-After (or rate-limit reset) of a forge that "
           "is honoured; a job retried after a forge's rate limit waits at least the forge's wait, up to this."),

@@ -147,8 +147,11 @@ def cancel_job(redis, job_id: str, *, by: str, ack_seconds: float | None = None)
 
 
 def _removed(redis, job: Job, state: str) -> CancelResult:
+    from apps.worker import accepted
+
     redis.hset(request_key(job.id), "state", REMOVED)
     waiting.forget(redis, job.id)
+    accepted.settle(job.id)  # before its copy goes: a reconciler finding it gone must not queue it again
     job.delete(remove_from_queue=False)  # its payload holds issue text: nothing of it is kept
     return CancelResult(job.id, "removed", f"removed {state} job {job.id} from {job.origin}: it will not run "
                                            "and leaves no run record")

@@ -47,9 +47,28 @@ def explanations(reasons: dict[str, str]) -> dict[str, str]:
     return found
 
 
+REBUILDS_SHOWN_DAYS = 7
+
+
+def recent_rebuild():
+    """The last time Redis had lost accepted jobs and they were queued again from the database (within a week), with
+    the count since the first time: the operator sees that it happened and that nothing was lost."""
+    from datetime import timedelta
+
+    from django.db.models import Sum
+    from django.utils import timezone
+
+    from apps.worker.models import JobsRebuilt
+
+    last = JobsRebuilt.objects.filter(at__gte=timezone.now() - timedelta(days=REBUILDS_SHOWN_DAYS)).first()
+    if last is None:
+        return None
+    return {"at": last.at, "jobs": last.jobs, "total": JobsRebuilt.objects.aggregate(n=Sum("jobs"))["n"]}
+
+
 def context(redis) -> dict:
     data: dict = {"snapshot": None, "spend": None, "redis_error": "", "db_error": "", "reasons": {},
-                  "explained": {}, "publications": []}
+                  "explained": {}, "publications": [], "rebuilt": None}
     try:
         data["snapshot"] = status.snapshot(redis)
     except RedisError as exc:
@@ -60,6 +79,7 @@ def context(redis) -> dict:
             data["reasons"] = failure_reasons(f.job_id for f in data["snapshot"].failed)
             data["explained"] = explanations(data["reasons"])
         data["publications"] = recent_publications()
+        data["rebuilt"] = recent_rebuild()
     except (DatabaseError, RedisError) as exc:
         data["db_error"] = f"spend and run history unreadable ({type(exc).__name__})"
     return data

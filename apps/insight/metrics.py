@@ -15,7 +15,7 @@ import time
 from datetime import UTC, timedelta
 
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Count
+from django.db.models import Count, Sum
 from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from redis.exceptions import RedisError
@@ -84,7 +84,7 @@ class DispatchCollector:
 
     def _database(self):
         from apps.receiver.models import Delivery
-        from apps.worker.models import Run
+        from apps.worker.models import AcceptedJob, JobsRebuilt, Run
         from apps.worker.spend import windows
 
         runs = CounterMetricFamily("pidispatch_runs", "Run records (one per attempt) by outcome and reason.",
@@ -131,7 +131,14 @@ class DispatchCollector:
                                        labels=["forge", "status"])
         for row in Delivery.objects.order_by().values("forge", "status").annotate(n=Count("id")):
             deliveries.add_metric([row["forge"], row["status"]], row["n"])
-        return [runs, refusals, cost, project_cost, tokens, calls, deliveries]
+
+        rebuilt = CounterMetricFamily("pidispatch_jobs_rebuilt", "Accepted jobs Redis had lost and that were queued "
+                                      "again from the database (apps/worker/accepted.py).")
+        rebuilt.add_metric([], JobsRebuilt.objects.aggregate(n=Sum("jobs"))["n"] or 0)
+        open_jobs = GaugeMetricFamily("pidispatch_accepted_jobs_open", "Accepted jobs not settled yet (queued, "
+                                      "deferred or running): what a Redis that lost its data gets back.")
+        open_jobs.add_metric([], AcceptedJob.objects.filter(settled_at__isnull=True).count())
+        return [runs, refusals, cost, project_cost, tokens, calls, deliveries, rebuilt, open_jobs]
 
     # --- Redis: queues, pauses, hosts ---------------------------------------------------------------
 

@@ -62,6 +62,7 @@ BATCH = 1000
 # taken again by the next batch. On PostgreSQL a batch locks its own rows only: no pause.
 SQLITE_PAUSE = 0.1
 FLEET_ACTION_DAYS = 365
+ACCEPTED_JOB_DAYS = timedelta(days=1)
 STALE_AFTER = timedelta(days=2)  # doctor warns when the last complete run is older
 
 # Sent inside the transaction that deletes a batch of run records, before the delete: `runs` is the batch (a
@@ -155,7 +156,7 @@ def rules(now: datetime) -> list[Rule]:
     from apps.access.models import ApiToken
     from apps.fleet.models import FleetAction
     from apps.receiver.models import Delivery
-    from apps.worker.models import Run
+    from apps.worker.models import AcceptedJob, Run
 
     def day(moment: datetime) -> str:
         return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -172,6 +173,10 @@ def rules(now: datetime) -> list[Rule]:
              Delivery.objects.settled_before(deliveries_before), "id", _deleting(Delivery)),
         Rule("fleet actions", f"fleet audit rows from before {day(actions_before)} (a year)",
              FleetAction.objects.before(actions_before), "at", _deleting(FleetAction)),
+        # A settled job's row has done its work (only its ids are left); a day of them stays for a look.
+        Rule("accepted jobs", f"rows of jobs settled before {day(now - ACCEPTED_JOB_DAYS)} (open ones stay)",
+             AcceptedJob.objects.filter(settled_at__lt=now - ACCEPTED_JOB_DAYS), "settled_at",
+             _deleting(AcceptedJob)),
     ]
     session = _session_model()
     if session is not None:

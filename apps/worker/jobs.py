@@ -24,6 +24,8 @@ from rq.scripts import _build_hset_args
 from apps import forge_registry
 from apps.fleet.connection import get_redis, text
 
+from . import accepted
+
 logger = logging.getLogger("pidispatch.jobs")
 
 JOB_SPEC_VERSION = 1
@@ -314,11 +316,15 @@ def project_of(spec: JobSpec) -> str:
     return project.slug if project is not None else ""
 
 
-def enqueue(spec: JobSpec, queue_name: str, claims: tuple[Claim, ...] = ()) -> Enqueued:
+def enqueue(spec: JobSpec, queue_name: str, claims: tuple[Claim, ...] = (), *, attempts_made: int = 0,
+            record: bool = True) -> Enqueued:
     """Enqueue one job, atomically unique on its id (and on each of `claims`, checked in order), stamped with
-    its project (project_of).
+    its project (project_of), and recorded as accepted (apps/worker/accepted.py) once Redis holds it, so a Redis
+    that loses it gets it back. `attempts_made`: the attempts already recorded (a job rebuilt after Redis lost it
+    runs as the next one); `record=False` for the reconciler, whose row exists.
 
-    Redis errors propagate: the caller decides whether the work is kept for later (the inbox) or lost.
+    Redis errors propagate: the caller decides whether the work is kept for later (the inbox) or lost. So do
+    database errors: what could not be recorded is not acknowledged.
     """
     if not spec.project:
         spec = dataclasses.replace(spec, project=project_of(spec))
@@ -334,6 +340,8 @@ def enqueue(spec: JobSpec, queue_name: str, claims: tuple[Claim, ...] = ()) -> E
         failure_ttl=settings.PI_FAILED_JOB_TTL_SECONDS,
     )
     queue._prepare_for_queue(job)  # origin, enqueued_at, status: what RQ's enqueue sets before saving
+    if attempts_made:
+        job.number_of_retries = attempts_made  # RQ counts attempts from it: the next one is attempts_made + 1
     keys = [job.key, queue.key, queue.redis_queues_keys, *(claim.key for claim in claims)]
     args = [job.id, job.ttl if job.ttl is not None else -1, len(claims),
             *(part for claim in claims for part in (claim.window_ms, claim.holder or job.id)),
@@ -344,4 +352,6 @@ def enqueue(spec: JobSpec, queue_name: str, claims: tuple[Claim, ...] = ()) -> E
         return Enqueued(status, surviving, claims[int(claimed) - 1])
     if status == "created":
         logger.info("job_enqueued job=%s queue=%s target=%s", spec.job_id, queue_name, spec.target)
+    if record:
+        accepted.accept(spec.job_id, queue_name, spec.to_payload())
     return Enqueued(status, surviving)

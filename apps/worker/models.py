@@ -498,3 +498,50 @@ class AgentSession(models.Model):
 
     def __str__(self) -> str:
         return f"session {self.key[:12]} ({self.job_id})"
+
+
+class AcceptedJob(models.Model):
+    """A job a producer acknowledged (a delivery's, a manual run's, a cron occurrence's, a chained child's): the
+    database's copy of what Redis holds, written by the one enqueue function before the producer answers. Redis may
+    lose its data; the reconciler (apps/worker/accepted.py) queues again under the same id every job of a row still
+    open that Redis no longer holds. The payload holds the job's texts until the job settles (its last attempt is
+    recorded, or an operator removed it), as the inbox holds a delivery's; then only the ids stay."""
+
+    job_id = models.CharField(max_length=200, unique=True)
+    queue = models.CharField(max_length=100)
+    payload = models.JSONField(null=True, blank=True, editable=False)
+    accepted_at = models.DateTimeField()
+    # The attempt a worker started last and when (a job still running when Redis lost it is not queued again
+    # while it may still run: see accepted.py).
+    started_attempt = models.PositiveSmallIntegerField(default=0)
+    started_at = models.DateTimeField(null=True, blank=True)
+    settled_at = models.DateTimeField(null=True, blank=True)
+    rebuilt = models.PositiveSmallIntegerField(default=0, help_text="How often Redis lost it and it was queued again.")
+
+    class Meta:
+        default_permissions = ()  # written by producers and workers only; shown as counts (fleet panel, /metrics)
+        indexes = [
+            models.Index(fields=["accepted_at"], name="accepted_open_idx", condition=models.Q(settled_at__isnull=True)),
+            models.Index(fields=["settled_at"], name="accepted_settled_idx",
+                         condition=models.Q(settled_at__isnull=False)),
+        ]
+
+    def __str__(self):
+        return self.job_id
+
+
+class JobsRebuilt(models.Model):
+    """One reconciliation that found accepted jobs Redis no longer held and queued them again: what an operator
+    sees on the fleet panel and `/metrics` counts (`pidispatch_jobs_rebuilt_total`). Never pruned: one row per loss."""
+
+    at = models.DateTimeField()
+    jobs = models.PositiveIntegerField()
+    redis_run = models.CharField(max_length=40, blank=True, help_text="The run id of the Redis they were rebuilt into.")
+
+    class Meta:
+        default_permissions = ()  # written by the reconciler only; shown on the fleet panel
+        ordering = ["-at"]
+        verbose_name_plural = "jobs rebuilt"
+
+    def __str__(self):
+        return f"{self.jobs} job(s) rebuilt at {self.at:%Y-%m-%d %H:%M:%S}"

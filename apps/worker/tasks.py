@@ -8,6 +8,7 @@ from django.db import DatabaseError
 from rq import Retry, get_current_job
 
 from apps.fleet.hosts import this_host
+from apps.worker import accepted
 from apps.worker.gates import ladder
 from apps.worker.gates.verdicts import Deferred, Verdict, database_unavailable
 from apps.worker.jobs import JobSpec, JobSpecError
@@ -45,7 +46,12 @@ def execute_job(payload: dict):
             record_unreadable_job(job.id, attempt=attempt, host=host, queue=job.origin)
         except DatabaseError:
             return database_unavailable()  # refused once it can be recorded
+        accepted.settle(job.id)
         return {"outcome": Outcome.POLICY, "reason": "job-payload-invalid"}
+    if accepted.already_run(spec.job_id, attempt):
+        logger.warning("job_skipped job=%s attempt=%d why=already-run", spec.job_id, attempt)
+        return {"outcome": "skipped", "reason": "already-run"}  # nothing recorded: its record exists
+    accepted.started(spec.job_id, attempt)
 
     progress = Progress(spec.job_id, host=host, attempt=attempt, forge=spec.kind, delivery_id=spec.delivery_id,
                         trigger_id=spec.trigger_id)
@@ -59,9 +65,11 @@ def execute_job(payload: dict):
         crashed = Verdict(outcome=Outcome.FAILED, reason="worker-error")
         run = record_run(spec, crashed, attempt=attempt, host=host, queue=job.origin)
         progress.ended(crashed.outcome, crashed.reason, run.pk)
+        accepted.settle(spec.job_id)
         raise
     if isinstance(verdict, Deferred):
         progress.deferred(verdict.reason, verdict.until)
+        accepted.unstarted(spec.job_id)
         return verdict  # the worker class puts it back under the same id; no attempt, no record
     try:
         run = record_run(spec, verdict, attempt=attempt, host=host, queue=job.origin)
@@ -72,5 +80,9 @@ def execute_job(payload: dict):
         logger.warning("job_record_deferred job=%s reason=%s", spec.job_id, verdict.reason or verdict.outcome)
         return database_unavailable()  # nothing spent: the job climbs again once the database answers
     if verdict.retryable:
-        return _retry_policy(spec.job_id, verdict.retry_after_seconds)
+        retry = _retry_policy(spec.job_id, verdict.retry_after_seconds)
+        if attempt > retry.max:  # RQ's test (its retries so far, attempt - 1, reached the most): none follows
+            accepted.settle(spec.job_id)
+        return retry
+    accepted.settle(spec.job_id)
     return {"outcome": verdict.outcome, "reason": verdict.reason}

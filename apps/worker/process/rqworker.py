@@ -39,7 +39,7 @@ import time
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
+from django.db import DatabaseError, connections
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -56,6 +56,7 @@ from apps.fleet.cancel import is_cancel_requested
 from apps.fleet.connection import text
 from apps.fleet.queues import SHARED_QUEUE, host_of_queue, is_dispatch_queue
 from apps.fleet.union import register_queues
+from apps.worker import accepted
 from apps.worker.gates import ladder
 from apps.worker.gates.verdicts import Deferred
 from apps.worker.jobs import forget_container_texts
@@ -139,6 +140,7 @@ class DispatchWorker(Worker):
         register_queues(self.connection, self.queue_names())
         self.presence.beat()
         worker_lost.reap_strays(self)
+        self._reconcile_accepted_jobs()
         ladder.warm_up()
         connections.close_all()  # the reaper may have written records; a forked horse must not share them
         try:
@@ -232,8 +234,10 @@ class DispatchWorker(Worker):
 
     def _active_queues(self):
         try:
-            # A Redis that lost its data gets the recorded pauses and drains back before anything is taken.
-            state.ensure_restored(self.connection)
+            # A Redis that lost its data gets the recorded pauses and drains back before anything is taken, and
+            # the accepted jobs it lost queued again.
+            if state.ensure_restored(self.connection):
+                self._reconcile_accepted_jobs()
             paused = pauses.paused_among(self.connection, self.queue_names())
             drained = drains.is_drained(self.connection, hosts.this_host().name)
         except state.StateUnknown:
@@ -249,6 +253,16 @@ class DispatchWorker(Worker):
         if drained:
             return []  # this host takes nothing from any queue; the rest of the fleet goes on
         return [queue for queue in self._ordered_queues if queue.name not in paused]
+
+    def _reconcile_accepted_jobs(self) -> None:
+        """accepted.reconcile against a Redis not reconciled with yet (the replayer does it too; either may be first,
+        the job ids keep it once). Whatever fails is tried again by the replayer's next pass."""
+        try:
+            accepted.reconcile_if_redis_changed(self.connection)
+        except (DatabaseError, RedisError) as error:
+            logger.warning("accepted_jobs_unreconciled error=%s", type(error).__name__)
+        finally:
+            connections.close_all()  # a forked horse must never share the main process's database socket
 
     def _pop(self, queues, timeout):
         if len(queues) == 1 and len(self.queues) > 1:

@@ -60,7 +60,7 @@ from apps.fleet import registry
 from apps.fleet.cancel import is_cancel_requested
 from apps.fleet.connection import text
 from apps.fleet.union import existing_queues
-from apps.worker import run_logs
+from apps.worker import accepted, run_logs
 from apps.worker.forges.publishing import changes as work_changes
 from apps.worker.gates import budget, money, runtime_settings
 from apps.worker.gates.verdicts import Verdict
@@ -123,6 +123,7 @@ def settle(job: Job, *, host: str, settled_by: str, reason: str = WORKER_LOST, b
         job.retries_left = 1
     else:
         forget_container_texts(job)  # the failure write below, or RQ's own after this, stores the job without them
+        accepted.settle(job.id)
     if fail_in_rq:
         with redis.pipeline() as pipe:
             StartedJobRegistry(job.origin, connection=redis, job_class=type(job)).remove_executions(job, pipeline=pipe)

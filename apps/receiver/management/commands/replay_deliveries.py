@@ -1,8 +1,10 @@
-"""python manage.py replay_deliveries [--follow]: process the inbox's pending deliveries in arrival order.
+"""python manage.py replay_deliveries [--follow]: process the inbox's pending deliveries in arrival order, and
+queue again the accepted jobs Redis no longer holds (apps/worker/accepted.py).
 
 Without --follow: one pass, then exit (0 when nothing is left waiting, 1 when Redis is down or deliveries
 are still pending). With --follow: the replayer loop a deployment runs beside the web server; it waits
-for Redis when Redis is down and enqueues what arrived meanwhile as soon as it is back.
+for Redis when Redis is down and enqueues what arrived meanwhile as soon as it is back, and it rebuilds what a
+Redis that came back empty or from an older copy lost (every PI_RECONCILE_SECONDS it looks anyway).
 """
 
 import signal
@@ -10,9 +12,13 @@ import time
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
+from django.db import DatabaseError
+from redis.exceptions import RedisError
 
+from apps.fleet.connection import get_redis
 from apps.receiver import intake
 from apps.receiver.models import Delivery, DeliveryStatus
+from apps.worker import accepted
 from apps.worker.jobs import delivery_part
 
 
@@ -33,9 +39,13 @@ class Command(BaseCommand):
             signal.signal(signal.SIGTERM, self._stop)
             signal.signal(signal.SIGINT, self._stop)
             self.stdout.write(f"replaying the inbox every {interval:g} s; Ctrl-C stops")
-            was_down = False
+            was_down, next_full_look = False, 0.0
             while not self._stopping:
                 report = intake.replay_due(ignore_backoff=now, on_replayed=self._print)
+                if not report.redis_down:
+                    full = time.monotonic() >= next_full_look
+                    if self._reconcile(full=full) and full:
+                        next_full_look = time.monotonic() + settings.PI_RECONCILE_SECONDS
                 if report.redis_down and not was_down:
                     self.stderr.write("Redis is unreachable: deliveries wait in the inbox until it is back")
                 elif was_down and not report.redis_down:
@@ -45,6 +55,8 @@ class Command(BaseCommand):
                 self._sleep(interval)
             return
         report = intake.replay_due(ignore_backoff=now, on_replayed=self._print)
+        if not report.redis_down:
+            self._reconcile(full=True)
         waiting = Delivery.objects.filter(status=DeliveryStatus.PENDING).count()
         if report.moved_from_spool:
             self.stdout.write(f"moved {report.moved_from_spool} spooled delivery(ies) into the inbox")
@@ -64,6 +76,20 @@ class Command(BaseCommand):
         detail = (delivery.reason if pending else ",".join(answer.body.get("jobs", []))
                   or answer.body.get("reason") or answer.body.get("error") or "")
         self.stdout.write(f"{delivery.forge}:{delivery_part(delivery.delivery_id)} {state} {detail}".rstrip())
+
+    def _reconcile(self, *, full: bool) -> bool:
+        """The accepted jobs against Redis: every one when `full`, else only with a Redis not reconciled with yet.
+        Whether it could look."""
+        try:
+            redis = get_redis()
+            rebuilt = accepted.reconcile(redis) if full else accepted.reconcile_if_redis_changed(redis)
+        except (DatabaseError, RedisError) as error:
+            self.stderr.write(f"the accepted jobs could not be reconciled with Redis ({type(error).__name__}); "
+                              "trying again")
+            return False
+        if rebuilt:
+            self.stderr.write(f"Redis had lost {rebuilt} accepted job(s): queued again under their ids")
+        return True
 
     def _warn_if_redis_loses_jobs(self):
         warning = intake.queue_durability_warning()

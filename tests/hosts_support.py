@@ -435,9 +435,12 @@ class Fleet:
                               env=self.base_env() | {"REDIS_URL": self._loopback_redis()}, capture_output=True,
                               text=True, timeout=60)
 
-    def restart_redis(self, down_for: float):
-        """Redis stopped (SIGTERM: its append-only file flushed) and started again on the same files and port."""
+    def restart_redis(self, down_for: float, *, empty: bool = False):
+        """Redis stopped (SIGTERM: its append-only file flushed) and started again on the same port: on the same
+        files, or (`empty`) with none: a Redis that lost its data."""
         self.redis_service.stop()
+        if empty:
+            shutil.rmtree(self.scratch / "redis")
         time.sleep(down_for)
         self.start_redis()
 

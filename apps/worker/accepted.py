@@ -12,7 +12,8 @@ Redis it talks to is another process than the one it last reconciled, told apart
 or from an older copy of its data; and every PI_RECONCILE_SECONDS otherwise) and as each worker starts. For a job
 Redis lost it reads the run records first, so nothing runs twice: a job whose last attempt is recorded as its end
 is settled, not queued; an attempt started and not yet recorded may still be running on a worker that lost Redis
-with it, so its job is queued again only once that attempt's time budget has passed; anything else is queued as
+with it, so its job is queued again only once that attempt's time budget has passed, and only as the lost-worker
+policy allows (PI_LOST_RETRIES: its worker died too); anything else is queued as
 its next attempt (the one after the last recorded). A Redis restored from an older copy may also hand out a job
 that has run since: the horse asks already_run() before anything and skips it. Each rebuild is logged
 (`job_rebuilt`) and counted (JobsRebuilt: the fleet panel, `/metrics`).
@@ -106,7 +107,7 @@ def reconcile(redis, run_id: str = "") -> int:
     run_id = run_id or redis.info("server").get("run_id", "")
     open_rows = AcceptedJob.objects.filter(settled_at__isnull=True)
     missing = _not_in_redis(redis, list(open_rows.values_list("job_id", flat=True)))
-    rebuilt = 0
+    rebuilt: list[int] = []
     now = timezone.now()
     budget = timedelta(seconds=job_time_budget_seconds())
     ended = _ended(missing)
@@ -116,29 +117,44 @@ def reconcile(redis, run_id: str = "") -> int:
             settle(row.job_id)
             continue
         last_attempt = recorded or 0
-        if row.started_attempt > last_attempt and row.started_at and row.started_at > now - budget:
-            continue  # that attempt may still be running, on a worker that lost Redis with it
+        if row.started_attempt > last_attempt and row.started_at:
+            if row.started_at > now - budget:
+                continue  # that attempt may still be running, on a worker that lost Redis with it
+            if not _lost_attempt_runs_again(row.job_id, row.started_attempt):
+                logger.error("job_unrebuilt job=%s attempt=%d why=attempt-unrecorded", row.job_id, row.started_attempt)
+                settle(row.job_id)
+                continue
         try:
             spec = JobSpec.from_payload(row.payload or {})
         except JobSpecError:
             logger.error("job_unrebuildable job=%s why=payload-unreadable", row.job_id)
             settle(row.job_id)
             continue
-        if enqueue(spec, row.queue, attempts_made=last_attempt, record=False).created:
-            rebuilt += 1
-            AcceptedJob.objects.filter(pk=row.pk).update(rebuilt=F("rebuilt") + 1)
+        if enqueue(spec, row.queue, attempts_made=last_attempt, rebuilt=True).created:
+            rebuilt.append(row.pk)
             logger.warning("job_rebuilt job=%s queue=%s attempt=%d", row.job_id, row.queue, last_attempt + 1)
     if rebuilt:
-        JobsRebuilt.objects.create(at=now, jobs=rebuilt, redis_run=run_id[:40])
-        logger.warning("jobs_rebuilt count=%d redis_run=%s", rebuilt, run_id[:12])
+        for chunk in _chunks(rebuilt):
+            AcceptedJob.objects.filter(pk__in=chunk).update(rebuilt=F("rebuilt") + 1)
+        JobsRebuilt.objects.create(at=now, jobs=len(rebuilt), redis_run=run_id[:40])
+        logger.warning("jobs_rebuilt count=%d redis_run=%s", len(rebuilt), run_id[:12])
     if run_id:
         redis.set(RECONCILED, run_id)
-    return rebuilt
+    return len(rebuilt)
 
 
-def _chunks(job_ids: list[str]):
-    for start in range(0, len(job_ids), _CHUNK):
-        yield job_ids[start:start + _CHUNK]
+def _lost_attempt_runs_again(job_id: str, attempt: int) -> bool:
+    """An attempt that started and was never recorded, past its time budget: its worker died, and Redis's copy of
+    the job with it. It runs again only as the lost-worker policy lets a dead worker's attempt (PI_LOST_RETRIES)."""
+    from .models import LostRetry
+    from .process.worker_lost import WORKER_LOST, retry_decision
+
+    return retry_decision(job_id, attempt, WORKER_LOST) == LostRetry.RETRIED
+
+
+def _chunks(items: list):
+    for start in range(0, len(items), _CHUNK):
+        yield items[start:start + _CHUNK]
 
 
 def _rows(open_rows, job_ids: list[str]):

@@ -317,16 +317,16 @@ def project_of(spec: JobSpec) -> str:
 
 
 def enqueue(spec: JobSpec, queue_name: str, claims: tuple[Claim, ...] = (), *, attempts_made: int = 0,
-            record: bool = True) -> Enqueued:
+            rebuilt: bool = False) -> Enqueued:
     """Enqueue one job, atomically unique on its id (and on each of `claims`, checked in order), stamped with
     its project (project_of), and recorded as accepted (apps/worker/accepted.py) once Redis holds it, so a Redis
-    that loses it gets it back. `attempts_made`: the attempts already recorded (a job rebuilt after Redis lost it
-    runs as the next one); `record=False` for the reconciler, whose row exists.
+    that loses it gets it back. `rebuilt`: a job Redis lost, queued again from its row as it was accepted (its
+    project stamp kept, its row there already) after the `attempts_made` its records show.
 
     Redis errors propagate: the caller decides whether the work is kept for later (the inbox) or lost. So do
     database errors: what could not be recorded is not acknowledged.
     """
-    if not spec.project:
+    if not spec.project and not rebuilt:
         spec = dataclasses.replace(spec, project=project_of(spec))
     connection = get_redis()
     queue = Queue(queue_name, connection=connection)
@@ -352,6 +352,6 @@ def enqueue(spec: JobSpec, queue_name: str, claims: tuple[Claim, ...] = (), *, a
         return Enqueued(status, surviving, claims[int(claimed) - 1])
     if status == "created":
         logger.info("job_enqueued job=%s queue=%s target=%s", spec.job_id, queue_name, spec.target)
-    if record:
+    if not rebuilt:
         accepted.accept(spec.job_id, queue_name, spec.to_payload())
     return Enqueued(status, surviving)

@@ -279,6 +279,39 @@ def test_redis_restarted_under_running_jobs_loses_nothing(drill):
                for host in drill.hosts.values() for worker in host.workers)
 
 
+def test_redis_restarted_empty_under_running_jobs_forgets_no_job_and_no_pause(drill):
+    """Redis comes back empty while hostB and hostC run a job each, hostB's queue holds one waiting behind it and
+    hostA's paused queue one behind its pause: the running jobs are not run again, the waiting one is queued again
+    from the database and runs once, the pause holds until it is resumed, and no worker process died."""
+    vaults = declare_vaults(drill)
+    label_triggers(drill.hosts)
+    start_hosts(drill, vaults)
+    paused = drill.fleet_command("pause", "--queue", "pi-jobs@hostA", "--note", "drill", "--by", "drill")
+    assert paused.returncode == 0, paused.stdout + paused.stderr
+    running = [deliver_to(drill, label, number, "fake-agent:sleep=15")
+               for number, label in ((51, "pi-hostB"), (52, "pi-hostC"))]
+    hostB, hostC = drill.hosts["hostB"], drill.hosts["hostC"]
+    wait_for(lambda: running[0] in hostB.containers() and running[1] in hostC.containers(), timeout=60,
+             what="the two running jobs' containers")
+    waiting = deliver_to(drill, "pi-hostB", 53, "fake-agent:sleep=1")
+    held = deliver_to(drill, "pi-hostA", 54, "fake-agent:sleep=1")
+
+    drill.restart_redis(2, empty=True)
+
+    wait_for(lambda: len(final_runs([*running, waiting])) == 3, timeout=180, what="every accepted job's run")
+    time.sleep(3)  # the paused queue's job has had its chance to run, had its pause been forgotten
+    assert not Run.objects.filter(job_id=held).exists()
+    assert queued_in("pi-jobs@hostA") == [held]
+    resumed = drill.fleet_command("resume", "--queue", "pi-jobs@hostA", "--by", "drill")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    wait_for(lambda: final_runs([held]), timeout=60, what="the held job once resumed")
+    every = [*running, waiting, held]
+    assert Counter(Run.objects.filter(job_id__in=every).values_list("job_id", flat=True)) == dict.fromkeys(every, 1)
+    assert set(map(tuple, final_runs(every).values())) == {(("completed", ""),)}
+    assert all(worker.starts == 1 and worker.process.poll() is None
+               for host in drill.hosts.values() for worker in host.workers)
+
+
 def test_a_host_killed_mid_job_loses_its_jobs_once_and_they_run_again(drill, redis_conn_of_fleet):
     """hostB's worker processes are SIGKILLed with their containers left running: each of its jobs is recorded
     `worker-lost` once and run again as a second attempt, the shared queue's by a live host, its own queue's by

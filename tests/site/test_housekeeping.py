@@ -23,7 +23,7 @@ from apps.fleet.models import FleetAction
 from apps.insight import costs
 from apps.receiver.models import Delivery
 from apps.worker import housekeeping
-from apps.worker.models import Run, RunChanges, RunLog
+from apps.worker.models import AcceptedJob, Run, RunChanges, RunLog
 from tests.conftest import ROOT, wait_for
 from tests.cost_support import make_run
 
@@ -72,6 +72,11 @@ def test_each_retention_line_deletes_what_is_past_it_and_keeps_the_rest():
     # The fleet's audit: a year.
     FleetAction.objects.create(action="pause", actor="alice", outcome="paused", at=now - timedelta(days=366))
     FleetAction.objects.create(action="resume", actor="alice", outcome="resumed", at=now - timedelta(days=364))
+    # Accepted jobs: the rows of jobs settled more than a day ago; open ones stay whatever their age.
+    AcceptedJob.objects.create(job_id="gh-settled-long-ago", queue="pi-jobs", accepted_at=now - timedelta(days=3),
+                               settled_at=now - timedelta(days=2))
+    AcceptedJob.objects.create(job_id="gh-settled-now", queue="pi-jobs", accepted_at=now, settled_at=now)
+    AcceptedJob.objects.create(job_id="gh-open", queue="pi-jobs", accepted_at=now - timedelta(days=30))
     # Sessions: expired ones.
     Session.objects.create(session_key="a" * 32, session_data="", expire_date=now - timedelta(minutes=1))
     Session.objects.create(session_key="b" * 32, session_data="", expire_date=now + timedelta(days=1))
@@ -95,15 +100,16 @@ def test_each_retention_line_deletes_what_is_past_it_and_keeps_the_rest():
                                                                              "young-queued"]
     assert list(FleetAction.objects.values_list("action", flat=True)) == ["resume"]
     assert list(Session.objects.values_list("session_key", flat=True)) == ["b" * 32]
+    assert sorted(AcceptedJob.objects.values_list("job_id", flat=True)) == ["gh-open", "gh-settled-now"]
     assert sorted(ApiToken.objects.values_list("name", flat=True)) == ["active", "forever", "inactive user"]
     assert "last run: none recorded" in out
     assert f"runs: 1 to delete, run records started before {line:%Y-%m-%d} 00:00 UTC (PI_RUN_RETENTION_DAYS=365)" in out
-    assert ("done in" in out and "runs 1, deliveries 5, fleet actions 1, sessions 1, api tokens 2; recorded as the "
-            "last run") in out
+    assert ("done in" in out and "runs 1, deliveries 5, fleet actions 1, accepted jobs 1, sessions 1, api tokens 2; "
+            "recorded as the last run") in out
 
     again = housekeep()
     assert "last run: " in again and "(command by " in again and "runs 1, deliveries 5" in again
-    assert "runs 0, deliveries 0, fleet actions 0, sessions 0, api tokens 0" in again
+    assert "runs 0, deliveries 0, fleet actions 0, accepted jobs 0, sessions 0, api tokens 0" in again
 
 
 def test_shorter_retention_settings_move_the_lines(settings):

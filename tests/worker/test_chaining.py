@@ -15,7 +15,7 @@ from apps.worker.chaining import service as chaining
 from apps.worker.chaining import skills as chain_skills
 from apps.worker.chaining.outbox import Request
 from apps.worker.jobs import chain_job_id
-from apps.worker.models import Outcome, Run
+from apps.worker.models import AcceptedJob, Outcome, Run
 from tests.jobspecs import enqueue_spec, forge_spec, local_spec
 from tests.local_repos import OWNER, git
 from tests.receiver_support import STAND_IN_TOKEN, github_for_any_repository
@@ -134,6 +134,7 @@ def test_an_attempt_run_again_finds_its_children_already_queued(owner_space, run
     assert host_queue.job_ids == [child_id]
     Job.fetch(spec.job_id, connection=redis_conn).delete()
     Run.objects.filter(job_id=spec.job_id).update(attempt=9)  # the first attempt's record, kept aside
+    AcceptedJob.objects.filter(job_id=spec.job_id).update(settled_at=None)  # open, as a lost attempt leaves it
     enqueue_spec(spec)
     result = run_worker("pi-jobs", env_overrides=env)
 

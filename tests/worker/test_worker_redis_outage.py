@@ -136,9 +136,11 @@ def test_a_job_taken_the_instant_redis_goes_away_still_reaches_its_horse(private
     (the test above); this is the moment before it, run in-process up to RQ's fork."""
     from rq import Queue, Worker
 
+    from apps.fleet import hosts
     from apps.worker.process.rqworker import DispatchWorker
 
     settings.PI_WORKER_NAME = "hostA"
+    monkeypatch.setattr(hosts, "_declared_by_queue", None)  # the worker declares its host: undone after the test
     connection = get_redis()
     worker = DispatchWorker([Queue(name, connection=connection) for name in QUEUES], connection=connection)
     enqueue_spec(forge_spec("gh-taken-at-the-edge"), "pi-jobs")

@@ -7,7 +7,8 @@ are re-read on every tick, so an edit in the admin applies without a restart.
 - Job id `cron-<trigger id>-<unix seconds of the occurrence>`: hosts holding the same folder race for one
   id and exactly one job exists.
 - No backfill: after downtime only the latest missed occurrence fires, once. A new or re-enabled trigger
-  waits for its next occurrence.
+  waits for its next occurrence. A Redis that lost `last` gets it from the database's record of the trigger's jobs
+  (recorded_last): the occurrence it had handled is not fired again, the next one is not skipped.
 - At most one pending occurrence: while the previous job has not started, a new occurrence is skipped.
 
 Redis keys (per trigger):
@@ -63,6 +64,21 @@ def _pending(redis, job_id: str | None) -> bool:
         return False
 
 
+def recorded_last(trigger: Trigger) -> int:
+    """The last occurrence of the trigger the database knows of (its accepted jobs and its runs, by their ids
+    `cron-<trigger id>-<unix seconds>`), -1 for none: after a Redis that lost its data, an occurrence is neither
+    fired twice nor skipped."""
+    from apps.worker.models import AcceptedJob, Run
+
+    prefix = f"cron-{trigger.pk}-"
+    found = [AcceptedJob.objects.filter(job_id__startswith=prefix).order_by("-job_id").values_list(
+                 "job_id", flat=True).first(),
+             Run.objects.filter(trigger_id=trigger.pk, job_id__startswith=prefix).order_by("-started_at").values_list(
+                 "job_id", flat=True).first()]
+    stamps = [int(job_id.removeprefix(prefix)) for job_id in found if job_id and job_id.removeprefix(prefix).isdigit()]
+    return max(stamps, default=-1)
+
+
 def cron_job_spec(trigger: Trigger, occurrence: datetime, *, job_id: str = "") -> JobSpec:
     """The job of one occurrence (`job_id` names a run started by hand: apps/worker/manual_runs.py)."""
     stamp = int(occurrence.timestamp())
@@ -84,11 +100,17 @@ def cron_job_spec(trigger: Trigger, occurrence: datetime, *, job_id: str = "") -
 
 
 # Claim an occurrence: the previous `last` for the one caller that moves `last` forward to it, -1 for
-# everyone else. A trigger seen for the first time only remembers its latest occurrence (nothing fires for
-# the past).
+# everyone else. Without `last` in Redis (ARGV[3] empty) it answers -2: the caller reads the last occurrence the
+# database recorded (recorded_last) and claims again with it. Nothing recorded (-1: a trigger seen for the first
+# time) only remembers its latest occurrence (nothing fires for the past).
 _CLAIM = """
 local last = tonumber(redis.call('GET', KEYS[1]))
-if last == nil then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) return -1 end
+if last == nil then
+  if ARGV[3] == '' then return -2 end
+  last = tonumber(ARGV[3])
+  if last < 0 then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) return -1 end
+  redis.call('SET', KEYS[1], last, 'EX', ARGV[2])
+end
 if tonumber(ARGV[1]) <= last then return -1 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 return last
@@ -110,7 +132,9 @@ def tick(redis, host: HostIdentity, now: datetime) -> TickResult:
         occurrence = _latest_occurrence(trigger.cron_pattern, now)
         stamp = int(occurrence.timestamp())
         last_key = f"{PREFIX}:last:{trigger.pk}"
-        previous_last = redis.eval(_CLAIM, 1, last_key, stamp, KEY_TTL_SECONDS)
+        previous_last = redis.eval(_CLAIM, 1, last_key, stamp, KEY_TTL_SECONDS, "")
+        if previous_last == -2:  # Redis lost it (or never had it): the record says which occurrence was last
+            previous_last = redis.eval(_CLAIM, 1, last_key, stamp, KEY_TTL_SECONDS, recorded_last(trigger))
         if previous_last == -1:
             continue
         pending_key = f"{PREFIX}:pending:{trigger.pk}"

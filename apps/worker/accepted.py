@@ -3,6 +3,7 @@ when it lost its data.
 
     accept(spec, queue)        jobs.enqueue, once Redis holds the job: its row (AcceptedJob), before anyone answers
     started(job_id, attempt)   the horse, as an attempt begins; unstarted() when it was only deferred
+    spending(job_id)           the ladder, once the attempt took its budget (for the budget windows' rebuild)
     already_run(job_id, n)     the horse, first: an attempt recorded already, or a settled job, is not run again
     settle(job_id)             when no attempt will follow (the last one recorded, an operator removed it)
     reconcile(redis)           queue again, under the same id, each open row's job that Redis no longer holds
@@ -63,7 +64,15 @@ def started(job_id: str, attempt: int) -> None:
     from .models import AcceptedJob
 
     _quietly("started", job_id, lambda: AcceptedJob.objects.filter(job_id=job_id).update(
-        started_attempt=attempt, started_at=timezone.now()))
+        started_attempt=attempt, started_at=timezone.now(), spending_since=None))
+
+
+def spending(job_id: str) -> None:
+    """The attempt took its budget (gate 12 passed): a rebuild of the budget windows counts it in flight."""
+    from .models import AcceptedJob
+
+    _quietly("spending", job_id, lambda: AcceptedJob.objects.filter(job_id=job_id).update(
+        spending_since=timezone.now()))
 
 
 def unstarted(job_id: str) -> None:

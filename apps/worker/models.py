@@ -126,6 +126,9 @@ class Run(models.Model):
     cost = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
     usage = models.JSONField(null=True, blank=True, help_text="Per-model usage ledger from the exit line.")
     budget_reserved = models.BooleanField(default=False)
+    # The budget ledgers the attempt counted in: {"jobs": [...], "usd": [...]}, each `all` or `s:<hash16>` of a scoped
+    # limit's scope (no names); the windows are rebuilt from these when Redis lost them (gates/budget_rebuild.py).
+    ledgers = models.JSONField(null=True, blank=True)
     replica = models.PositiveSmallIntegerField(null=True, blank=True)
     replicas = models.PositiveSmallIntegerField(null=True, blank=True)
     parent_job_id = models.CharField(max_length=200, blank=True)
@@ -515,6 +518,9 @@ class AcceptedJob(models.Model):
     # while it may still run: see accepted.py).
     started_attempt = models.PositiveSmallIntegerField(default=0)
     started_at = models.DateTimeField(null=True, blank=True)
+    # When that attempt took its budget (its job-count slots and dollar hold): from then on a rebuild of the budget
+    # windows counts it as in flight (gates/budget_rebuild.py).
+    spending_since = models.DateTimeField(null=True, blank=True)
     settled_at = models.DateTimeField(null=True, blank=True)
     rebuilt = models.PositiveSmallIntegerField(default=0, help_text="How often Redis lost it and it was queued again.")
 

@@ -125,6 +125,7 @@ def record_run(spec: JobSpec, verdict: Verdict, *, attempt: int, host: str, queu
         cost=telemetry.cost,
         usage=telemetry.usage,
         budget_reserved=verdict.budget_reserved,
+        ledgers=verdict.ledgers or None,
         replica=spec.replica,
         replicas=spec.replicas,
         parent_job_id=spec.parent_job_id,

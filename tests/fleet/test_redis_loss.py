@@ -208,3 +208,43 @@ def test_the_reconciler_reads_the_run_records_before_it_queues_anything(private_
     assert AcceptedJob.objects.get(job_id="gh-done").settled_at is not None
     assert AcceptedJob.objects.get(job_id="gh-running").settled_at is None  # still open: looked at again later
     assert accepted.reconcile_if_redis_changed(redis) is None  # this Redis is reconciled with already
+
+
+def outcomes(job_ids) -> list[tuple[str, str]]:
+    return [Run.objects.values_list("outcome", "reason").get(job_id=job_id) for job_id in job_ids]
+
+
+def test_a_job_cap_counts_what_was_spent_before_redis_came_back_empty(private_redis, run_worker):
+    """The issue's own trial: a daily cap of 6 jobs with 4 spent lets 2 more run after Redis restarted empty, not 6."""
+    env = {**HOST, "REDIS_URL": private_redis.url, "PI_DAILY_CAP": "6"}
+    before = [enqueue_spec(forge_spec(f"gh-before-{n}"), "pi-jobs") for n in range(4)]
+    run_worker("pi-jobs", env_overrides=env)
+    assert outcomes(before) == [("completed", "")] * 4
+
+    private_redis.restart_with(None)
+    after = [enqueue_spec(forge_spec(f"gh-after-{n}"), "pi-jobs") for n in range(4)]
+    worker = run_worker("pi-jobs", env_overrides=env)
+
+    assert outcomes(after) == [("completed", "")] * 2 + [("policy", "over-budget")] * 2
+    assert "budget_rebuilt" in worker.stdout + worker.stderr
+
+
+def test_a_dollar_cap_counts_what_was_spent_before_redis_came_back_from_an_older_copy(private_redis, run_worker,
+                                                                                      tmp_path):
+    """$1 held and charged whole per job (the stand-in agent reports no cost), $3 a day: one job spent before the
+    copy was taken and one after; the older copy remembers one dollar, the records two, so one more job fits."""
+    env = {**HOST, "REDIS_URL": private_redis.url, "PI_MAX_COST_USD": "1", "PI_DAILY_COST_USD": "3"}
+    first = enqueue_spec(forge_spec("gh-dollar-1"), "pi-jobs")
+    run_worker("pi-jobs", env_overrides=env)
+    private_redis.stop()
+    private_redis.copy_data(tmp_path / "older")
+    private_redis.start()
+    second = enqueue_spec(forge_spec("gh-dollar-2"), "pi-jobs")
+    run_worker("pi-jobs", env_overrides=env)
+    assert outcomes([first, second]) == [("completed", "")] * 2
+
+    private_redis.restart_with(tmp_path / "older")
+    after = [enqueue_spec(forge_spec(f"gh-dollar-after-{n}"), "pi-jobs") for n in range(2)]
+    run_worker("pi-jobs", env_overrides=env)
+
+    assert outcomes(after) == [("completed", ""), ("policy", "dollar-cap")]

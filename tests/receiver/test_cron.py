@@ -176,3 +176,17 @@ def test_a_cron_jobs_event_json_names_its_trigger_pattern_previous_run_and_head(
     previous = Run.objects.get(job_id=first_id)
     assert second["cron"]["previousRunAt"] == second["previousRunAt"] == previous.ended_at.isoformat()
     assert second["cron"]["head"] == head and second["cron"]["pattern"] == "* * * * * *"
+
+
+def test_a_redis_that_lost_its_data_neither_fires_an_occurrence_twice_nor_skips_the_next(redis_conn, schedule):
+    """The last occurrence handled is Redis's; lost, it is read from the database's record of the trigger's jobs."""
+    trigger = schedule()
+    tick(redis_conn, HOST_A, T0)
+    fired = tick(redis_conn, HOST_A, T0 + timedelta(minutes=5)).fired
+    assert len(fired) == 1
+
+    redis_conn.flushdb()  # Redis came back empty
+    assert tick(redis_conn, HOST_A, T0 + timedelta(minutes=6)).fired == []  # 12:05 was fired before the loss
+    redis_conn.flushdb()  # and again, its next tick at the next occurrence: that one is not taken for a first sight
+    stamp = int(datetime(2026, 3, 4, 12, 10, tzinfo=UTC).timestamp())
+    assert tick(redis_conn, HOST_A, T0 + timedelta(minutes=10)).fired == [f"cron-{trigger.pk}-{stamp}"]

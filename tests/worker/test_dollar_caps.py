@@ -265,3 +265,31 @@ def test_a_scoped_limit_takes_dollar_windows_in_the_admin(admin_client, settings
     assert "must be more than 0" in bad.content.decode()
     admin_client.post("/admin/worker/scopedlimit/add/", {"scope": "acme/web", "week_usd": "12.5"})
     assert ScopedLimit.objects.get().week_usd == Decimal("12.5")
+
+
+def test_an_attempt_in_flight_when_redis_lost_its_data_keeps_its_hold_and_settles_it(redis_conn, settings):
+    """The rebuild holds the per-job cap of each attempt that had taken its budget again (its hold is written anew,
+    so its settlement moves it to `used`); an attempt still in its gates is not counted (it reserves for itself
+    next); a hold of a job that holds again after the rebuild is charged whole before its new one."""
+    from apps.worker import accepted
+    from apps.worker.gates import budget_rebuild
+
+    settings.PI_MAX_COST_USD, settings.PI_DAILY_COST_USD = "1", "5"
+    now = datetime.now(UTC)
+    for job_id in ("gh-flying", "gh-in-gates", "gh-again"):
+        enqueue_spec(forge_spec(job_id), "pi-jobs")
+        accepted.started(job_id, 1)
+    accepted.spending("gh-flying")
+    accepted.spending("gh-again")
+    redis_conn.flushdb()  # Redis came back empty while the three were on a worker
+
+    assert budget_rebuild.ensure_rebuilt(redis_conn, now)
+    assert not budget_rebuild.ensure_rebuilt(redis_conn, now)  # once per Redis process
+    assert today(redis_conn) == (0, 2_000_000)
+    assert redis_conn.get(budget.window_keys("all", now)["day"]) == b"2"
+
+    hold = budget.DollarHold("gh-flying", 1_000_000, keys=[budget.usd_window_keys("all", now)["day"]])
+    budget.settle_dollars(redis_conn, hold, ran=True, cost=Decimal("0.25"))
+    assert today(redis_conn) == (250_000, 1_000_000)
+    budget.reserve_dollars(redis_conn, forge_spec("gh-again"), None, runtime_settings.current(), now)
+    assert today(redis_conn) == (1_250_000, 1_000_000)  # its rebuilt hold charged whole, its new one held

@@ -116,11 +116,12 @@ class MatchedRows:
 
 
 class CapRefusal(Exception):
-    def __init__(self, reason: str, window: str, budget_reserved: bool):
+    def __init__(self, reason: str, window: str, budget_reserved: bool, counted: list[str] | None = None):
         super().__init__(reason)
         self.reason = reason
         self.window = window
         self.budget_reserved = budget_reserved
+        self.counted = counted or []  # the window keys the refused attempt still counts in (its own ledger's)
 
 
 @dataclass
@@ -149,7 +150,7 @@ def reserve(redis, rows: MatchedRows, caps, now: datetime) -> Reservation:
         over = next((window for window, count in zip(windows, counts, strict=True) if count > window.cap), None)
         if over is not None:
             _give_back(redis, held)
-            raise CapRefusal(reason, over.name, budget_reserved=False)
+            raise CapRefusal(reason, over.name, budget_reserved=False, counted=[window.key for window in windows])
         held += [window.key for window in windows]
 
     windows = _windows("all", {DAY: caps.daily_cap, WEEK: caps.weekly_cap, MONTH: caps.monthly_cap}, now)
@@ -162,8 +163,19 @@ def reserve(redis, rows: MatchedRows, caps, now: datetime) -> Reservation:
     if over or soft:
         _give_back(redis, held)
         reason, window = ("over-budget", over[0]) if over else ("soft-hold", soft[0])
-        raise CapRefusal(reason, window.name, budget_reserved=True)
+        raise CapRefusal(reason, window.name, budget_reserved=True, counted=[window.key for window in windows])
     return Reservation(held + [window.key for window in windows])
+
+
+def ledgers_of(keys) -> list[str]:
+    """The ledgers (`all`, `s:<hash16>`) of window keys, job-count or dollar, in their order, once each: what a run
+    record keeps of where it counted (apps/worker/gates/budget_rebuild.py rebuilds the windows from it)."""
+    found = []
+    for key in keys:
+        ledger = key.removeprefix(f"{USD_PREFIX}:").removeprefix(f"{PREFIX}:").rsplit(":", 2)[0]
+        if ledger not in found:
+            found.append(ledger)
+    return found
 
 
 def deployment_counts(redis, now: datetime) -> dict[str, int]:
@@ -229,8 +241,20 @@ METERED, FLOOR, REFUNDED, UNRESERVED = "metered", "floor", "refunded", "unreserv
 HOLD_TTL_SECONDS = TTL_SECONDS[MONTH]
 
 # KEYS[1] the job's hold, KEYS[2..] the windows; ARGV amount, the hold's TTL, then each window's cap and TTL.
-# Returns 0 when held everywhere, else the 1-based index of the first window without room (nothing held).
+# Returns 0 when held everywhere, else the 1-based index of the first window without room (nothing held). A hold
+# of the same job still open (one the budget rebuild wrote for an attempt in flight, or an earlier attempt's never
+# settled) is charged whole first: a job never holds twice, and what it may have spent stays counted.
 _RESERVE_USD = """
+local prior = redis.call('HGET', KEYS[1], 'amount')
+if prior then
+  for key in string.gmatch(redis.call('HGET', KEYS[1], 'keys') or '', '%S+') do
+    if redis.call('EXISTS', key) == 1 then
+      redis.call('HINCRBY', key, 'held', -tonumber(prior))
+      redis.call('HINCRBY', key, 'used', tonumber(prior))
+    end
+  end
+  redis.call('DEL', KEYS[1])
+end
 local amount = tonumber(ARGV[1])
 for i = 2, #KEYS do
   local counts = redis.call('HMGET', KEYS[i], 'used', 'held')

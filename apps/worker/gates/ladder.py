@@ -26,14 +26,23 @@ from redis.exceptions import RedisError
 
 from apps.fleet import cancel
 from apps.fleet.connection import get_redis
-from apps.worker import allowed_models, run_logs
+from apps.worker import accepted, allowed_models, run_logs
 from apps.worker.chaining import service as chaining
 from apps.worker.chaining import skills as chain_skills
 from apps.worker.forges import ForgeFailure
 from apps.worker.forges.publishing import kept
 from apps.worker.forges.publishing import service as publishing
 from apps.worker.forges.publishing.work import bot_identity
-from apps.worker.gates import budget, host_slots, leases, quiet_hours, runtime_settings, secrets, waitfor
+from apps.worker.gates import (
+    budget,
+    budget_rebuild,
+    host_slots,
+    leases,
+    quiet_hours,
+    runtime_settings,
+    secrets,
+    waitfor,
+)
 from apps.worker.gates.scopes import job_scopes, normalise_folder, scope_hash
 from apps.worker.gates.verdicts import Deferred, Verdict, database_unavailable
 from apps.worker.jobs import FORGE_KINDS, JobSpec, job_time_budget_seconds
@@ -63,6 +72,7 @@ logger = logging.getLogger("pidispatch.ladder")
 
 EXIT_COMPLETED, EXIT_INFRASTRUCTURE, EXIT_POLICY = 0, 1, 2
 EXIT_KILLED = 137
+REBUILD_RECHECK_SECONDS = 2  # a job arriving while another process rebuilds the budget windows looks again then
 # The runner could not even be executed (docker's and tini's "cannot run"/"not found" codes).
 EXITS_NEVER_STARTED = {125, 126, 127}
 
@@ -82,6 +92,8 @@ class Attempt:
     workspace_seconds: float = 0.0  # of which the workspace (a local folder's git checks; a forge clone)
     spending: bool = False  # from the egress gateway's start on: a fault no longer sends the job back
     dollars: budget.DollarHold | None = None  # the dollar hold, from gate 11 on
+    reservation: budget.Reservation | None = None  # the job-count slots, from gate 12 on (given back: none)
+    refused_counted: list[str] = field(default_factory=list)  # a cap's refusal: the windows it still counts in
     container_ran: bool = False  # the container may have spent: an unsettled dollar hold is kept whole
     chainable: frozenset[str] = frozenset()  # flows whose skill allows being chained, read before the agent ran
     chain_pi_tree: str = ""  # the `.pi/` the chain's first job started on (chain_skills.pi_digest)
@@ -95,6 +107,15 @@ class Attempt:
     def passed(self, phase: str) -> None:
         if self.progress is not None:
             self.progress.passed(phase)
+
+    def ledgers(self) -> dict:
+        """Where this attempt counted (job-count and dollar ledgers), for its run record: the budget windows are
+        rebuilt from the run records when Redis lost them (budget_rebuild.py)."""
+        counted = self.reservation.keys if self.reservation is not None else self.refused_counted
+        held = self.dollars.keys if self.dollars is not None else []
+        if not counted and not held:
+            return {}
+        return {"jobs": budget.ledgers_of(counted), "usd": budget.ledgers_of(held)}
 
     @property
     def holder(self) -> str:
@@ -339,7 +360,7 @@ def run(spec: JobSpec, host: str, progress: Progress | None = None) -> Verdict |
         return outcome
     dollars = attempt.dollars.record_fields() if attempt.dollars is not None else {}
     return replace(outcome, image=attempt.image, started_at=attempt.now, ended_at=timezone.now(), dollars=dollars,
-                   sandbox_until=attempt.sandbox_until)
+                   ledgers=attempt.ledgers(), sandbox_until=attempt.sandbox_until)
 
 
 def _progress_ticker(attempt: Attempt, egress: gateway.EgressGateway, scrub: list[str]) -> Ticker | None:
@@ -552,6 +573,13 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
         watches.append(disk.WorkspaceWatch(spec.job_id, resume.folder, counts_whole=True,
                                            on_exceeded=lambda: container.stop_job_container(spec.job_id)))
 
+    # 10c. A Redis that lost its data (or came back from an older copy) gets its budget windows back from the run
+    # records before any job is admitted: no cap is passed because Redis forgot (gates/budget_rebuild.py).
+    try:
+        budget_rebuild.ensure_rebuilt(redis, now)
+    except budget_rebuild.Rebuilding:
+        return Deferred(timezone.now() + timedelta(seconds=REBUILD_RECHECK_SECONDS), "budget-rebuilding")
+
     # 11. The daily token cap (checked before, recorded after: it may overshoot by the runs in flight).
     if runtime.daily_token_cap and budget.tokens_spent_today(redis, now) >= runtime.daily_token_cap:
         return Verdict.refused("daily-token-cap")
@@ -583,8 +611,9 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
 
     # 12. Job-count caps, narrowest first.
     try:
-        reservation = budget.reserve(redis, rows, runtime, now)
+        reservation = attempt.reservation = budget.reserve(redis, rows, runtime, now)
     except budget.CapRefusal as refusal:
+        attempt.refused_counted = refusal.counted
         logger.info("cap_refused job=%s reason=%s window=%s", spec.job_id, refusal.reason, refusal.window)
         if refusal.reason == "soft-hold":
             period = budget.window_keys("all", now)[refusal.window].rsplit(":", 1)[-1]
@@ -592,6 +621,8 @@ def _climb(attempt: Attempt, redis) -> Verdict | Deferred:
                                                  job_id=spec.job_id)
         by_limit = limit.pk if refusal.reason == "scope-cap" and limit is not None else None
         return Verdict.refused(refusal.reason, budget_reserved=refusal.budget_reserved, refused_by_limit_id=by_limit)
+
+    accepted.spending(spec.job_id)  # a rebuild of the budget windows from here on counts this attempt in flight
 
     # 13. The container: the only step that spends. A cancel that arrived during the gates stops it here.
     if cancel.is_cancel_requested(spec.job_id, redis):

@@ -50,6 +50,8 @@ class Verdict:
     publication: Publication | None = None
     # The Run record's dollar fields (budget.DollarHold.record_fields), set once the climb let go of its hold.
     dollars: dict = field(default_factory=dict)
+    # The Run record's `ledgers`: the budget ledgers the attempt counted in (Attempt.ledgers), for a rebuild.
+    ledgers: dict = field(default_factory=dict)
     # The run's scrubbed output and summary (run_logs.CapturedLog), only with PI_CAPTURE_JOB_LOGS.
     log: object | None = field(default=None, repr=False)
     # An attempt whose worker died: whether it runs again (models.LostRetry), set by worker_lost.settle only.

@@ -45,7 +45,8 @@ def main() -> int:
 
 
 def seed_accepted(count: int) -> None:
-    """`count` open accepted jobs, each a forge job's payload under its own id; one in a hundred started."""
+    """`count` open accepted jobs, each a forge job's payload under its own id; one in a hundred running (it took
+    its budget)."""
     from django.db import connection
 
     from apps.worker.jobs import JobSpec
@@ -57,9 +58,10 @@ def seed_accepted(count: int) -> None:
         cursor.execute(f"TRUNCATE {AcceptedJob._meta.db_table} RESTART IDENTITY")
         cursor.execute(
             f"INSERT INTO {AcceptedJob._meta.db_table} (job_id, queue, payload, accepted_at, started_attempt, "
-            "started_at, settled_at, rebuilt) SELECT 'gh-accepted-' || n, 'pi-jobs', "
+            "started_at, spending_since, settled_at, rebuilt) SELECT 'gh-accepted-' || n, 'pi-jobs', "
             "jsonb_set(%s::jsonb, '{job_id}', to_jsonb('gh-accepted-' || n)), now(), "
-            "CASE WHEN n % 100 = 0 THEN 1 ELSE 0 END, CASE WHEN n % 100 = 0 THEN now() END, NULL, 0 "
+            "CASE WHEN n %% 100 = 0 THEN 1 ELSE 0 END, CASE WHEN n %% 100 = 0 THEN now() END, "
+            "CASE WHEN n %% 100 = 0 THEN now() END, NULL, 0 "
             "FROM generate_series(1, %s) AS n", [json.dumps(template), count])
 
 

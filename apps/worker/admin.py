@@ -148,7 +148,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                                        "sandbox_until_display")}),
         ("Why it ran", {"fields": ("trigger", "trigger_type", "delivery_display")}),
         ("Spend", {"fields": ("turns", "tokens_in", "tokens_out", "tokens_total", "cost_display", "usage_display",
-                              "budget_reserved")}),
+                              "budget_reserved", "ledgers")}),
         # Dollar caps and run logs (apps/worker/gates/budget.py, apps/worker/run_logs.py).
         ("Dollars", {"fields": ("dollar_basis", "dollars_reserved", "dollars_charged")}),
         # `run.resume` (apps/worker/sessions/): whether it continued its target's session, and why not.

@@ -204,11 +204,13 @@ def test_the_interactive_shell_answers_and_logs_out_when_idle(run_worker, worker
         os.execve(sys.executable, [sys.executable, "manage.py", "sandbox", "gh-sbx-shell"],
                   {**worker_env, **HOST, "PI_SANDBOX_IDLE_MINUTES": "1"})
     seen = b""
+    # poll, not select: a long test process may hold descriptors past select()'s 1024 (its terminal's is then one).
+    watch = select.poll()
+    watch.register(terminal, select.POLLIN)
 
     def read(seconds: float) -> bool:
         nonlocal seen
-        ready, _, _ = select.select([terminal], [], [], seconds)
-        if ready:
+        if watch.poll(seconds * 1000):
             try:
                 seen += os.read(terminal, 4096)
             except OSError:  # the terminal closed: the command ended

@@ -20,3 +20,19 @@ def get_redis() -> redis.Redis:
 def text(reply) -> str:
     """A Redis reply as text (the pool does not decode, RQ's pickled payloads need bytes); None is ""."""
     return reply.decode() if isinstance(reply, bytes) else (reply or "")
+
+
+def process_run_id(redis) -> str:
+    """The Redis process's run id: another one after any restart, empty or from an older copy of its data."""
+    return redis.info("server").get("run_id", "")
+
+
+def unmarked_run_id(redis, marker: str) -> str | None:
+    """This Redis process's run id when `marker` does not hold it (what the marker stands for was not done into this
+    process yet: it restarted empty, or from an older copy), else None. The fleet's switches (apps/fleet/state.py),
+    the accepted jobs (apps/worker/accepted.py) and the budget windows (apps/worker/gates/budget_rebuild.py) are each
+    rebuilt into a Redis once, told apart this way."""
+    run_id = process_run_id(redis)
+    if run_id and text(redis.get(marker) or b"") == run_id:
+        return None
+    return run_id

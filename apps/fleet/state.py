@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from .connection import text
+from .connection import unmarked_run_id
 
 logger = logging.getLogger("pidispatch.fleet")
 
@@ -107,8 +107,8 @@ def record_cancel(job_id: str, *, by: str, at: datetime, seconds: int) -> str:
 def ensure_restored(redis) -> bool:
     """Restore the record into Redis unless it was restored into this very Redis process. Whether it restored now.
     Raises StateUnknown when it had to and could not read the record; RedisError as Redis raises it."""
-    run_id = redis.info("server").get("run_id", "")
-    if text(redis.get(RESTORED) or b"") == run_id and run_id:
+    run_id = unmarked_run_id(redis, RESTORED)
+    if run_id is None:
         return False
     restore(redis, run_id)
     return True

@@ -31,7 +31,7 @@ from django.db.models import F
 from django.utils import timezone
 from rq.job import Job
 
-from apps.fleet.connection import text
+from apps.fleet.connection import process_run_id, unmarked_run_id
 
 logger = logging.getLogger("pidispatch.jobs")
 
@@ -44,8 +44,9 @@ def accept(job_id: str, queue: str, payload: dict) -> None:
     not acknowledge what the database could not record."""
     from .models import AcceptedJob
 
-    AcceptedJob.objects.get_or_create(job_id=job_id, defaults={"queue": queue, "payload": payload,
-                                                               "accepted_at": timezone.now()})
+    # One INSERT ... ON CONFLICT DO NOTHING on the webhook's path (not a read, then a write).
+    AcceptedJob.objects.bulk_create([AcceptedJob(job_id=job_id, queue=queue, payload=payload,
+                                                 accepted_at=timezone.now())], ignore_conflicts=True)
 
 
 def already_run(job_id: str, attempt: int) -> bool:
@@ -101,10 +102,8 @@ def _quietly(what: str, job_id: str, write) -> None:
 
 def reconcile_if_redis_changed(redis) -> int | None:
     """reconcile() when this Redis process was not reconciled with yet; None when it was (nothing done)."""
-    run_id = redis.info("server").get("run_id", "")
-    if run_id and text(redis.get(RECONCILED) or b"") == run_id:
-        return None
-    return reconcile(redis, run_id=run_id)
+    run_id = unmarked_run_id(redis, RECONCILED)
+    return None if run_id is None else reconcile(redis, run_id=run_id)
 
 
 def reconcile(redis, run_id: str = "") -> int:
@@ -113,7 +112,7 @@ def reconcile(redis, run_id: str = "") -> int:
     from .jobs import JobSpec, JobSpecError, enqueue, job_time_budget_seconds
     from .models import AcceptedJob, JobsRebuilt
 
-    run_id = run_id or redis.info("server").get("run_id", "")
+    run_id = run_id or process_run_id(redis)
     open_rows = AcceptedJob.objects.filter(settled_at__isnull=True)
     missing = _not_in_redis(redis, list(open_rows.values_list("job_id", flat=True)))
     rebuilt: list[int] = []

@@ -222,3 +222,25 @@ def test_every_settler_of_one_lost_attempt_records_it_once_and_puts_it_back_once
     back = Job.fetch(job_id, connection=redis_conn)
     assert back.get_status() == "queued" and back.number_of_retries == 1  # its next attempt is attempt 2
     assert redis_conn.zcard(started.key) == 0 and redis_conn.zcard(f"rq:failed:{queue.name}") == 0
+
+
+def test_settling_a_lost_attempt_whose_execution_record_expired_ends_it_and_the_sweeper_lives(redis_conn):
+    """A host back from a long cut: its job's execution record expired in Redis while the started registry still
+    names it. RQ's own removal reads that record and raises; the settler removes the entry by its id and goes on."""
+    from rq.executions import Execution
+
+    job_id = enqueue_spec(forge_spec("gh-lost-expired"))
+    job = Job.fetch(job_id, connection=redis_conn)
+    with redis_conn.pipeline() as pipe:
+        execution = Execution.create(job, ttl=60, pipeline=pipe, worker_name="gone")
+        pipe.execute()
+    redis_conn.delete(execution.key)  # expired while its worker was cut off
+    registry = StartedJobRegistry("pi-jobs", connection=redis_conn)
+    assert registry.get_job_ids() == [job_id]
+    with pytest.raises(ValueError):  # what killed the sweeping worker in the cut-off drill
+        registry.remove_executions(job)
+
+    assert worker_lost.settle(job, host="hostB", settled_by="test")
+
+    assert registry.get_job_ids() == []
+    assert [(run.attempt, run.reason, run.lost_retry) for run in runs(job_id)] == [(1, "worker-lost", "retried")]

@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from django.db.models import Count, Sum
 from django.utils import timezone
 
-from apps.fleet.connection import text
+from apps.fleet.connection import unmarked_run_id
 
 from . import budget, money
 
@@ -81,8 +81,8 @@ return 0
 def ensure_rebuilt(redis, now: datetime | None = None) -> bool:
     """Rebuild the windows unless they were rebuilt into this very Redis process. Whether it rebuilt now. Raises
     Rebuilding while another process does it; DatabaseError and RedisError as they come (the job waits)."""
-    run_id = redis.info("server").get("run_id", "")
-    if run_id and text(redis.get(REBUILT) or b"") == run_id:
+    run_id = unmarked_run_id(redis, REBUILT)
+    if run_id is None:
         return False
     if not redis.set(LOCK, run_id or "-", nx=True, ex=LOCK_SECONDS):
         raise Rebuilding

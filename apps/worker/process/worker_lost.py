@@ -126,7 +126,7 @@ def settle(job: Job, *, host: str, settled_by: str, reason: str = WORKER_LOST, b
         accepted.settle(job.id)
     if fail_in_rq:
         with redis.pipeline() as pipe:
-            StartedJobRegistry(job.origin, connection=redis, job_class=type(job)).remove_executions(job, pipeline=pipe)
+            forget_executions(job, pipe)
             if retried:
                 job.retry(Queue(job.origin, connection=redis), pipe)
             else:
@@ -137,6 +137,16 @@ def settle(job: Job, *, host: str, settled_by: str, reason: str = WORKER_LOST, b
     if retried:
         logger.info("job_lost_retried job=%s attempt=%s queue=%s", job.id, attempt + 1, job.origin)
     return True
+
+
+def forget_executions(job: Job, pipe) -> None:
+    """RQ's StartedJobRegistry.remove_executions, by the execution ids alone: RQ's reads each execution's record
+    first, and one that expired while its worker was cut off from Redis raises instead of being removed (a host
+    back from a two-minute cut met it: the sweeping worker died)."""
+    registry = StartedJobRegistry(job.origin, connection=job.connection, job_class=type(job))
+    execution_ids = job.execution_registry.get_execution_ids()
+    if execution_ids:
+        pipe.zrem(registry.key, *(f"{job.id}:{execution_id}" for execution_id in execution_ids))
 
 
 def retry_decision(job_id: str, attempt: int, reason: str) -> str:

@@ -221,6 +221,26 @@ def spawn(command: list[str], log: Path | None = None, env: dict | None = None) 
 
 # --- Redis -------------------------------------------------------------------------------------------
 
+def sentinel_primary(sentinels: str, master: str) -> str:
+    """The primary the sentinels name for `master` as `make run` reports it; a SetupError saying what is wrong."""
+    import redis
+    from redis.sentinel import Sentinel
+
+    from apps.fleet.connection import sentinel_addresses
+
+    try:
+        addresses = sentinel_addresses(sentinels)
+        if not master:
+            raise ValueError("REDIS_SENTINELS is set but REDIS_SENTINEL_MASTER is not")
+        host, port = Sentinel(list(addresses), socket_timeout=1).discover_master(master)
+    except ValueError as error:
+        raise SetupError(str(error)) from None
+    except redis.RedisError as error:
+        raise SetupError(f"the sentinels {sentinels} name no primary for {master!r} ({type(error).__name__}): "
+                         "start them, or unset REDIS_SENTINELS to use REDIS_URL") from None
+    return f"the Redis primary {host}:{port} that the sentinels name for {master!r}"
+
+
 def redis_answers(url: str) -> bool:
     import redis
 

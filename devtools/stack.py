@@ -341,7 +341,10 @@ def run_platform(args) -> int:
         services.ensure_package("git", "git")  # jobs clone their repository; the demo forge serves one
 
         redis_url = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
-        if services.redis_answers(redis_url):
+        if os.environ.get("REDIS_SENTINELS"):  # behind Sentinel: its primary or nothing, never a Redis of our own
+            say("using " + services.sentinel_primary(os.environ["REDIS_SENTINELS"],
+                                                     os.environ.get("REDIS_SENTINEL_MASTER", "")))
+        elif services.redis_answers(redis_url):
             say(f"using the Redis at {redis_url}")
         else:
             port = services.free_port(6390)

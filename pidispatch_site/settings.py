@@ -11,6 +11,7 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from apps.fleet.connection import rq_queue_config, sentinel_addresses
 from apps.fleet.queues import QueueConfigMap
 from pidispatch_site import dev_env
 from pidispatch_site.private_files import persistent_secret_key, private_folder
@@ -164,10 +165,28 @@ WHITENOISE_USE_FINDERS = True
 # --- Redis and RQ ---------------------------------------------------------------------------------
 
 REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
+# Behind Redis Sentinel: the primary the sentinels name for REDIS_SENTINEL_MASTER, REDIS_URL's database and
+# password applied to it (apps/fleet/connection.py). Unset: the one Redis at REDIS_URL.
+try:
+    REDIS_SENTINELS = sentinel_addresses(env("REDIS_SENTINELS", default=""))
+except ValueError as error:
+    raise ImproperlyConfigured(str(error)) from None
+REDIS_SENTINEL_MASTER = env("REDIS_SENTINEL_MASTER", default="")
+REDIS_SENTINEL_PASSWORD = env("REDIS_SENTINEL_PASSWORD", default="")
+if REDIS_SENTINELS and not REDIS_SENTINEL_MASTER:
+    raise ImproperlyConfigured("REDIS_SENTINELS is set but REDIS_SENTINEL_MASTER is not: set it to the name the "
+                               "sentinels monitor (`sentinel monitor <name> ...` in their configuration).")
+# How long a command or a webhook that meets no primary (a failover under way) waits for the new one.
+PI_REDIS_FAILOVER_WAIT_SECONDS = env.float("PI_REDIS_FAILOVER_WAIT_SECONDS", default=30)
+# The enqueue behind a webhook's 2xx waits until this many replicas hold it (Redis WAIT), for up to
+# PI_REDIS_REPLICA_WAIT_MS; replication is asynchronous, and a failover loses what no replica had.
+PI_REDIS_MIN_REPLICAS = env.int("PI_REDIS_MIN_REPLICAS", default=0)
+PI_REDIS_REPLICA_WAIT_MS = env.int("PI_REDIS_REPLICA_WAIT_MS", default=1000)
 
 # `pi-jobs` plus every valid `pi-jobs@<host>` resolve to one connection, so
 # `manage.py rqworker pi-jobs pi-jobs@anyhost` works without a per-host settings edit.
-RQ_QUEUES = QueueConfigMap({"URL": REDIS_URL, "DEFAULT_TIMEOUT": 3600})
+RQ_QUEUES = QueueConfigMap(rq_queue_config(REDIS_URL, REDIS_SENTINELS, REDIS_SENTINEL_MASTER,
+                                           REDIS_SENTINEL_PASSWORD, PI_REDIS_FAILOVER_WAIT_SECONDS))
 # Enqueue at once (not on commit): the intake must know whether the job exists before it answers.
 RQ = {"WORKER_CLASS": "apps.worker.process.rqworker.DispatchWorker", "COMMIT_MODE": "auto"}
 RQ_SHOW_ADMIN_LINK = False
@@ -477,5 +496,6 @@ CACHES = {
     # Shared by every web process: the API's per-token request counts.
     "api": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
             "KEY_PREFIX": "pidispatch:api", "TIMEOUT": 120,
-            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1}},
+            "OPTIONS": {"pool_class": "apps.fleet.connection.CachePool", "socket_connect_timeout": 1,
+                        "socket_timeout": 1}},
 }

@@ -45,7 +45,20 @@ SECTIONS: tuple[Section, ...] = (
     )),
     Section("Redis", "every process", (
         S("REDIS_URL", "redis://127.0.0.1:6379/0", "The shared queue. Run that Redis with appendonly yes and "
-          "appendfsync always: a queued delivery's job is its only copy."),
+          "appendfsync always: a queued delivery's job is its only copy. Behind Sentinel: its database number and "
+          "password apply to the primary the sentinels name (its host and port are not used)."),
+        S("REDIS_SENTINELS", "", "host:port,... of the Redis Sentinels (three, on three hosts): every process finds "
+          "the primary through them and follows a failover. Empty: the one Redis at REDIS_URL."),
+        S("REDIS_SENTINEL_MASTER", "", "The name the sentinels monitor (`sentinel monitor <name> ...`); required "
+          "with REDIS_SENTINELS."),
+        S("REDIS_SENTINEL_PASSWORD", "", "The sentinels' own password (their requirepass), when they have one."),
+        S("PI_REDIS_FAILOVER_WAIT_SECONDS", "30", "Behind Sentinel: how long a command, a webhook or a worker that "
+          "meets no primary waits for the new one before it fails as with Redis down."),
+        S("PI_REDIS_MIN_REPLICAS", "0", "The enqueue behind a webhook's 2xx (and every other start of a job) waits "
+          "until this many replicas hold it (Redis WAIT): a failover then loses none of it. 0: no wait."),
+        S("PI_REDIS_REPLICA_WAIT_MS", "1000", "How long that wait may take; past it the job stays queued on the "
+          "primary and in the database (the reconciler queues it again if a failover loses it), and a warning "
+          "says so."),
         S("PI_FINISHED_JOB_TTL_SECONDS", "600", "How long RQ keeps a finished job (its payload holds issue text; the "
           "database keeps the history)."),
         S("PI_FAILED_JOB_TTL_SECONDS", "604800", "How long RQ keeps a failed job on the failed list (the fleet "

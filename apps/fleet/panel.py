@@ -13,7 +13,7 @@ from redis.exceptions import RedisError
 # The spend computation is the worker's (apps/worker/spend.py), shared with the API and the cost page.
 from apps.worker.spend import Meter, Spend, spend, windows  # noqa: F401
 
-from . import status
+from . import status, topology
 
 
 def failure_reasons(job_ids) -> dict[str, str]:
@@ -68,9 +68,10 @@ def recent_rebuild():
 
 def context(redis) -> dict:
     data: dict = {"snapshot": None, "spend": None, "redis_error": "", "db_error": "", "reasons": {},
-                  "explained": {}, "publications": [], "rebuilt": None}
+                  "explained": {}, "publications": [], "rebuilt": None, "topology": None}
     try:
         data["snapshot"] = status.snapshot(redis)
+        data["topology"] = topology.read(redis)
     except RedisError as exc:
         data["redis_error"] = f"Redis unreachable ({type(exc).__name__}): the fleet cannot be shown or steered"
     try:

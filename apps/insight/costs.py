@@ -13,7 +13,6 @@ import json
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
-from functools import cache
 from urllib.parse import urlencode
 
 from django.db import connection, transaction
@@ -306,22 +305,20 @@ def _write_partials(partials: dict[date, dict], generations: dict[date, int], ki
         pass  # the next view reads those days from the database again
 
 
-@cache
-def _quick_redis(url: str):
+def _quick_redis():
     """For the drop on the run record's write path: a worker settling a run while Redis is down must not wait
-    the shared pool's connect timeout (the drop is best-effort, bounded by PARTIAL_TTL_SECONDS)."""
-    import redis
+    the shared pool's connect timeout, nor a failover (the drop is best-effort, bounded by PARTIAL_TTL_SECONDS)."""
+    from apps.fleet.connection import redis_client
 
-    return redis.Redis.from_url(url, socket_connect_timeout=0.3, socket_timeout=0.5)
+    return redis_client(0.3, 0.5, waits=False)
 
 
 def forget_day(moment: datetime) -> None:
     """A run record for that day was written or deleted: its kept partial is no longer the truth."""
-    from django.conf import settings
 
     day = moment.astimezone(UTC).date()
     try:
-        with _quick_redis(settings.REDIS_URL).pipeline(transaction=True) as pipe:
+        with _quick_redis().pipeline(transaction=True) as pipe:
             pipe.incr(generation_key(day))
             pipe.expire(generation_key(day), GENERATION_TTL_SECONDS)
             pipe.delete(*(partial_key(day, kind) for kind in KINDS))

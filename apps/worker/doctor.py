@@ -98,14 +98,20 @@ def check_database() -> list[Finding]:
 def check_redis(redis) -> list[Finding]:
     from redis.exceptions import RedisError, ResponseError
 
-    where = safe_url(settings.REDIS_URL)
+    from apps.fleet import topology
+    from apps.fleet.connection import where
+
     try:
         redis.ping()
         version = (redis.info("server") or {}).get("redis_version", "?")
+        layout = topology.read(redis)
     except RedisError as error:
-        return [Finding(FAIL, "redis", f"no answer at {where} ({type(error).__name__})",
-                        "start Redis, or set REDIS_URL to the fleet's Redis (jobs wait there)")]
-    found = [Finding(OK, "redis", f"Redis {version} at {where}")]
+        return [Finding(FAIL, "redis", f"no answer at {where()} ({type(error).__name__})",
+                        "start Redis, or set REDIS_URL (REDIS_SENTINELS behind Sentinel) to the fleet's Redis "
+                        "(jobs wait there)")]
+    found = [Finding(OK, "redis", f"Redis {version} at {where()}: {layout.summary()}")]
+    found += [Finding(WARN, "redis-replicas", warning, "see docs/deploying.md, Redis Sentinel: at least one replica "
+                      "and three sentinels on three hosts") for warning in layout.warnings()]
     try:
         appendonly = redis.config_get("appendonly").get("appendonly", "")
         appendfsync = redis.config_get("appendfsync").get("appendfsync", "")

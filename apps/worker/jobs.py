@@ -7,6 +7,7 @@ container's /job files: the run record, the logs and the inbox never copy them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -17,6 +18,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from django.conf import settings
+from redis.exceptions import RedisError
 from rq import Queue
 from rq.exceptions import DeserializationError
 from rq.scripts import _build_hset_args
@@ -307,6 +309,30 @@ def _enqueue_script(connection):
     return connection.register_script(_ENQUEUE_SCRIPT)
 
 
+UNREPLICATED_KEY = "pidispatch:redis:unreplicated"  # how many enqueues no replica confirmed in time (/metrics)
+
+
+def _run_enqueue(connection, job_id: str, keys: list, args: list):
+    """The enqueue script; with PI_REDIS_MIN_REPLICAS, on the same connection (WAIT counts that connection's
+    writes) followed by WAIT, so the 2xx behind it waits until that many replicas hold the job. Past
+    PI_REDIS_REPLICA_WAIT_MS the job stays queued: its accepted row lets the reconciler queue it again should a
+    failover lose it, and the warning says so."""
+    wanted = settings.PI_REDIS_MIN_REPLICAS
+    if wanted <= 0:
+        return _enqueue_script(connection)(keys=keys, args=args)
+    with connection.pipeline(transaction=False) as pipe:
+        _enqueue_script(connection)(keys=keys, args=args, client=pipe)
+        pipe.execute_command("WAIT", wanted, settings.PI_REDIS_REPLICA_WAIT_MS)
+        result, replicas = pipe.execute()
+    if int(replicas) < wanted:
+        logger.warning("redis_unreplicated job=%s replicas=%s wanted=%s waited_ms=%s: queued on the primary and "
+                       "recorded in the database; a failover now would have the reconciler queue it again",
+                       job_id, replicas, wanted, settings.PI_REDIS_REPLICA_WAIT_MS)
+        with contextlib.suppress(RedisError):
+            connection.incr(UNREPLICATED_KEY)
+    return result
+
+
 def project_of(spec: JobSpec) -> str:
     """The project the job's target is a member of now (a forge repository forge-qualified, a folder normalised)."""
     from apps.worker.gates.scopes import job_scopes
@@ -346,7 +372,7 @@ def enqueue(spec: JobSpec, queue_name: str, claims: tuple[Claim, ...] = (), *, a
     args = [job.id, job.ttl if job.ttl is not None else -1, len(claims),
             *(part for claim in claims for part in (claim.window_ms, claim.holder or job.id)),
             *_build_hset_args(job)]
-    status, surviving, claimed = _enqueue_script(connection)(keys=keys, args=args)
+    status, surviving, claimed = _run_enqueue(connection, spec.job_id, keys, args)
     status, surviving = text(status), text(surviving)
     if status == "swallowed":
         return Enqueued(status, surviving, claims[int(claimed) - 1])

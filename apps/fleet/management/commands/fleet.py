@@ -11,25 +11,14 @@ import getpass
 import json
 import os
 import sys
-from urllib.parse import urlsplit, urlunsplit
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from redis.exceptions import RedisError
 
 from apps.fleet import cancel, drains, failed, pauses, status
-from apps.fleet.connection import get_redis
+from apps.fleet.connection import get_redis, where
 from apps.fleet.display import age, detail_text, instant
 from apps.fleet.union import resolve_scope
-
-
-def redis_location() -> str:
-    """REDIS_URL without its password, for messages."""
-    parts = urlsplit(settings.REDIS_URL)
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc += f":{parts.port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def table(rows: list[list[str]]) -> list[str]:
@@ -108,8 +97,8 @@ class Command(BaseCommand):
                 return self.stdout.write(result.message)
             return self.switch(redis, options, by)
         except RedisError as exc:
-            raise CommandError(f"could not reach Redis at {redis_location()} ({type(exc).__name__}): is it running, "
-                               "and is REDIS_URL right? Nothing was changed.") from None
+            raise CommandError(f"could not reach Redis at {where()} ({type(exc).__name__}): is it running, "
+                               "and are REDIS_URL (and REDIS_SENTINELS) right? Nothing was changed.") from None
         except ValueError as exc:
             raise CommandError(str(exc)) from None
 

@@ -3,17 +3,15 @@ with progress; `--dry-run` says what would go. The workers run it once a UTC day
 
 import time
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from redis.exceptions import RedisError
 
-from apps.fleet.connection import get_redis
+from apps.fleet.connection import get_redis, where
 from apps.fleet.display import age
 from apps.worker import housekeeping
-from apps.worker.doctor import safe_url
 
 PROGRESS_SECONDS = 2.0
 
@@ -62,7 +60,7 @@ class Command(BaseCommand):
             redis.ping()
             last = housekeeping.last_run(redis)
         except RedisError as error:
-            raise CommandError(f"Redis does not answer at {safe_url(settings.REDIS_URL)} ({type(error).__name__}): "
+            raise CommandError(f"Redis does not answer at {where()} ({type(error).__name__}): "
                                "housekeeping holds the fleet's lock there and drops the cost page's kept days; "
                                "start Redis or fix REDIS_URL") from None
         daily = options["daily"]
@@ -110,7 +108,7 @@ class Command(BaseCommand):
         try:
             self.stdout.write(last_run_line(housekeeping.last_run(get_redis())))
         except RedisError:
-            self.stdout.write(f"last run: unknown (Redis does not answer at {safe_url(settings.REDIS_URL)})")
+            self.stdout.write(f"last run: unknown (Redis does not answer at {where()})")
         self.stdout.write("dry run: nothing is deleted")
         width = max(len(rule.name) for rule, _ in planned)
         for rule, n in planned:

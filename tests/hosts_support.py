@@ -122,6 +122,10 @@ class Relay:
 
     def close(self):
         self._closed = True
+        # Wake the thread blocked in accept() first: until it returns, the closed socket still listens, and the next
+        # fleet (another module's, in another xdist process) could not bind the port.
+        with contextlib.suppress(OSError):
+            self.server.shutdown(socket.SHUT_RDWR)
         self.server.close()
 
 
@@ -314,10 +318,14 @@ def unwire_everything():
 class Fleet:
     """Three hosts and the services they share; what drills start and stop."""
 
-    def __init__(self, scratch: Path, database_url):
+    def __init__(self, scratch: Path, database_url, *, sentinel: bool = False):
         self.scratch = scratch
         self.hosts = {name: Host(name, index, scratch) for index, name in enumerate(HOST_NAMES, start=1)}
         self.redis_service = None
+        # `sentinel`: a primary, a replica and three sentinels (tests/sentinel_support.py) instead of one Redis, on
+        # the services' address; every process of the fleet finds the primary through the sentinels.
+        self.sentinel = sentinel
+        self.sentinel_group = None
         self.redis_port = services.free_port()
         self.relays: list[Relay] = []
         self.processes: list[subprocess.Popen] = []
@@ -360,11 +368,16 @@ class Fleet:
 
     def start_redis(self):
         """The fleet's Redis: append-only (fsync every second), on loopback and the services' address."""
+        if self.sentinel:
+            from tests.sentinel_support import SentinelGroup
+
+            self.sentinel_group = SentinelGroup(self.scratch / "redis", bind=SERVICES_ADDRESS).start()
+            return
         self.redis_service = services.start_redis(self.scratch / "redis", self.redis_port, persistent=True,
                                                   bind=("127.0.0.1", SERVICES_ADDRESS), fsync="everysec")
 
     def stop_redis(self):
-        self.redis_service.stop()
+        (self.sentinel_group or self.redis_service).stop()
 
     def base_env(self) -> dict:
         return {**os.environ, "DATABASE_URL": self.database, "REDIS_URL": self.redis_url,
@@ -373,7 +386,8 @@ class Fleet:
                 "PI_JOB_MEMORY": "256m", "PI_RETRY_BACKOFF_SECONDS": "1", "DATABASE_CONN_MAX_AGE": "0",
                 "PI_REDIS_OUTAGE_SECONDS": "60", "PI_DAILY_CAP": "100000",
                 # The drills count their own processes and rows: no worker's daily housekeeping beside them.
-                "PI_HOUSEKEEPING_DAILY": "false", **FAST_FLEET}
+                "PI_HOUSEKEEPING_DAILY": "false", **FAST_FLEET,
+                **(self.sentinel_group.env() if self.sentinel_group else {})}
 
     def host_env(self, host: Host, **extra) -> dict:
         env = {**self.base_env(), "PI_WORKER_NAME": host.name, "DOCKER_HOST": host.docker_host,
@@ -413,8 +427,9 @@ class Fleet:
             self.forge.close()
         for relay in self.relays:
             relay.close()
-        if self.redis_service is not None:
-            self.redis_service.stop()
+        for redis_service in (self.redis_service, self.sentinel_group):
+            if redis_service is not None:
+                redis_service.stop()
         unwire_everything()
         shutil.rmtree(RUN_DIR, ignore_errors=True)
         if self._lock is not None:
@@ -456,25 +471,26 @@ class Fleet:
         request = urllib.request.Request(f"http://127.0.0.1:{self.web_port}/hooks/github", data=raw, method="POST",
                                          headers={"Content-Type": "application/json",
                                                   **github_headers(raw, "issues", str(uuid.uuid4()))})
-        with urllib.request.urlopen(request, timeout=30) as answer:
+        # 60 s: behind Sentinel a delivery that meets a failover waits up to 30 s for the new primary.
+        with urllib.request.urlopen(request, timeout=60) as answer:
             return json.loads(answer.read() or b"{}")
 
 
-@pytest.fixture(scope="module")
-def fleet(django_db_setup, django_db_blocker):
-    """The fleet, started once for a module of drills and stopped after it: its replayer and cron producer share
-    the test database with the rest of the suite, and must not take another module's inbox (skipped, saying
-    why, where it cannot run)."""
+@contextlib.contextmanager
+def running_fleet(django_db_blocker, scratch_name: str, **options):
+    """A fleet started for a module of drills and stopped after it: its replayer and cron producer share the test
+    database with the rest of the suite, and must not take another module's inbox (skipped, saying why, where it
+    cannot run). Its logs stay in test-results/<scratch_name> for a look after the run."""
     from tests.conftest import database_url
 
     reason = why_not()
     if reason:
         pytest.skip(reason)
     with django_db_blocker.unblock():
-        scratch = ROOT / "test-results" / "fleet"  # its logs stay there for a look after the run
+        scratch = ROOT / "test-results" / scratch_name
         shutil.rmtree(scratch, ignore_errors=True)
         scratch.mkdir(parents=True)
-        started = Fleet(scratch, database_url)
+        started = Fleet(scratch, database_url, **options)
         atexit.register(started.stop)
         try:
             started.start()
@@ -482,3 +498,17 @@ def fleet(django_db_setup, django_db_blocker):
         finally:
             started.stop()
             atexit.unregister(started.stop)
+
+
+@pytest.fixture(scope="module")
+def fleet(django_db_setup, django_db_blocker):
+    """The fleet of tests/hosts/test_fleet_drills.py: one Redis."""
+    with running_fleet(django_db_blocker, "fleet") as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def sentinel_fleet(django_db_setup, django_db_blocker):
+    """The fleet of tests/hosts/test_sentinel_drill.py: Redis behind three sentinels."""
+    with running_fleet(django_db_blocker, "fleet-sentinel", sentinel=True) as started:
+        yield started

@@ -51,8 +51,10 @@ class SentinelGroup:
         return self
 
     def _start_redis(self, port: int):
-        self.redis_services[port] = services.start_redis(self.folder / str(port), port, persistent=True,
-                                                         bind=(self.bind,), fsync="everysec")
+        # Loopback too: start_redis waits for an answer there.
+        bind = ("127.0.0.1",) if self.bind == "127.0.0.1" else ("127.0.0.1", self.bind)
+        self.redis_services[port] = services.start_redis(self.folder / str(port), port, persistent=True, bind=bind,
+                                                         fsync="everysec")
 
     def _sentinels_agree(self) -> bool:
         try:

@@ -107,6 +107,16 @@ def test_doctor_names_the_primary_and_its_replica_in_sync(sentinels):
                for f in check_redis(get_redis()))
 
 
+def test_the_fleet_panel_names_the_primary_and_warns_when_no_replica_is_in_sync(sentinels, admin_client):
+    primary, replica = sentinels.primary_port(), [p for p in sentinels.ports if p != sentinels.primary_port()][0]
+    body = admin_client.get("/admin/fleet/fleetpanel/body/").content.decode()
+    assert f"Redis: primary 127.0.0.1:{primary}; replicas: 127.0.0.1:{replica} (in sync)" in body
+    assert 'id="fleet-redis-warning"' not in body
+    sentinels.redis_services[replica].stop()
+    body = admin_client.get("/admin/fleet/fleetpanel/body/").content.decode()
+    assert 'id="fleet-redis-warning">Redis: no replica is in sync' in body
+
+
 @pytest.mark.parametrize(("environment", "says"), [
     ({"REDIS_SENTINELS": "10.0.0.5"}, "REDIS_SENTINELS: '10.0.0.5' is not host:port"),
     ({"REDIS_SENTINELS": "10.0.0.5:26379"}, "REDIS_SENTINEL_MASTER is not"),

@@ -39,8 +39,8 @@ help:
 	@echo "make image                the production job image"
 	@echo "PYTEST_ARGS='-k name'     passed on to pytest; PI_TEST_PROCESSES=N pytest processes"
 
-# ruff (pyflakes, pycodestyle at 120 columns, import order, pyupgrade, bugbear, return, simplify; pyproject.toml
-# says which rules).
+# ruff (pyflakes, pycodestyle at 120 columns, import order, pyupgrade, bugbear, return, simplify, complexity at
+# most 25; pyproject.toml says which rules).
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .
 

@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 
 logger = logging.getLogger("pidispatch.metrics")
 
-# The run reasons that the job's egress gateway decides (apps/worker/sandbox/gateway.py and ladder.classify):
+# The run reasons that the job's egress gateway decides (apps/worker/sandbox/gateway.py and container_step.classify):
 # it records no counter of its own, so its refusals are counted from the runs they ended.
 GATEWAY_REASONS = ("token-budget", "daily-token-cap", "cost-cap", "model-not-allowed", "model-unpriced",
                    "request-malformed", "usage-unreadable", "egress-denied", "provider-auth-refused")

@@ -213,6 +213,8 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
     "secret-unresolved": ("The resolver does not know a reference the trigger asks for.", _TRIGGER),
     "scope-cap": ("Over the run cap of this repository or folder (scoped limit).",
                   "Wait for the window to end, or raise the scoped limit."),
+    "project-cap": ("Over the run cap of this job's project (its `project:` scoped limit).",
+                    "Wait for the window to end, or raise the project's limit."),
     "dollar-cap": ("A dollar window (day, week or month; the deployment's or a repository's) had no room left for "
                    "this run's per-run cap.",
                    "Wait for the window to roll over, or raise its dollar cap (Settings or the scoped limit); the "
@@ -353,6 +355,7 @@ REFUSED = {
                          "Check the trigger's references. Not run.",
     "daily-token-cap": "Refused: the deployment's daily token budget is used up. Not run.",
     "scope-cap": "Refused: over the run cap for this repository. Not run.",
+    "project-cap": "Refused: over the run cap for this project. Not run.",
     "over-budget": "Refused: over the deployment's budget cap. Not run.",
     "soft-hold": "Refused: new starts are paused while spend is inside the budget's hold band. Not run.",
     # Never an amount: a window's cap and spend are the operator's.

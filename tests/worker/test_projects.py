@@ -11,7 +11,7 @@ import docker
 import pytest
 
 from apps.worker.gates import budget, runtime_settings
-from apps.worker.gates.ladder import job_models
+from apps.worker.gates.steps import job_models
 from apps.worker.models import Outcome, Project, Run, ScopedLimit
 from apps.worker.sandbox import providers
 from tests.conftest import joined, wait_for

@@ -221,21 +221,21 @@ def test_a_mapped_provider_variable_is_reserved_too(resolver, settings):
 
 @pytest.mark.django_db
 def test_every_name_the_container_is_given_is_reserved():
-    from apps.worker.gates import ladder, runtime_settings
+    from apps.worker.gates import container_step, runtime_settings
     from apps.worker.sandbox.gateway import EgressGateway
 
     spec = forge_spec("gh-env", model="m", exclude_tools=("bash",))
     runtime = replace(runtime_settings.current(), max_tokens=5)
-    given = ladder.container_environment(spec, runtime, "anthropic", EgressGateway.container_environment())
+    given = container_step.container_environment(spec, runtime, "anthropic", EgressGateway.container_environment())
     assert all(secrets.is_reserved(name) for name in given)
 
 
 @pytest.mark.django_db
 def test_a_jobs_max_turns_lowers_the_deployments_cap_and_never_raises_it():
-    from apps.worker.gates import ladder, runtime_settings
+    from apps.worker.gates import container_step, runtime_settings
 
     runtime = replace(runtime_settings.current(), max_turns=30)
-    turns = {given: ladder.container_environment(forge_spec("gh-turns", max_turns=given), runtime, "anthropic",
+    turns = {given: container_step.container_environment(forge_spec("gh-turns", max_turns=given), runtime, "anthropic",
                                                   {})["PI_MAX_TURNS"] for given in (None, 5, 90)}
     assert turns == {None: "30", 5: "5", 90: "30"}
 

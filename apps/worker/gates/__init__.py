@@ -1,6 +1,9 @@
-"""The gate ladder and what it consults, in the order a job meets them (`ladder.run_gates`).
+"""The gate ladder and what it consults, in the order a job meets them (`ladder.GATES`).
 
-    ladder.py            the ladder itself: every gate in order, the one place a job is refused, deferred or run
+    ladder.py            the ladder itself: GATES, every gate in order, and the one place its stops are caught
+    attempt.py           one climb: what the gates found, and what it holds until it lets go
+    steps.py             the gates before the container, one function each
+    container_step.py    the container behind its gateway, publishing, chaining; what an exit code means
     verdicts.py          what a gate or a run concludes (outcome, reason, telemetry, publication)
     runtime_settings.py  the settings overlay: environment, then the admin's live row, then the job
     quiet_hours.py       pause windows

@@ -92,3 +92,40 @@ def database_unavailable() -> Deferred:
     """The database did not answer before the job spent anything: nothing was decided or recorded, so the
     job comes back under its id, no attempt used, until the database answers."""
     return Deferred(timezone.now() + timedelta(seconds=settings.PI_DATABASE_RECHECK_SECONDS), "database-unavailable")
+
+
+class GateStop(Exception):
+    """A gate's end of the climb, raised by a step of `ladder.GATES` and caught in one place (`ladder._climb`):
+    its `outcome` is what the attempt came to. Three kinds, as Read the Docs splits BuildUserError from
+    BuildAppError: a refusal (the job's or the operator's doing, never retried), a fault (the host's, retried)
+    and a deferral (not now: the same job comes back later)."""
+
+    outcome: Verdict | Deferred
+
+    @property
+    def reason(self) -> str:
+        return self.outcome.reason
+
+
+class GateRefusal(GateStop):
+    """Outcome `policy`: the job may not run as it is (never retried)."""
+
+    def __init__(self, reason: str, **fields):
+        super().__init__(reason)
+        self.outcome = Verdict.refused(reason, **fields)
+
+
+class GateFault(GateStop):
+    """Outcome `failed`: something of the host's was not there (retried with backoff)."""
+
+    def __init__(self, reason: str, **fields):
+        super().__init__(reason)
+        self.outcome = Verdict.infrastructure_fault(reason, **fields)
+
+
+class GateDeferral(GateStop):
+    """Not now: back to the scheduled registry until `until`, no attempt used, no record."""
+
+    def __init__(self, until: datetime, reason: str, detail: dict | None = None):
+        super().__init__(reason)
+        self.outcome = Deferred(until, reason, detail or {})

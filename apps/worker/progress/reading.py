@@ -10,24 +10,16 @@ from redis.exceptions import RedisError
 from apps.fleet import job_states
 from apps.fleet.connection import get_redis, text
 from apps.worker import run_logs
+from apps.worker.gates.ladder import GATES
 from apps.worker.models import Run
 from apps.worker.progress.tracker import RUNNING, key, log_key
 
-# Each phase token as the page says it (a `deferred:<reason>` reads "deferred (<reason>)").
+# Each phase token as the page says it (a `deferred:<reason>` reads "deferred (<reason>)"): the gates' own, declared
+# with them (ladder.GATES), between the worker's.
 PHASES = {
     "queued": "queued",
     "picked-up": "picked up by a worker",
-    "quiet-hours": "gate: quiet hours",
-    "wait-for": "gate: wait-for",
-    "slots": "gate: host and scope slots",
-    "settings": "gate: settings and one-shot",
-    "image": "gate: job image",
-    "provider-and-secrets": "gate: provider key and secrets",
-    "workspace": "workspace ready",
-    "spend-caps": "gate: token and dollar caps",
-    "job-caps": "gate: job-count caps",
-    "container": "container running",
-    "publishing": "publishing to the forge",
+    **{gate.phase: gate.phase_label for gate in GATES if gate.phase},
     "recorded": "run recorded",
 }
 ENDED_STATES = ("completed", "policy", "failed", "cancelled")

@@ -285,72 +285,84 @@ def unknown_field(call: Call, document: dict, host: str) -> bool:
 
 def refusal(call: Call, document: dict) -> str | None:
     """The reason a call's content cannot be forwarded (`provider-feature-refused`), or None."""
-    refused = "provider-feature-refused"
-    if call.api == ANTHROPIC:
-        if any(key in document for key in ("mcp_servers", "container", "service_tier")):
-            return refused
-        if not _tools_are_functions(document.get("tools"), {"custom"}):
-            return refused
-        for item in _walk(document.get("messages")):
-            kind = item.get("type")
-            if kind in ("document", "container_upload", "mcp_tool_use", "server_tool_use"):
-                return refused
-            if kind == "image" and _mapping(item.get("source")).get("type") != "base64":
-                return refused
-            if _mapping(item.get("cache_control")).get("ttl", "5m") != "5m":
-                return refused  # an hour's cache write is billed at another rate than the price list's
-        if any(_mapping(_mapping(block).get("cache_control")).get("ttl", "5m") != "5m"
-               for block in [*_items(document.get("system")), *_items(document.get("tools"))]):
-            return refused
-        return None
-    if call.api == COMPLETIONS:
-        if any(key in document for key in ("web_search_options", "audio", "prediction", "functions")):
-            return refused
-        if document.get("n", 1) != 1 or document.get("service_tier", "auto") not in ("auto", "default", "flex"):
-            return refused
-        if document.get("modalities", ["text"]) != ["text"]:
-            return refused
-        if not _tools_are_functions(document.get("tools"), {"function"}):
-            return refused
-        for item in _walk(document.get("messages")):
-            kind = item.get("type")
-            if kind in ("file", "input_audio"):
-                return refused
-            if kind == "image_url" and not str(_mapping(item.get("image_url")).get("url", "")).startswith("data:"):
-                return refused
-        return None
-    if call.api == RESPONSES:
-        if any(key in document for key in ("previous_response_id", "conversation", "prompt", "background")):
-            return refused
-        if document.get("service_tier", "auto") not in ("auto", "default", "flex"):
-            return refused
-        if not _tools_are_functions(document.get("tools"), {"function"}):
-            return refused
-        for item in _walk(document.get("input")):
-            kind = item.get("type")
-            if kind in ("input_file", "item_reference", "input_audio"):
-                return refused
-            if kind == "input_image" and not str(item.get("image_url", "")).startswith("data:"):
-                return refused
-        return None
-    # Google (its fields camelCase only: unknown_field): one answer, function tools only.
+    return "provider-feature-refused" if _UNSERVED_FEATURE[call.api](call, document) else None
+
+
+def _anthropic_unserved(call: Call, document: dict) -> bool:
+    if any(key in document for key in ("mcp_servers", "container", "service_tier")):
+        return True
+    if not _tools_are_functions(document.get("tools"), {"custom"}):
+        return True
+    for item in _walk(document.get("messages")):
+        kind = item.get("type")
+        if kind in ("document", "container_upload", "mcp_tool_use", "server_tool_use"):
+            return True
+        if kind == "image" and _mapping(item.get("source")).get("type") != "base64":
+            return True
+        if _mapping(item.get("cache_control")).get("ttl", "5m") != "5m":
+            return True  # an hour's cache write is billed at another rate than the price list's
+    return any(_mapping(_mapping(block).get("cache_control")).get("ttl", "5m") != "5m"
+               for block in [*_items(document.get("system")), *_items(document.get("tools"))])
+
+
+def _completions_unserved(call: Call, document: dict) -> bool:
+    if any(key in document for key in ("web_search_options", "audio", "prediction", "functions")):
+        return True
+    if document.get("n", 1) != 1 or document.get("service_tier", "auto") not in ("auto", "default", "flex"):
+        return True
+    if document.get("modalities", ["text"]) != ["text"]:
+        return True
+    if not _tools_are_functions(document.get("tools"), {"function"}):
+        return True
+    for item in _walk(document.get("messages")):
+        kind = item.get("type")
+        if kind in ("file", "input_audio"):
+            return True
+        if kind == "image_url" and not str(_mapping(item.get("image_url")).get("url", "")).startswith("data:"):
+            return True
+    return False
+
+
+def _responses_unserved(call: Call, document: dict) -> bool:
+    if any(key in document for key in ("previous_response_id", "conversation", "prompt", "background")):
+        return True
+    if document.get("service_tier", "auto") not in ("auto", "default", "flex"):
+        return True
+    if not _tools_are_functions(document.get("tools"), {"function"}):
+        return True
+    for item in _walk(document.get("input")):
+        kind = item.get("type")
+        if kind in ("input_file", "item_reference", "input_audio"):
+            return True
+        if kind == "input_image" and not str(item.get("image_url", "")).startswith("data:"):
+            return True
+    return False
+
+
+def _google_unserved(call: Call, document: dict) -> bool:
+    """Google (its fields camelCase only: unknown_field): one answer, function tools only."""
     requests = [document]
     if not call.billed:  # countTokens: {"contents": ...} or {"generateContentRequest": {...}}
         requests = [_mapping(document.get("generateContentRequest"))] if "generateContentRequest" in document else []
     for request in requests:
         config = _mapping(request.get("generationConfig"))
         if config.get("candidateCount", 1) != 1:
-            return refused
+            return True
         if any(not isinstance(tool, dict) or set(tool) - {"functionDeclarations"}
                for tool in _items(request.get("tools"))):
-            return refused
+            return True
     for item in _walk(document):
         if any(key in item for key in ("fileData", "file_data", "inline_data", "executableCode", "cachedContent")):
-            return refused
+            return True
         if "inlineData" in item and not GOOGLE_INLINE_TYPES.fullmatch(
                 str(_mapping(item["inlineData"]).get("mimeType", ""))):
-            return refused
-    return None
+            return True
+    return False
+
+
+# Each API's features the gateway does not forward (it could not meter or bound them).
+_UNSERVED_FEATURE = {ANTHROPIC: _anthropic_unserved, COMPLETIONS: _completions_unserved,
+                     RESPONSES: _responses_unserved, GOOGLE: _google_unserved}
 
 
 def media_count(call: Call, document: dict) -> int:

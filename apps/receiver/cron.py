@@ -33,7 +33,7 @@ from apps.fleet.hosts import HostIdentity
 from apps.fleet.routing import host_affine_queue
 from apps.worker.jobs import JobSpec, enqueue
 
-from .dispatch import execution_fields
+from . import run_keys
 from .models import Trigger, TriggerType
 
 logger = logging.getLogger("pidispatch.cron")
@@ -83,16 +83,11 @@ def cron_job_spec(trigger: Trigger, occurrence: datetime, *, job_id: str = "") -
     """The job of one occurrence (`job_id` names a run started by hand: apps/worker/manual_runs.py)."""
     stamp = int(occurrence.timestamp())
     return JobSpec(
+        **run_keys.job_fields(trigger),  # a cron trigger's session (run.resume) is its own (apps/worker/sessions/)
         job_id=job_id or f"cron-{trigger.pk}-{stamp}",
-        kind="local",
-        folder=trigger.folder,
         target_type="local",
-        flow=trigger.flow,
-        command=trigger.command,
-        task=trigger.task,
-        resume=trigger.resume,  # a cron trigger's session is its own (apps/worker/sessions/)
-        github=trigger.github,  # the worker publishes its commits to the folder's GitHub repository
-        **execution_fields(trigger),
+        trigger_id=trigger.pk,
+        trigger_type=trigger.on_type,
         context={"event": "cron", "cronId": trigger.cron_id, "pattern": trigger.cron_pattern,
                  "scheduledFor": occurrence.isoformat(),
                  "matched": {"index": trigger.position, "type": TriggerType.CRON}},

@@ -32,6 +32,7 @@ from apps.fleet import routing
 from apps.fleet.queues import SHARED_QUEUE
 from apps.worker.jobs import Claim, JobSpec, delivery_job_id, delivery_part, enqueue
 
+from . import run_keys
 from .hooks.base import ForgeEvent
 from .matching import Match
 
@@ -41,26 +42,6 @@ DEDUP_KEY_PREFIX = "pidispatch:dedup:"
 REPLAY_KEY_PREFIX = "pidispatch:replay:"
 REPLAYED_BODY = "replayed-body"
 DEDUP_WINDOW = "dedup-window"
-
-
-def execution_fields(rule) -> dict:
-    """What a rule's `run` says about how the job runs, as JobSpec fields (forge and cron jobs alike)."""
-    return dict(
-        image=rule.image,
-        provider=rule.provider,
-        model=rule.model,
-        max_turns=rule.max_turns,
-        models=tuple(rule.allowed_models),
-        max_cost_usd="" if rule.max_cost_usd is None else format(rule.max_cost_usd, "f"),
-        exclude_tools=tuple(rule.exclude_tools),
-        secrets=dict(rule.secrets),
-        secrets_profile=rule.secrets_profile,
-        packages=rule.packages,
-        skills_dir=rule.skills_dir,
-        backend=rule.backend,
-        trigger_id=rule.pk,
-        trigger_type=rule.on_type,
-    )
 
 
 def job_specs(event: ForgeEvent, match: Match) -> list[JobSpec]:
@@ -80,36 +61,32 @@ def job_specs(event: ForgeEvent, match: Match) -> list[JobSpec]:
     if event.review is not None:
         context["review"] = dict(event.review)
     once = bool(rule.once and match.close)
-    fields = dict(
-        kind=event.forge,
-        repo=event.repo or f"{event.project}/{rule.repository}",
-        target_type=event.target_type,
-        number=event.number,
-        project_id=event.project_id,
-        repository_id=event.repository_id,
-        head=dict(event.head),
-        base=dict(event.base),
-        flow=match.flow,
-        command=match.command,
-        title=event.title,
-        body=event.body,
-        comment=event.comment,
-        instructions=rule.instructions,
-        wait_for=tuple(rule.wait_for),
-        resume=rule.resume,
-        allow_ci_changes=rule.allow_ci_changes,
-        publish_to=rule.publish_to,
-        once=once,
-        once_armed_at=rule.armed_at.isoformat() if once and rule.armed_at else "",
-        delivery_id=event.delivery_id,
-        **execution_fields(rule),
-        context=context,
-    )
+    fields = {
+        **run_keys.job_fields(rule),  # what the rule's `run` says; the event and the match say the rest
+        "kind": event.forge,
+        "repo": event.repo or f"{event.project}/{rule.repository}",
+        "target_type": event.target_type,
+        "number": event.number,
+        "project_id": event.project_id,
+        "repository_id": event.repository_id,
+        "head": dict(event.head),
+        "base": dict(event.base),
+        "flow": match.flow,
+        "command": match.command,
+        "title": event.title,
+        "body": event.body,
+        "comment": event.comment,
+        "once": once,
+        "once_armed_at": rule.armed_at.isoformat() if once and rule.armed_at else "",
+        "delivery_id": event.delivery_id,
+        "trigger_id": rule.pk,
+        "trigger_type": rule.on_type,
+        "context": context,
+    }
     if not rule.replicas:
-        return [JobSpec(job_id=delivery_job_id(event.forge, event.delivery_id), **fields)]
+        return [JobSpec(**{**fields, "job_id": delivery_job_id(event.forge, event.delivery_id), "replicas": None})]
     return [
-        JobSpec(job_id=delivery_job_id(event.forge, event.delivery_id, replica=i), replica=i,
-                replicas=rule.replicas, **fields)
+        JobSpec(**{**fields, "job_id": delivery_job_id(event.forge, event.delivery_id, replica=i), "replica": i})
         for i in range(1, rule.replicas + 1)
     ]
 

@@ -14,8 +14,9 @@ from django import forms
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.utils.html import conditional_escape
 
+from . import run_keys
 from .models import Trigger, TriggerType
-from .validation import EXCLUDABLE_TOOLS, FIELD_PATHS, FORGE_KINDS, PR_ACTIONS, REVIEW_STATES
+from .validation import FIELD_PATHS, FORGE_KINDS, PR_ACTIONS, REVIEW_STATES
 
 # type: (what a person calls it, when it fires)
 TYPES = {
@@ -36,13 +37,17 @@ FIRES = {
     "pull_request": ("actions", "label_any", "label_all", "label_none", "review_states", "number", "once"),
     "issue": ("actions", "number", "once"),
 }
-RUNS = {"cron": ("kind", "folder", "flow", "command", "task"),
-        "forge": ("kind", "flow", "command", "instructions", "repository")}
-LIMITS = {"cron": ("provider", "model", "allowed_models", "max_turns", "max_cost_usd", "resume", "github", "image",
-                   "backend", "packages", "skills_dir", "exclude_tools", "secrets", "secrets_profile"),
-          "forge": ("provider", "model", "allowed_models", "max_turns", "max_cost_usd", "replicas", "wait_for",
-                    "resume", "allow_ci_changes", "publish_to", "image", "backend", "packages", "skills_dir",
-                    "exclude_tools", "secrets", "secrets_profile")}
+
+
+def _run_side(form: str) -> dict[str, tuple[str, ...]]:
+    """The run keys of one part of the form, for a schedule and for a forge rule, in the declaration's order."""
+    return {side: tuple(key.field for key in run_keys.RUN_KEYS if key.form == form and family in key.triggers)
+            for side, family in (("cron", run_keys.CRON), ("forge", run_keys.FORGE))}
+
+
+RUNS = _run_side("runs")
+LIMITS = _run_side("limits")
+
 # Kept as they are when not on the form.
 NEVER_RESET = {"name", "position", "enabled", "note", "on_type"}
 
@@ -67,59 +72,12 @@ WORDS = {
                                          "Empty: every verdict. e.g. changes_requested"),
     "number": ("Only this number", "Watch one issue or pull request, e.g. 42. Empty: every one."),
     "once": ("Fire once", "With a number: run once, then disarm (re-arm it from the trigger list)."),
-    "kind": ("Forge", "Which forge's webhooks fire it."),
-    "flow": ("Flow", "The pi skill the agent runs, e.g. fix-bug. Give a flow or a command."),
-    "command": ("Or a command", "A pi extension command instead of a flow, without '/', e.g. triage"),
-    "task": ("Task", "What the agent does on each run (its prompt), e.g. Upgrade the linter config."),
-    "folder": ("Folder on the worker host", "A git checkout on the host that runs the schedule, e.g. /srv/code/app"),
-    "instructions": ("Standing instructions", "Put above the issue's text on every run (at most 2000 characters), "
-                                              "e.g. Keep changes small and add a test."),
-    "repository": ("Azure DevOps repository", "Work item rules only: the repository in the work item's project, "
-                                              "e.g. web"),
-    "provider": ("Model provider", "Empty: the deployment's (PI_PROVIDER). e.g. anthropic"),
-    "model": ("Model", "Empty: the deployment's (PI_MODEL). e.g. claude-sonnet-4-5"),
-    "allowed_models": ("Allowed models", "provider/model entries the agent may choose among (1-16, the model above "
-                                         "among them); the gateway refuses any other. Empty: PI_ALLOWED_MODELS, "
-                                         "else any. e.g. anthropic/claude-sonnet-4-5, anthropic/claude-haiku-4-5"),
-    "max_turns": ("Max turns", "Empty: Settings or PI_MAX_TURNS (30). e.g. 20"),
-    "max_cost_usd": ("Most dollars per run", "Lowers the deployment's per-run cap (PI_MAX_COST_USD), never raises "
-                                             "it. Empty: that cap. e.g. 0.50"),
-    "replicas": ("Parallel agents", "2 or 3 agents on the same event, each with its own pull request. Empty: one."),
-    "wait_for": ("Wait before running", "Comma-separated: after <time with zone>, profile <check name>. "
-                                        "e.g. after 2026-12-01T09:00:00Z, profile ci-green"),
-    "resume": ("Continue the conversation", "The next job on the same issue or pull request (a schedule: its next "
-                                            "run) continues this one's agent session. Never for a fork's pull "
-                                            "request; not with parallel agents, secrets or a command."),
-    "publish_to": ("Push the work to", "fork: the deployment's own fork; the pull request is an outside "
-                                       "contribution, and the repository's CI gives it no secret until a person "
-                                       "approves it (GitHub, GitLab, Forgejo, Azure DevOps). origin: a branch of "
-                                       "the repository itself, where its CI runs the agent's code with the "
-                                       "repository's secrets. Empty: the deployment's PI_PUBLISH_TO (fork unless "
-                                       "set)."),
-    "allow_ci_changes": ("May change CI files", "Off: a change to .github/workflows/, .gitlab-ci.yml, ... is not "
-                                                "pushed, and the work is kept for you to review."),
-    "image": ("Job image", "Empty: PI_JOB_IMAGE. e.g. pi-job:latest"),
-    "backend": ("Venue", "Where the container runs, among the host's PI_BACKENDS. Empty: local (the host's Docker)."),
-    "packages": ("Load staged pi packages", "Off: the job runs without the packages staged in the host's pi "
-                                            "overlay (PI_GLOBAL_PI_DIR)."),
-    "skills_dir": ("Extra skills folder", "A folder of skills on the worker host, under a root it declares "
-                                          "(PI_SKILLS_ROOTS), copied into each job as any user of the host may "
-                                          "read it, e.g. /srv/pi-skills/review"),
-    "github": ("Publish to GitHub", "The worker pushes the run's commits to a branch of the folder's GitHub "
-                                    "repository (its origin) and opens a pull request. The agent never holds a "
-                                    "token."),
-    "exclude_tools": ("Tools the agent may not use", f"Comma-separated, from {', '.join(EXCLUDABLE_TOOLS)}. "
-                                                     "e.g. bash, write"),
-    "secrets": ("Secrets, by reference", "NAME=reference, comma-separated, e.g. NPM_TOKEN=npm/ci. The host's "
-                                         "resolver turns each reference into its value; never type a value here."),
-    "secrets_profile": ("Resolver", "Which resolver of PI_SECRET_PROFILES answers, e.g. vault. Empty: the host's "
-                                    "only one."),
+    # Each run key's words are its declaration's (run_keys.py).
+    **{key.field: (key.label, key.help) for key in run_keys.RUN_KEYS},
 }
 EXAMPLES = {"label_any": "pi, urgent", "label_all": "pi, backend", "label_none": "wontfix, blocked",
             "actions": "opened, reopened", "review_states": "approved, changes_requested",
-            "exclude_tools": "bash, write",
-            "allowed_models": "anthropic/claude-sonnet-4-5, anthropic/claude-haiku-4-5",
-            "wait_for": "after 2026-12-01T09:00:00Z, profile ci-green", "secrets": "NPM_TOKEN=npm/ci"}
+            **{key.field: key.example for key in run_keys.RUN_KEYS if key.example}}
 
 
 def _split(text: str) -> list[str]:
@@ -252,12 +210,12 @@ class TriggerForm(forms.ModelForm):
             self.instance.on_type = on_type  # what the page's "Trigger type" line reads
         for name, field in list(self.fields.items()):
             label, help_text = WORDS.get(name, (field.label, field.help_text))
-            if name in ("label_any", "label_all", "label_none", "actions", "review_states", "exclude_tools",
-                        "allowed_models"):
-                field = TextListField(example=EXAMPLES[name])
-            elif name == "wait_for":
+            if name == "wait_for":
                 field = WaitForField(example=EXAMPLES[name])
-            elif name == "secrets":
+            elif name in ("label_any", "label_all", "label_none", "actions", "review_states") or (
+                    name in run_keys.BY_FIELD and run_keys.BY_FIELD[name].shape is run_keys.LIST):
+                field = TextListField(example=EXAMPLES[name])
+            elif name in run_keys.BY_FIELD and run_keys.BY_FIELD[name].shape is run_keys.OBJECT:
                 field = SecretsField()
             # Escaped: the admin marks help texts safe, and `<time with zone>` would vanish as a tag.
             field.label, field.help_text = label, conditional_escape(help_text)

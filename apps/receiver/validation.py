@@ -14,17 +14,14 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal
 
 from croniter import croniter
 from django.core.exceptions import ValidationError
 
 from apps import forge_registry
-from apps.worker import allowed_models
-from apps.worker.gates.money import MoneyError, parse_usd, to_usd
-from apps.worker.gates.secrets import is_reserved as secret_name_is_reserved
-from apps.worker.name_patterns import FLOW_PATTERN, MODEL_PATTERN, PROVIDER_PATTERN
-from apps.worker.sandbox import folder_roots, venues
+
+from . import run_keys
+from .run_keys import Rule, parse_instant, trimmed_nonempty
 
 # --- vocabulary ------------------------------------------------------------------------------------------
 
@@ -37,31 +34,18 @@ CLOSE_WORDS = {forge.name: forge.close_word for forge in forge_registry.FORGES i
 PR_LABEL_ACTIONS = {forge.name: forge.pr_label_action for forge in forge_registry.FORGES if forge.pr_label_action}
 REVIEW_ACTION = "review_submitted"
 REVIEW_STATES = ("approved", "changes_requested", "commented")
-EXCLUDABLE_TOOLS = ("read", "bash", "powershell", "edit", "write", "grep", "find", "ls")
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 CRON_ID_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-SECRET_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-ISO_INSTANT = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:\d{2})$")
-
-MAX_INSTRUCTIONS = 2000
-MAX_SECRETS = 16
-MAX_WAIT_CONDITIONS = 4
-MIN_REPLICAS, MAX_REPLICAS = 2, 3
 MAX_PHRASE = 100
-MAX_COMMAND = 200
-MAX_IMAGE = 300
-MAX_SKILLS_DIR = 500
-
-# A secret reference may not shadow what the runtime itself sets in the container.
 
 # --- which keys exist where -------------------------------------------------------------------------------
 
-ON_KEYS = ("type", "id", "pattern", "any", "all", "none", "phrase", "action", "reviewState", "number", "once",
-           "disarmed")
-RUN_KEYS = ("kind", "flow", "command", "task", "folder", "image", "instructions", "replicas", "waitFor",
-            "secrets", "secretsProfile", "repository", "excludeTools", "provider", "model", "models", "maxTurns",
-            "maxCostUsd", "resume", "allowCiChanges", "publishTo", "packages", "skillsDir", "github", "backend")
+# `on`'s keys and the Trigger fields that store them (the run keys are run_keys.py's).
+ON_FIELDS = {"type": "on_type", "id": "cron_id", "pattern": "cron_pattern", "any": "label_any", "all": "label_all",
+             "none": "label_none", "phrase": "phrase", "action": "actions", "reviewState": "review_states",
+             "number": "number", "once": "once", "disarmed": "disarmed_at"}
+ON_KEYS = tuple(ON_FIELDS)
+RUN_KEYS = tuple(run_keys.BY_NAME)
 ON_KEYS_BY_TYPE = {
     "cron": {"type", "id", "pattern"},
     "label": {"type", "any", "all", "none"},
@@ -69,9 +53,6 @@ ON_KEYS_BY_TYPE = {
     "pull_request": {"type", "action", "any", "all", "none", "reviewState", "number", "once", "disarmed"},
     "issue": {"type", "action", "number", "once", "disarmed"},
 }
-CRON_ONLY_RUN_KEYS = {"task", "folder", "github"}
-FORGE_ONLY_RUN_KEYS = {"instructions", "replicas", "waitFor", "repository", "allowCiChanges", "publishTo"}
-PUBLISH_TO = ("origin", "fork")
 # Part of the ancestor's language, not implemented here: refused rather than silently ignored.
 UNSUPPORTED_RUN_KEYS = ("portfolio",)
 # Of those, the ones whose feature is planned: the refusal names it.
@@ -87,22 +68,9 @@ NEAR_MISS_SUGGESTIONS = {
     "labels": "on.any", "phrases": "on.phrase", "cron": "on.pattern", "schedule": "on.pattern",
 }
 
-# --- the one field table: file spelling <-> model field ------------------------------------------------------
-
-FIELD_PATHS = {
-    "on.type": "on_type", "on.id": "cron_id", "on.pattern": "cron_pattern", "on.any": "label_any",
-    "on.all": "label_all", "on.none": "label_none", "on.phrase": "phrase", "on.action": "actions",
-    "on.reviewState": "review_states", "on.number": "number", "on.once": "once", "on.disarmed": "disarmed_at",
-    "run.kind": "kind", "run.flow": "flow", "run.command": "command", "run.task": "task", "run.folder": "folder",
-    "run.image": "image", "run.instructions": "instructions", "run.replicas": "replicas",
-    "run.waitFor": "wait_for", "run.secrets": "secrets", "run.secretsProfile": "secrets_profile",
-    "run.repository": "repository", "run.excludeTools": "exclude_tools", "run.provider": "provider",
-    "run.model": "model", "run.models": "allowed_models", "run.maxTurns": "max_turns",
-    "run.maxCostUsd": "max_cost_usd", "run.resume": "resume",
-    "run.allowCiChanges": "allow_ci_changes", "run.publishTo": "publish_to", "run.packages": "packages",
-    "run.skillsDir": "skills_dir",
-    "run.github": "github", "run.backend": "backend",
-}
+# Each path of the file (`run.flow`) and the Trigger field it is stored in: the admin shows a problem beside it.
+FIELD_PATHS = {**{f"on.{key}": field for key, field in ON_FIELDS.items()},
+               **{key.path: key.field for key in run_keys.RUN_KEYS}}
 
 
 @dataclass(frozen=True)
@@ -158,38 +126,6 @@ def key_problems(section: dict, where: str) -> tuple[list[RuleProblem], list[str
     return problems, dropped
 
 
-# --- small checks -----------------------------------------------------------------------------------------
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _trimmed_nonempty(value) -> bool:
-    return isinstance(value, str) and bool(value) and value == value.strip()
-
-
-def _string_list_problem(value, path: str, *, allow_empty: bool = True) -> str | None:
-    if not isinstance(value, list):
-        return f"{path} must be a list of strings."
-    if any(not isinstance(item, str) or not item.strip() for item in value):
-        return f"{path} must hold non-empty strings."
-    if len(set(value)) != len(value):
-        return f"{path} lists the same value twice."
-    if not allow_empty and not value:
-        return f"{path} must not be empty."
-    return None
-
-
-def parse_instant(value) -> datetime | None:
-    """An ISO 8601 instant that carries its zone (`Z` or `+01:00`), or None."""
-    if not isinstance(value, str) or not ISO_INSTANT.fullmatch(value):
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 # --- the rule -----------------------------------------------------------------------------------------------
 
 class _Problems(list):
@@ -234,12 +170,15 @@ def entry_problems(entry) -> tuple[list[RuleProblem], list[str]]:
     for key in on:
         if key in ON_KEYS and key not in ON_KEYS_BY_TYPE[on_type]:
             problems.add(f"on.{key}", f"on.{key} is not used by {on_type} triggers (it would do nothing); remove it.")
-    for key in run:
-        if on_type == "cron" and key in FORGE_ONLY_RUN_KEYS:
-            problems.add(f"run.{key}", f"run.{key} is for forge triggers, not cron triggers.")
-        if on_type != "cron" and key in CRON_ONLY_RUN_KEYS:
-            problems.add(f"run.{key}",
-                         f"run.{key} is only for cron triggers (a forge job works on the issue's repository).")
+    for name in run:
+        key = run_keys.BY_NAME.get(name)
+        if key is None or key.allowed_for(on_type):
+            continue
+        if on_type == "cron":
+            problems.add(key.path, f"{key.path} is for forge triggers, not cron triggers.")
+        else:
+            problems.add(key.path,
+                         f"{key.path} is only for cron triggers (a forge job works on the issue's repository).")
 
     _check_on(on_type, kind, on, run, problems)
     _check_run(on_type, kind, on, run, problems)
@@ -260,48 +199,49 @@ def _check_predicate(on: dict, problems: _Problems) -> bool:
     ok = True
     for key in ("any", "all", "none"):
         if key in on:
-            problem = _string_list_problem(on[key], f"on.{key}")
+            problem = run_keys.string_list_problem(on[key], f"on.{key}")
             if problem:
                 problems.add(f"on.{key}", problem.replace("strings", "label names"))
                 ok = False
     return ok and bool(on.get("any") or on.get("all"))
 
 
-def _check_on(on_type, kind, on, run, problems: _Problems) -> None:  # noqa: C901 (issue 50 §2 replaces it)
+def _check_on(on_type, kind, on, run, problems: _Problems) -> None:
     if on_type == "cron":
-        cron_id, pattern = on.get("id"), on.get("pattern")
-        if not isinstance(cron_id, str) or not CRON_ID_PATTERN.fullmatch(cron_id):
-            problems.add("on.id", "on.id must name the cron trigger: 1-64 letters, digits, '.', '_' or '-' (no ':').")
-        fields = pattern.split() if isinstance(pattern, str) else []
-        if len(fields) not in (5, 6) or not croniter.is_valid(pattern, second_at_beginning=len(fields) == 6):
-            problems.add("on.pattern", "on.pattern must be a cron expression of 5 or 6 space-separated fields, "
-                                       "e.g. \"0 6 * * 1-5\".")
-        return
-
-    if on_type == "label":
+        _check_schedule(on, problems)
+    elif on_type == "label":
         positive = _check_predicate(on, problems)
         if not positive and not problems_for(problems, "on.any", "on.all"):
             problems.add("on.any", "A label trigger needs at least one positive selector: on.any or on.all must "
                                    "name a label (on.none alone can only suppress, never fire).")
-        return
-
-    if on_type == "comment":
+    elif on_type == "comment":
         phrase = on.get("phrase")
         if not isinstance(phrase, str) or not phrase.strip() or len(phrase) > MAX_PHRASE:
             problems.add("on.phrase", f"on.phrase must be the non-empty text a comment must contain "
                                       f"(at most {MAX_PHRASE} characters), e.g. \"@pi\".")
-        return
+    elif kind in FORGE_KINDS:
+        _check_forge_actions(on_type, kind, on, problems)
 
-    # pull_request and issue: on.action from the forge's own vocabulary
-    if kind not in FORGE_KINDS:
-        return
+
+def _check_schedule(on, problems: _Problems) -> None:
+    cron_id, pattern = on.get("id"), on.get("pattern")
+    if not isinstance(cron_id, str) or not CRON_ID_PATTERN.fullmatch(cron_id):
+        problems.add("on.id", "on.id must name the cron trigger: 1-64 letters, digits, '.', '_' or '-' (no ':').")
+    fields = pattern.split() if isinstance(pattern, str) else []
+    if len(fields) not in (5, 6) or not croniter.is_valid(pattern, second_at_beginning=len(fields) == 6):
+        problems.add("on.pattern", "on.pattern must be a cron expression of 5 or 6 space-separated fields, "
+                                   "e.g. \"0 6 * * 1-5\".")
+
+
+def _check_forge_actions(on_type, kind, on, problems: _Problems) -> None:
+    """pull_request and issue rules: on.action from the forge's own vocabulary, then what its actions allow."""
     actions = on.get("action")
     vocabulary = (PR_ACTIONS[kind] if on_type == "pull_request"
                   else ((CLOSE_WORDS[kind],) if kind in CLOSE_WORDS else ()))
     if on_type == "issue" and kind == "azure":
         problems.add("run.kind", "issue (close) triggers are not available for Azure DevOps work items.")
         return
-    problem = _string_list_problem(actions, "on.action", allow_empty=False) if "action" in on else \
+    problem = run_keys.string_list_problem(actions, "on.action", allow_empty=False) if "action" in on else \
         "on.action is required: the list of actions that fire this rule."
     if problem:
         problems.add("on.action", f"{problem} {kind} allows: {', '.join(vocabulary)}.")
@@ -316,42 +256,47 @@ def _check_on(on_type, kind, on, run, problems: _Problems) -> None:  # noqa: C90
     if close and len(actions) > 1:
         problems.add("on.action", f"on.action: the close word {CLOSE_WORDS[kind]!r} must be the rule's only action "
                                   "(a close rule is gated on the closer, other rules on the author or a label).")
-
     has_predicate = any(key in on for key in ("any", "all", "none"))
     if on_type == "issue" and has_predicate:
         problems.add("on.any", "issue (close) triggers take no label predicate (on.any/all/none).")
     if on_type == "pull_request":
-        if close and has_predicate:
-            problems.add("on.any", "a close-only pull_request rule takes no label predicate (on.any/all/none).")
-        elif kind == "azure" and has_predicate:
-            problems.add("on.any", "Azure DevOps pull requests have no labels: remove on.any/all/none.")
-        else:
-            positive = _check_predicate(on, problems)
-            label_action = PR_LABEL_ACTIONS.get(kind)
-            if label_action in actions and not positive and not problems_for(problems, "on.any", "on.all"):
-                problems.add("on.any", f"on.action {label_action!r} needs a positive selector: on.any or on.all "
-                                       "must name the label that fires it.")
-
-        if "reviewState" in on:
-            states = on["reviewState"]
-            if kind != "github":
-                problems.add("on.reviewState", "on.reviewState exists only for GitHub reviews.")
-            elif REVIEW_ACTION not in actions:
-                problems.add("on.reviewState", f"on.reviewState needs {REVIEW_ACTION!r} in on.action.")
-            else:
-                problem = _string_list_problem(states, "on.reviewState", allow_empty=False)
-                if problem or any(state not in REVIEW_STATES for state in states):
-                    problems.add("on.reviewState", f"on.reviewState must be a non-empty list drawn from "
-                                                   f"{', '.join(REVIEW_STATES)}.")
-
+        _check_pull_request_rule(kind, on, actions, close, has_predicate, problems)
     for key in ("number", "once", "disarmed"):
         if key in on and not close:
             problems.add(f"on.{key}", f"on.{key} is only for close rules (an issue rule, or a pull_request rule "
                                       "whose only action is the close word).")
-    if not close:
+    if close:
+        _check_close_rule(on, problems)
+
+
+def _check_pull_request_rule(kind, on, actions, close: bool, has_predicate: bool, problems: _Problems) -> None:
+    if close and has_predicate:
+        problems.add("on.any", "a close-only pull_request rule takes no label predicate (on.any/all/none).")
+    elif kind == "azure" and has_predicate:
+        problems.add("on.any", "Azure DevOps pull requests have no labels: remove on.any/all/none.")
+    else:
+        positive = _check_predicate(on, problems)
+        label_action = PR_LABEL_ACTIONS.get(kind)
+        if label_action in actions and not positive and not problems_for(problems, "on.any", "on.all"):
+            problems.add("on.any", f"on.action {label_action!r} needs a positive selector: on.any or on.all "
+                                   "must name the label that fires it.")
+    if "reviewState" not in on:
         return
+    states = on["reviewState"]
+    if kind != "github":
+        problems.add("on.reviewState", "on.reviewState exists only for GitHub reviews.")
+    elif REVIEW_ACTION not in actions:
+        problems.add("on.reviewState", f"on.reviewState needs {REVIEW_ACTION!r} in on.action.")
+    else:
+        problem = run_keys.string_list_problem(states, "on.reviewState", allow_empty=False)
+        if problem or any(state not in REVIEW_STATES for state in states):
+            problems.add("on.reviewState", f"on.reviewState must be a non-empty list drawn from "
+                                           f"{', '.join(REVIEW_STATES)}.")
+
+
+def _check_close_rule(on, problems: _Problems) -> None:
     number, once = on.get("number"), on.get("once")
-    if "number" in on and (not _is_int(number) or number < 1):
+    if "number" in on and (not run_keys.is_int(number) or number < 1):
         problems.add("on.number", "on.number must be a whole number >= 1: the issue or pull request this rule watches.")
     if "once" in on and not isinstance(once, bool):
         problems.add("on.once", "on.once must be true or false.")
@@ -363,7 +308,7 @@ def _check_on(on_type, kind, on, run, problems: _Problems) -> None:  # noqa: C90
             problems.add("on.disarmed", "on.disarmed only exists beside on.once: true.")
         elif (not isinstance(disarmed, dict) or set(disarmed) - {"at", "jobId"}
               or parse_instant(disarmed.get("at")) is None
-              or ("jobId" in disarmed and not _trimmed_nonempty(disarmed.get("jobId")))):
+              or ("jobId" in disarmed and not trimmed_nonempty(disarmed.get("jobId")))):
             problems.add("on.disarmed", "on.disarmed must be {\"at\": <ISO 8601 instant with zone>, \"jobId\": "
                                         "<job id>} (delete it to re-arm the rule).")
 
@@ -372,178 +317,75 @@ def problems_for(problems, *paths) -> bool:
     return any(problem.path in paths for problem in problems)
 
 
-def _check_run(on_type, kind, on, run, problems: _Problems) -> None:  # noqa: C901 (issue 50 §2 replaces it)
-    flow, command = run.get("flow"), run.get("command")
+def _check_run(on_type, kind, on, run, problems: _Problems) -> None:
+    """Each key's own check (run_keys.RUN_KEYS), then the rules that read several keys together."""
+    rule = Rule(on_type, kind, on, run)
     if ("flow" in run) == ("command" in run):
         problems.add("run.flow", "run needs exactly one of run.flow (a pi skill) or run.command (a pi extension "
                                  "command).")
-    if "flow" in run and (not isinstance(flow, str) or not FLOW_PATTERN.fullmatch(flow)):
-        problems.add("run.flow", "run.flow must be 1-64 lowercase letters, digits, '-' or '_', starting and ending "
-                                 "with a letter or digit.")
-    if "command" in run and (not _trimmed_nonempty(command) or command.startswith("/") or len(command) > MAX_COMMAND
-                             or any(unicodedata.category(ch) == "Cc" for ch in command)):
-        problems.add("run.command", f"run.command must be a command name without a leading '/', surrounding "
-                                    f"spaces or control characters (at most {MAX_COMMAND} characters).")
+    for key in run_keys.RUN_KEYS:
+        if key.check is not None and key.name in run and key.allowed_for(on_type):
+            for message in key.check(run[key.name], rule):
+                problems.add(key.path, message)
+    for check in RUN_RULES:
+        for path, message in check(rule):
+            problems.add(path, message)
 
-    if on_type == "cron":
-        if not _trimmed_nonempty(run.get("folder")):
-            problems.add("run.folder", "run.folder is required: the folder on the worker host the cron job works in.")
-        if "flow" in run and not (isinstance(run.get("task"), str) and run["task"].strip()):
-            problems.add("run.task", "run.task is required beside run.flow: the cron job's prompt.")
-        if "command" in run and "task" in run:
-            problems.add("run.task", "run.task cannot be combined with run.command (a command takes no prompt).")
 
-    if "image" in run:
-        image = run["image"]
-        if not _trimmed_nonempty(image) or image.startswith("-") or len(image) > MAX_IMAGE:
-            problems.add("run.image",
-                         "run.image must be an image reference without surrounding spaces or a leading '-'.")
-    if "instructions" in run:
-        text = run["instructions"]
-        if not isinstance(text, str) or not text.strip() or len(text) > MAX_INSTRUCTIONS:
-            problems.add("run.instructions", f"run.instructions must be non-empty text of at most {MAX_INSTRUCTIONS} "
-                                             "characters.")
-        elif "command" in run:
-            problems.add("run.instructions", "run.instructions cannot be combined with run.command (a command takes "
-                                             "no prompt).")
-    if "allowCiChanges" in run and not isinstance(run["allowCiChanges"], bool):
-        problems.add("run.allowCiChanges", "run.allowCiChanges must be true or false.")
-    if "publishTo" in run and run["publishTo"] not in PUBLISH_TO:
-        problems.add("run.publishTo", "run.publishTo must be fork (the deployment's fork) or origin (a branch of "
-                                      "the repository itself, where its CI runs the agent's code with its secrets).")
-    for key in ("packages", "github"):
-        if key in run and not isinstance(run[key], bool):
-            problems.add(f"run.{key}", f"run.{key} must be true or false.")
-    if "skillsDir" in run:
-        skills_dir = run["skillsDir"]
-        if not _trimmed_nonempty(skills_dir) or len(skills_dir) > MAX_SKILLS_DIR or not skills_dir.startswith("/"):
-            problems.add("run.skillsDir", f"run.skillsDir must be an absolute folder on the worker host, without "
-                                          f"surrounding spaces (at most {MAX_SKILLS_DIR} characters).")
-        elif not (judged := folder_roots.judge(skills_dir, folder_roots.SKILLS)).allowed:
-            # Judged here by this host's roots (the web's environment declares the workers'), and again by the
-            # worker that copies it: its real path there may differ.
-            problems.add("run.skillsDir", f"run.skillsDir is refused: {folder_roots.SKILLS.hint(judged.why)}.")
-    if "backend" in run:
-        problem = venues.trigger_problem(run["backend"], local_folder=kind == "local")
-        if problem:
-            problems.add("run.backend", f"run.backend {problem}")
-    resume = run.get("resume")
-    if "resume" in run and not isinstance(resume, bool):
-        problems.add("run.resume", "run.resume must be true or false.")
-    if resume is True:
+def _cron_needs(rule: Rule):
+    run = rule.run
+    if rule.on_type != "cron":
+        return
+    if not trimmed_nonempty(run.get("folder")):
+        yield "run.folder", "run.folder is required: the folder on the worker host the cron job works in."
+    if "flow" in run and not (isinstance(run.get("task"), str) and run["task"].strip()):
+        yield "run.task", "run.task is required beside run.flow: the cron job's prompt."
+    if "command" in run and "task" in run:
+        yield "run.task", "run.task cannot be combined with run.command (a command takes no prompt)."
+
+
+def _a_command_takes_no_prompt(rule: Rule):
+    if "instructions" in rule.run and "command" in rule.run and rule.on_type != "cron":
+        yield "run.instructions", "run.instructions cannot be combined with run.command (a command takes no prompt)."
+
+
+def _resume_excludes(rule: Rule):
+    if rule.run.get("resume") is True:
         for other in ("replicas", "secrets", "command"):
-            if other in run:
-                problems.add("run.resume", f"run.resume: true cannot be combined with run.{other}.")
-    if "replicas" in run:
-        replicas = run["replicas"]
-        if not _is_int(replicas) or not MIN_REPLICAS <= replicas <= MAX_REPLICAS:
-            problems.add("run.replicas", f"run.replicas must be a whole number from {MIN_REPLICAS} to {MAX_REPLICAS} "
-                                         "(leave it out for one job).")
-        if on.get("once") is True:
-            problems.add("run.replicas", "run.replicas cannot be combined with on.once (a one-shot runs once).")
-    if "waitFor" in run:
-        _check_wait_for(run["waitFor"], problems)
-        if on.get("once") is True:
-            problems.add("run.waitFor", "run.waitFor cannot be combined with on.once.")
-        if "replicas" in run:
-            problems.add("run.waitFor", "run.waitFor cannot be combined with run.replicas.")
-    if "repository" in run or (kind == "azure" and on_type in ("label", "comment")):
-        repository = run.get("repository")
-        if not (kind == "azure" and on_type in ("label", "comment")):
-            problems.add("run.repository", "run.repository is only for Azure DevOps label and comment triggers.")
-        elif not _trimmed_nonempty(repository) or "/" in repository:
-            problems.add("run.repository", "run.repository is required for Azure DevOps work item triggers: the "
-                                           "name of the repository (in the work item's project) the job works on.")
-    if "secrets" in run:
-        _check_secrets(run["secrets"], problems)
-    if "secretsProfile" in run:
-        profile = run["secretsProfile"]
-        if not isinstance(profile, str) or not NAME_PATTERN.fullmatch(profile):
-            problems.add("run.secretsProfile", "run.secretsProfile must be a profile name: letters, digits, '.', '_' "
-                                               "or '-'.")
-        elif "secrets" not in run:
-            problems.add("run.secretsProfile", "run.secretsProfile needs run.secrets (the references it resolves).")
-    if "excludeTools" in run:
-        tools = run["excludeTools"]
-        problem = _string_list_problem(tools, "run.excludeTools", allow_empty=False)
-        if problem or any(tool not in EXCLUDABLE_TOOLS for tool in tools):
-            problems.add("run.excludeTools", f"run.excludeTools must be a non-empty list without repeats, drawn from "
-                                             f"{', '.join(EXCLUDABLE_TOOLS)}.")
-    if run.get("provider") is not None and (not isinstance(run["provider"], str)
-                                            or not PROVIDER_PATTERN.fullmatch(run["provider"])):
-        problems.add("run.provider", "run.provider must be 1-64 letters, digits, '.', '_' or '-', starting with a "
-                                     "letter or digit (null = the deployment's default).")
-    if run.get("model") is not None and (not isinstance(run["model"], str)
-                                         or not MODEL_PATTERN.fullmatch(run["model"])):
-        problems.add("run.model", "run.model must be 1-64 letters, digits or . _ - : / @, starting with a letter or "
-                                  "digit (null = the deployment's default).")
-    if "models" in run:
-        try:
-            allowed_models.check(run["models"], "run.models")
-        except allowed_models.ModelListError as error:
-            problems.add("run.models", str(error))
-        else:
-            problem = allowed_models.main_model_problem(run.get("provider"), run.get("model"), run["models"],
-                                                        "run.models")
-            if problem:
-                problems.add("run.models", problem)
-    if "maxTurns" in run and (not _is_int(run["maxTurns"]) or run["maxTurns"] < 1):
-        problems.add("run.maxTurns", "run.maxTurns must be a whole number >= 1.")
-    if "maxCostUsd" in run:
-        try:
-            if parse_usd(run["maxCostUsd"]) is None:
-                raise MoneyError("must be set (leave the key out for the deployment's cap)")
-        except MoneyError as error:
-            problems.add("run.maxCostUsd", f"run.maxCostUsd {error}.")
+            if other in rule.run:
+                yield "run.resume", f"run.resume: true cannot be combined with run.{other}."
 
 
-def _check_wait_for(conditions, problems: _Problems) -> None:
-    path = "run.waitFor"
-    if not isinstance(conditions, list) or not 1 <= len(conditions) <= MAX_WAIT_CONDITIONS:
-        problems.add(path, f"{path} must be a list of 1 to {MAX_WAIT_CONDITIONS} conditions, each "
-                           "{\"after\": <instant>} or {\"profile\": <name>}.")
+def _one_shot_and_waits(rule: Rule):
+    run, once = rule.run, rule.on.get("once") is True
+    if "replicas" in run and once:
+        yield "run.replicas", "run.replicas cannot be combined with on.once (a one-shot runs once)."
+    if "waitFor" in run and once:
+        yield "run.waitFor", "run.waitFor cannot be combined with on.once."
+    if "waitFor" in run and "replicas" in run:
+        yield "run.waitFor", "run.waitFor cannot be combined with run.replicas."
+
+
+def _azure_work_item_repository(rule: Rule):
+    work_item = rule.kind == "azure" and rule.on_type in ("label", "comment")
+    if "repository" not in rule.run and not work_item:
         return
-    afters, profiles = 0, set()
-    for condition in conditions:
-        if isinstance(condition, dict) and "exclusive" in condition:
-            problems.add(path, f"{path}: `exclusive` is not a wait condition; to run one job at a time per scope "
-                               "use a scoped limit with `concurrent`.")
-            continue
-        if not isinstance(condition, dict) or len(condition) != 1:
-            problems.add(path, f"{path}: each condition is an object with exactly one key, after or profile.")
-            continue
-        (key, value), = condition.items()
-        if key == "after":
-            afters += 1
-            if parse_instant(value) is None:
-                problems.add(path, f"{path}: after must be an ISO 8601 instant with its zone, e.g. "
-                                   "\"2026-12-01T09:00:00Z\".")
-        elif key == "profile":
-            if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
-                problems.add(path, f"{path}: profile must be a wait profile name (letters, digits, '.', '_', '-').")
-            elif value in profiles:
-                problems.add(path, f"{path}: profile {value!r} is listed twice.")
-            profiles.add(value)
-        else:
-            problems.add(path, f"{path}: {key!r} is not a wait condition (after or profile).")
-    if afters > 1:
-        problems.add(path, f"{path}: at most one after condition.")
+    repository = rule.run.get("repository")
+    if not work_item:
+        yield "run.repository", "run.repository is only for Azure DevOps label and comment triggers."
+    elif not trimmed_nonempty(repository) or "/" in repository:
+        yield "run.repository", ("run.repository is required for Azure DevOps work item triggers: the name of the "
+                                 "repository (in the work item's project) the job works on.")
 
 
-def _check_secrets(secrets, problems: _Problems) -> None:
-    path = "run.secrets"
-    if not isinstance(secrets, dict) or not 1 <= len(secrets) <= MAX_SECRETS:
-        problems.add(path, f"{path} must be an object of 1 to {MAX_SECRETS} NAME: reference entries (references "
-                           "only; the worker resolves them).")
-        return
-    for name, reference in secrets.items():
-        if not isinstance(name, str) or not SECRET_NAME_PATTERN.fullmatch(name) or name == "__proto__":
-            problems.add(path, f"{path}: {name!r} is not an environment variable name.")
-        elif secret_name_is_reserved(name):  # the worker's own list: one source for both checks
-            problems.add(path, f"{path}: {name} is set by the runtime itself and cannot be a secret.")
-        if not _trimmed_nonempty(reference) or reference.startswith("-"):
-            problems.add(path, f"{path}: the reference for {name} must be non-empty, without surrounding spaces "
-                               "or a leading '-'.")
+def _profile_needs_secrets(rule: Rule):
+    if "secretsProfile" in rule.run and "secrets" not in rule.run:
+        yield "run.secretsProfile", "run.secretsProfile needs run.secrets (the references it resolves)."
+
+
+# The rules that read several run keys together (each key's own check is its declaration's).
+RUN_RULES = (_cron_needs, _a_command_takes_no_prompt, _resume_excludes, _one_shot_and_waits,
+             _azure_work_item_repository, _profile_needs_secrets)
 
 
 def collection_problems(entries: list) -> list[tuple[int, RuleProblem]]:
@@ -575,20 +417,16 @@ def collection_problems(entries: list) -> list[tuple[int, RuleProblem]]:
 
 # --- model <-> file form ----------------------------------------------------------------------------------
 
-def entry_from_trigger(trigger) -> dict:  # noqa: C901 (issue 50 §2 replaces it)
+def entry_from_trigger(trigger) -> dict:
     """The rule in the file's form; absent fields are left out (as the ancestor writes them)."""
     on: dict = {"type": trigger.on_type}
     if trigger.on_type == "cron":
         on.update(id=trigger.cron_id, pattern=trigger.cron_pattern)
-    for key, value in (("any", trigger.label_any), ("all", trigger.label_all), ("none", trigger.label_none)):
+    for key, value in (("any", trigger.label_any), ("all", trigger.label_all), ("none", trigger.label_none),
+                       ("phrase", trigger.phrase), ("action", trigger.actions),
+                       ("reviewState", trigger.review_states)):
         if value:
-            on[key] = _copy(value)
-    if trigger.phrase:
-        on["phrase"] = trigger.phrase
-    if trigger.actions:
-        on["action"] = _copy(trigger.actions)
-    if trigger.review_states:
-        on["reviewState"] = _copy(trigger.review_states)
+            on[key] = run_keys.copied(value)
     if trigger.number is not None:
         on["number"] = trigger.number
     if trigger.once:
@@ -597,68 +435,7 @@ def entry_from_trigger(trigger) -> dict:  # noqa: C901 (issue 50 §2 replaces it
         on["disarmed"] = {"at": iso_instant(trigger.disarmed_at)}
         if trigger.disarmed_job_id:
             on["disarmed"]["jobId"] = trigger.disarmed_job_id
-
-    run: dict = {"kind": trigger.kind}
-    for key, field in (("flow", "flow"), ("command", "command"), ("task", "task"), ("folder", "folder"),
-                       ("image", "image"), ("instructions", "instructions")):
-        value = getattr(trigger, field)
-        if value:
-            run[key] = value
-    if trigger.replicas is not None:
-        run["replicas"] = trigger.replicas
-    for key, field in (("waitFor", "wait_for"), ("secrets", "secrets")):
-        value = getattr(trigger, field)
-        if value:
-            run[key] = _copy(value)
-    for key, field in (("secretsProfile", "secrets_profile"), ("repository", "repository")):
-        value = getattr(trigger, field)
-        if value:
-            run[key] = value
-    if trigger.exclude_tools:
-        run["excludeTools"] = _copy(trigger.exclude_tools)
-    if trigger.provider:
-        run["provider"] = trigger.provider
-    if trigger.model:
-        run["model"] = trigger.model
-    if trigger.allowed_models:
-        run["models"] = _copy(trigger.allowed_models)
-    if trigger.max_turns is not None:
-        run["maxTurns"] = trigger.max_turns
-    if trigger.max_cost_usd is not None:
-        run["maxCostUsd"] = _usd_text(trigger.max_cost_usd)
-    if trigger.resume:
-        run["resume"] = True
-    if trigger.allow_ci_changes:
-        run["allowCiChanges"] = True
-    if trigger.publish_to:
-        run["publishTo"] = trigger.publish_to
-    if not trigger.packages:
-        run["packages"] = False
-    if trigger.skills_dir:
-        run["skillsDir"] = trigger.skills_dir
-    if trigger.github:
-        run["github"] = True
-    if trigger.backend:
-        run["backend"] = trigger.backend
-    return {"on": on, "run": run}
-
-
-def _usd_text(value) -> str:
-    """A dollar amount as the ancestor writes it: a plain decimal string (`2.5`, never `2.500000` or `2.5E+0`)."""
-    if isinstance(value, Decimal):
-        text = format(value, "f")
-        return text.rstrip("0").rstrip(".") if "." in text else text
-    return value  # a wrong type stays as it is, for validation to name
-
-
-def _copy(value):
-    # JSON fields edited in the admin can hold any JSON; only lists and objects are copied as such, so a
-    # wrong shape still reaches validation (and its message) unchanged.
-    if isinstance(value, list):
-        return list(value)
-    if isinstance(value, dict):
-        return dict(value)
-    return value
+    return {"on": on, "run": run_keys.file_form(trigger)}
 
 
 def fields_from_entry(entry: dict) -> dict:
@@ -679,31 +456,7 @@ def fields_from_entry(entry: dict) -> dict:
         "once": on.get("once") is True,
         "disarmed_at": parse_instant(disarmed["at"]) if disarmed else None,
         "disarmed_job_id": (disarmed or {}).get("jobId", ""),
-        "kind": run["kind"],
-        "flow": run.get("flow", ""),
-        "command": run.get("command", ""),
-        "task": run.get("task", ""),
-        "folder": run.get("folder", ""),
-        "image": run.get("image", ""),
-        "instructions": run.get("instructions", ""),
-        "replicas": run.get("replicas"),
-        "wait_for": list(run.get("waitFor") or []),
-        "secrets": dict(run.get("secrets") or {}),
-        "secrets_profile": run.get("secretsProfile", ""),
-        "repository": run.get("repository", ""),
-        "exclude_tools": list(run.get("excludeTools") or []),
-        "provider": run.get("provider") or "",
-        "model": run.get("model") or "",
-        "allowed_models": list(run.get("models") or []),
-        "max_turns": run.get("maxTurns"),
-        "max_cost_usd": to_usd(parse_usd(run.get("maxCostUsd"))),
-        "resume": run.get("resume") is True,
-        "allow_ci_changes": run.get("allowCiChanges") is True,
-        "publish_to": run.get("publishTo", ""),
-        "packages": run.get("packages") is not False,
-        "skills_dir": run.get("skillsDir", ""),
-        "github": run.get("github") is True,
-        "backend": run.get("backend", ""),
+        **run_keys.stored_fields(run),
     }
 
 

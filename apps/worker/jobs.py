@@ -211,7 +211,7 @@ class JobSpec:
             raise JobSpecError(f"job payload has unknown fields: {', '.join(sorted(unknown))}")
         payload = {**payload}
         # JSON has lists; the spec keeps tuples (hashable, frozen)
-        for name in ("exclude_tools", "wait_for", "models"):
+        for name in _TUPLE_FIELDS:
             if isinstance(payload.get(name), list):
                 payload[name] = tuple(payload[name])
         try:
@@ -221,6 +221,7 @@ class JobSpec:
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(JobSpec))
+_TUPLE_FIELDS = tuple(f.name for f in dataclasses.fields(JobSpec) if f.default == ())
 _OPTIONAL_DEFAULTS = {"packages": True, "skills_dir": "", "github": False, "backend": "", "chain_pi_tree": "",
                       "publish_to": ""}
 # What only the container reads: the texts, and the event context (it copies comment and review text).

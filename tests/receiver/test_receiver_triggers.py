@@ -176,14 +176,14 @@ def test_a_bad_dollar_cap_names_the_rule(value, fragment):
 def test_a_rules_dollar_cap_reaches_its_jobs_and_round_trips(tmp_path):
     from decimal import Decimal
 
-    from apps.receiver.dispatch import execution_fields
+    from apps.receiver.run_keys import job_fields
 
     document = {"triggers": [{"on": LABEL, "run": {**GITHUB, "maxCostUsd": "0.75"}}]}
     (tmp_path / "t.json").write_text(json.dumps(document))
     run_command("import_triggers", str(tmp_path / "t.json"))
     rule = Trigger.objects.get()
     assert rule.max_cost_usd == Decimal("0.75")
-    assert execution_fields(rule)["max_cost_usd"] == "0.750000"
+    assert job_fields(rule)["max_cost_usd"] == "0.750000"
     exported, _ = run_command("export_triggers")
     assert json.loads(exported)["triggers"][0]["run"]["maxCostUsd"] == "0.75"
 
@@ -212,7 +212,7 @@ def test_the_main_model_must_be_on_the_list_when_both_are_set():
 
 
 def test_a_rules_model_list_reaches_its_jobs_and_round_trips(tmp_path):
-    from apps.receiver.dispatch import execution_fields
+    from apps.receiver.run_keys import job_fields
 
     listed = ["anthropic/claude-sonnet-4-5", "openrouter/anthropic/claude-haiku-4-5"]
     cron = {"type": "cron", "id": "nightly", "pattern": "0 3 * * *"}
@@ -223,7 +223,7 @@ def test_a_rules_model_list_reaches_its_jobs_and_round_trips(tmp_path):
     run_command("import_triggers", str(tmp_path / "t.json"))
     label_rule, cron_rule = Trigger.objects.order_by("position")
     assert label_rule.allowed_models == listed and cron_rule.allowed_models == listed[:1]
-    assert execution_fields(label_rule)["models"] == tuple(listed)
+    assert job_fields(label_rule)["models"] == tuple(listed)
     exported, _ = run_command("export_triggers")
     assert [entry["run"]["models"] for entry in json.loads(exported)["triggers"]] == [listed, listed[:1]]
 

@@ -8,8 +8,8 @@ import pytest
 from django.core.management import call_command
 
 from apps.receiver import cron
-from apps.receiver.dispatch import execution_fields
 from apps.receiver.models import Trigger
+from apps.receiver.run_keys import job_fields
 from apps.receiver.validation import entry_problems
 from apps.worker.jobs import JobSpec
 
@@ -83,7 +83,7 @@ def test_an_ancestor_file_with_the_four_keys_round_trips_and_reaches_the_jobs(tm
     assert (cron_rule.packages, cron_rule.github, cron_rule.backend) == (True, True, "")
     assert [entry["run"] for entry in export_file()] == [entry["run"] for entry in entries]
 
-    fields = execution_fields(forge_rule)
+    fields = job_fields(forge_rule)
     assert (fields["packages"], fields["skills_dir"], fields["backend"]) == (False, "/srv/skills/review", "local")
     from datetime import UTC, datetime
     spec = cron.cron_job_spec(cron_rule, datetime(2026, 12, 3, 3, tzinfo=UTC))

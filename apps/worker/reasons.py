@@ -49,6 +49,8 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
     "redis-unavailable": ("Redis did not answer while the job ran.", "Check Redis (REDIS_URL); " + _RETRIED.lower()),
     "egress-gateway-unavailable": ("The job's egress gateway could not be started on the host.",
                                    "Check PI_EGRESS_SOCKET_DIR on the host; " + _RETRIED.lower()),
+    "git-unavailable": ("git could not be run on the worker host while a cron job's GitHub repository was read.",
+                        "Install git on the host (Debian's git package); " + _RETRIED.lower()),
     "disk-full": ("The worker host's disk was full while the job was prepared.",
                   "Free space under PI_JOB_ROOT on the host, then retry."),
     "secret-resolver-unreachable": ("The host's secret resolver did not answer (timeout, crash or exit 1).",
@@ -302,6 +304,7 @@ REFUSED = {
     "job-image-protocol-mismatch": "Refused: the job image speaks another runner protocol than this worker. "
                                    "Not run.",
     "pull-request-closed": "Refused: the pull request is closed. Not run.",
+    "pull-request-missing": "Refused: the forge no longer knows this pull request. Not run.",
     "provider-unconfigured": "Refused: the worker has no credential for the model provider. Not run.",
     "forge-unconfigured": "Refused: this deployment has no usable credential for this forge. Not run.",
     "forge-auth-refused": "Refused: the forge refused this deployment's credential for this repository. Not run.",

@@ -139,3 +139,16 @@ def test_a_family_of_reasons_is_declared_by_its_prefix():
     workspace = next(gate for gate in GATES if gate.number == "10")
     assert workspace.ends_with("pi-too-deep") and workspace.ends_with("workspace-dirty")
     assert not workspace.ends_with("pix-too-deep") and not workspace.ends_with("scope-busy")
+
+
+def test_every_reason_a_workspace_can_be_refused_or_failed_with_is_declared_by_the_workspace_gate():
+    # The workspace gate (10) turns WorkspaceRefused and ForgeFailure into its stops: each literal reason of theirs in
+    # the modules it calls is one it declares. Only opening a pull request (publishing, gate 14) raises the exception.
+    publishing_only = {"pull-request-conflict"}
+    root = Path(__file__).resolve().parents[2] / "apps" / "worker"
+    sources = [*root.glob("sandbox/*.py"), *root.glob("forges/*.py")]
+    raised = {reason for path in sources
+              for reason in re.findall(r"(?:WorkspaceRefused|ForgeFailure)\(\s*\"([a-z0-9-]+)\"", path.read_text())}
+    workspace = next(gate for gate in GATES if gate.number == "10")
+    assert "default-branch-missing" in raised and "workspace-dirty" in raised
+    assert {reason for reason in raised - publishing_only if not workspace.ends_with(reason)} == set()

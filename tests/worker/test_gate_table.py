@@ -152,3 +152,27 @@ def test_every_reason_a_workspace_can_be_refused_or_failed_with_is_declared_by_t
     workspace = next(gate for gate in GATES if gate.number == "10")
     assert "default-branch-missing" in raised and "workspace-dirty" in raised
     assert {reason for reason in raised - publishing_only if not workspace.ends_with(reason)} == set()
+
+
+def test_a_release_that_fails_is_logged_by_its_type_alone_and_the_others_still_run(caplog):
+    from django.utils import timezone
+
+    from apps.worker.gates.attempt import Attempt
+    from apps.worker.jobs import JobSpec
+
+    spec = JobSpec(job_id="gh-release-1", kind="github", flow="fix-bug")
+    attempt = Attempt(spec=spec, host="hostA", now=timezone.now(), redis=None)
+    released = []
+
+    def revoke():
+        raise RuntimeError("revoking https://x-access-token:ghs_secret123@forge.example failed")
+
+    attempt.hold("first", lambda: released.append("first"))
+    attempt.hold("forge-token", revoke)
+    attempt.hold("last", lambda: released.append("last"))
+    with caplog.at_level("WARNING", logger="pidispatch.ladder"):
+        attempt.ended(None)
+
+    assert released == ["last", "first"]  # last taken, first given back; the failure stopped nothing
+    assert "attempt_release_failed job=gh-release-1 hold=forge-token error=RuntimeError" in caplog.text
+    assert "ghs_secret123" not in caplog.text

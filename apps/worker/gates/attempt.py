@@ -101,8 +101,9 @@ class Attempt:
         def guarded() -> None:
             try:
                 release()
-            except Exception:
-                logger.warning("attempt_release_failed job=%s hold=%s", self.spec.job_id, what, exc_info=True)
+            except Exception as error:  # its type only: a forge client's message may carry a URL or a token
+                logger.warning("attempt_release_failed job=%s hold=%s error=%s", self.spec.job_id, what,
+                               type(error).__name__)
 
         self._holds.callback(guarded)
 

@@ -206,9 +206,7 @@ def session(attempt: Attempt) -> None:
     """10b. `run.resume`: the target's kept session, copied into the job's folder beside its workspace (the forge
     said whether a pull request comes from a fork; a store fault only runs the job cold). The container may write
     it: it is held to the workspace's bounds, measured the same way."""
-    spec = attempt.spec
-    if not spec.resume:
-        return
+    spec = attempt.spec  # only a `run.resume` job climbs this gate (its `when` in ladder.GATES)
     attempt.resume = sessions.checkout(spec, attempt.dirs.root, owner=attempt.user, now=timezone.now(),
                                        pull=attempt.forge.pull if attempt.forge is not None else None)
     if attempt.resume.folder is not None:

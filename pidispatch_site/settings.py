@@ -209,6 +209,17 @@ PI_SANDBOX_PIN_DAYS = env.int("PI_SANDBOX_PIN_DAYS", default=7)
 PI_SANDBOX_IDLE_MINUTES = env.int("PI_SANDBOX_IDLE_MINUTES", default=30)
 PI_JOB_MEMORY = env("PI_JOB_MEMORY", default="4g")
 PI_JOB_CPUS = env.float("PI_JOB_CPUS", default=2.0)
+# What this host's jobs may use together (apps/worker/gates/host_budget.py): `auto` (what the engine reports less the
+# reserve), an amount (`24g`, `6`), or `off`. Below one default job the worker refuses to start.
+PI_HOST_MEMORY_BUDGET = env("PI_HOST_MEMORY_BUDGET", default="auto")
+PI_HOST_CPU_BUDGET = env("PI_HOST_CPU_BUDGET", default="auto")
+# What `auto` leaves to the host itself: `auto` is a tenth of its memory (1g to 4g) and one CPU from four CPUs on.
+PI_HOST_RESERVE_MEMORY = env("PI_HOST_RESERVE_MEMORY", default="auto")
+PI_HOST_RESERVE_CPUS = env("PI_HOST_RESERVE_CPUS", default="auto")
+# How soon a job that did not fit the host budget looks again; how far apart two registry reads must be that
+# both find no live host whose budget holds a forge job, before it is refused `job-size-exceeds-fleet`.
+PI_HOST_BUDGET_RECHECK_SECONDS = env.int("PI_HOST_BUDGET_RECHECK_SECONDS", default=9)
+PI_FLEET_FIT_CONFIRM_SECONDS = env.int("PI_FLEET_FIT_CONFIRM_SECONDS", default=30)
 # The most containers one host runs at once, below its number of worker processes (unset: one per process);
 # the admin's settings row overrides it live (apps/worker/gates/host_slots.py).
 PI_CONCURRENCY = env.int("PI_CONCURRENCY", default=0) or None

@@ -187,6 +187,16 @@ SECTIONS: tuple[Section, ...] = (
     Section("The job's container", "the workers", (
         S("PI_JOB_MEMORY", "4g", "Memory limit per container."),
         S("PI_JOB_CPUS", "2", "CPU limit per container."),
+        S("PI_HOST_MEMORY_BUDGET", "auto", "The memory this host's jobs may use together: auto (what the engine "
+          "reports less PI_HOST_RESERVE_MEMORY), an amount (24g) or off. Below one default job the worker refuses "
+          "to start."),
+        S("PI_HOST_CPU_BUDGET", "auto", "The CPUs this host's jobs may use together: auto (the engine's less "
+          "PI_HOST_RESERVE_CPUS), a number or off."),
+        S("PI_HOST_RESERVE_MEMORY", "auto", "What auto leaves to the host: auto is a tenth of its memory, 1g to 4g."),
+        S("PI_HOST_RESERVE_CPUS", "auto", "What auto leaves to the host: auto is one CPU from four CPUs on, else 0."),
+        S("PI_HOST_BUDGET_RECHECK_SECONDS", "9", "How soon a job that did not fit the host budget looks again."),
+        S("PI_FLEET_FIT_CONFIRM_SECONDS", "30", "How far apart two registry reads must agree that no live host's "
+          "budget holds a forge job before it is refused job-size-exceeds-fleet."),
         S("PI_JOB_TMP_MB", "512", "Size of the container's /tmp (tmpfs, counted in its memory)."),
         S("PI_JOB_HOME_MB", "256", "Size of the job user's home (tmpfs)."),
         S("PI_JOB_TIMEOUT_SECONDS", "1800", "Hard limit per container, then it is stopped (worker-abort). Raise "

@@ -212,6 +212,9 @@ def worker_env(settings, tmp_path, github_stand_in):
         "PI_KEEP_JOB_DIRS": "1",
         "PI_RETRY_BACKOFF_SECONDS": "1",
         "PI_JOB_MEMORY": "256m",
+        # Two cores here, two CPUs a job: the tests that run jobs side by side share the CPU time; the host budget's
+        # own tests set their budgets (tests/worker/test_host_budget.py).
+        "PI_HOST_CPU_BUDGET": "off",
         "PI_PROVIDER": "anthropic",
         "ANTHROPIC_API_KEY": PROVIDER_KEY,
         # The workers' daily housekeeping prunes the shared test database beside whatever a test does: only the tests

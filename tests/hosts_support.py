@@ -383,7 +383,8 @@ class Fleet:
         return {**os.environ, "DATABASE_URL": self.database, "REDIS_URL": self.redis_url,
                 "GITHUB_WEBHOOK_SECRET": GITHUB_SECRET, "GITHUB_SELF_ID": SELF_ID, "GITHUB_API_URL": self.forge.url,
                 "GITHUB_TOKEN": STAND_IN_TOKEN, "PI_PROVIDER": "anthropic", "ANTHROPIC_API_KEY": PROVIDER_KEY,
-                "PI_JOB_MEMORY": "256m", "PI_RETRY_BACKOFF_SECONDS": "1", "DATABASE_CONN_MAX_AGE": "0",
+                "PI_JOB_MEMORY": "256m", "PI_HOST_CPU_BUDGET": "off", "PI_RETRY_BACKOFF_SECONDS": "1",
+                "DATABASE_CONN_MAX_AGE": "0",
                 "PI_REDIS_OUTAGE_SECONDS": "60", "PI_DAILY_CAP": "100000",
                 # The drills count their own processes and rows: no worker's daily housekeeping beside them.
                 "PI_HOUSEKEEPING_DAILY": "false", **FAST_FLEET,

@@ -78,6 +78,9 @@ class HostFacts:
     image: str
     capabilities: tuple[str, ...] = ()
     concurrency: int | None = None  # the cap on containers at once; None: one per worker process
+    # Its host budget (apps/worker/gates/host_budget.py): MiB and hundredths of a CPU, `off`, or "" (not known).
+    budget_memory: str = ""
+    budget_cpus: str = ""
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,13 @@ class HostRow:
     capabilities: tuple[str, ...] = ()
     concurrency: int | None = None
     processes: tuple[WorkerProcess, ...] = field(default_factory=tuple)
+    budget_memory: str = ""  # as HostFacts says
+    budget_cpus: str = ""
+
+    def holds(self, memory_mib: int, cpu_centi: int) -> bool:
+        """Whether its budget holds one job of this size (a host that does not say counts as holding it)."""
+        return all(not bound.isdigit() or wanted <= int(bound)
+                   for bound, wanted in ((self.budget_memory, memory_mib), (self.budget_cpus, cpu_centi)))
 
     @property
     def routes(self) -> bool:
@@ -175,7 +185,7 @@ def publish(redis, host: HostFacts, process: ProcessFacts, now: float | None = N
     pipe.hset(host_key(host.name), mapping={
         "name": host.name, "declared": int(host.declared), "version": host.version, "image": host.image,
         "capabilities": ",".join(host.capabilities), "concurrency": host.concurrency or "",
-        "beat_at": f"{now:.3f}",
+        "budget_memory": host.budget_memory, "budget_cpus": host.budget_cpus, "beat_at": f"{now:.3f}",
     })
     pipe.expire(host_key(host.name), ttl)
     pipe.hset(card_key(host.name),
@@ -298,6 +308,8 @@ def read_hosts(redis, now: float | None = None, *, processes: bool = True) -> li
             capabilities=_names(declared.get("capabilities"), lambda c: ":" in c),
             concurrency=int(concurrency) if concurrency else None,
             processes=tuple(processes) if row else (),
+            budget_memory=row.get("budget_memory", ""),
+            budget_cpus=row.get("budget_cpus", ""),
         ))
     return sorted(hosts, key=lambda h: h.name)
 

@@ -14,7 +14,7 @@ from rq.job import Job
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 from rq.utils import utcparse
 
-from . import drains, pauses, registry, waiting
+from . import drains, host_usage, pauses, registry, waiting
 from .connection import text
 from .display import iso_instant
 from .queues import host_of_queue
@@ -55,6 +55,7 @@ class FleetSnapshot:
     failed: list[FailedJob] = field(default_factory=list)
     degraded: str = ""
     drained: dict[str, drains.DrainFlag] = field(default_factory=dict)  # by host (a drain is not a pause)
+    usage: dict[str, host_usage.Usage] = field(default_factory=dict)  # by host: what its jobs use of its budget
 
     @property
     def state(self) -> str:
@@ -87,6 +88,8 @@ class FleetSnapshot:
                 "routes": h.routes,
                 "processes": len(h.processes), "busy": h.busy, "concurrency": h.concurrency, "queues": list(h.queues),
                 "capabilities": list(h.capabilities), "image": h.image,
+                "budget": {"memory_mib": _bound(h.budget_memory), "cpus": _bound(h.budget_cpus, 100)},
+                "in_use": self.usage[h.name].as_json() if h.name in self.usage else None,
                 "drained": None if h.name not in self.drained else {
                     "by": self.drained[h.name].by, "note": self.drained[h.name].note,
                     "at": self.drained[h.name].at.isoformat() if self.drained[h.name].at else None},
@@ -119,11 +122,19 @@ def snapshot(redis, now: float | None = None) -> FleetSnapshot:
         queues.append(QueueState(name=name, host=host_of_queue(name), queued=queued, scheduled=scheduled,
                                  running=running, failed=failed_count, pause=flags.get(name)))
         failed += [(text(job_id), name) for job_id, _ in latest]
+    hosts = None if union.hosts is None else list(union.hosts)
     return FleetSnapshot(
-        taken_at=now, queues=queues, hosts=None if union.hosts is None else list(union.hosts),
+        taken_at=now, queues=queues, hosts=hosts,
         waiting=waiting.list_waiting(redis, names), failed=_latest_failures(redis, failed), degraded=union.degraded,
-        drained=drains.read_flags(redis),
+        drained=drains.read_flags(redis), usage=host_usage.usages(redis, [h.name for h in hosts or ()]),
     )
+
+
+def _bound(value: str, per: int = 1):
+    """A host's budget as its row says it: a number, `off`, or None when the host does not say."""
+    if value.isdigit():
+        return int(value) / per if per != 1 else int(value)
+    return value or None
 
 
 def _latest_failures(redis, candidates: list[tuple[str, str]]) -> list[FailedJob]:

@@ -189,7 +189,31 @@ class DispatchCollector:
             counts[host.liveness] = counts.get(host.liveness, 0) + 1
         for liveness, n in counts.items():
             hosts.add_metric([liveness], n)
-        return [jobs, depth, oldest, paused, hosts]
+        return [jobs, depth, oldest, paused, hosts, *self._host_budgets(snapshot)]
+
+    @staticmethod
+    def _host_budgets(snapshot):
+        """Each host's budget and what its jobs hold of it, by project (apps/worker/gates/host_budget.py)."""
+        budget = GaugeMetricFamily("pidispatch_host_budget", "A host's budget (memory in bytes, CPUs); absent: off or "
+                                   "not said.", labels=["host", "resource"])
+        in_use = GaugeMetricFamily("pidispatch_host_budget_in_use", "What a host's admitted jobs hold of its budget, "
+                                   "by project (\"\": none).", labels=["host", "resource", "project"])
+        waiting = GaugeMetricFamily("pidispatch_host_budget_waiting", "Jobs waiting for room on the host.",
+                                    labels=["host"])
+        for host in snapshot.hosts or ():
+            for resource, value, scale in (("memory", host.budget_memory, 1024 * 1024),
+                                           ("cpus", host.budget_cpus, 0.01)):
+                if value.isdigit():
+                    budget.add_metric([host.name, resource], int(value) * scale)
+            usage = snapshot.usage.get(host.name)
+            if usage is None:
+                continue
+            for project, (memory, cpus, _) in usage.by_project.items():
+                label = "" if project == "-" else project
+                in_use.add_metric([host.name, "memory", label], memory * 1024 * 1024)
+                in_use.add_metric([host.name, "cpus", label], cpus / 100)
+            waiting.add_metric([host.name], usage.waiting)
+        return [budget, in_use, waiting]
 
     # --- the budget: counters against caps ---------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from django.utils.safestring import mark_safe
 
 from apps.fleet import job_states
 from apps.fleet.connection import get_redis
-from apps.worker import reasons, run_logs
+from apps.worker import reasons, run_logs, validators
 from apps.worker.forges.publishing import kept
 from apps.worker.gates import runtime_settings
 from apps.worker.jobs import KINDS
@@ -141,6 +141,8 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         ("What the agent changed", {"fields": ("changes_display",)}),
         ("What ran", {"fields": ("kind", "target_display", "scope", "project", "flow", "command", "image",
                                  "replica", "replicas")}),
+        # Its size as the host budget admitted it and its container ran with (apps/worker/gates/host_budget.py).
+        ("Size", {"fields": ("job_memory_mib", "job_cpus", "size_source")}),
         # Chaining (apps/worker/chaining/): the job that asked for this one, and the jobs this one asked for.
         ("Chain", {"fields": ("chain_depth", "parent_job_display", "chain_children_display",
                               "chain_refusals_display")}),
@@ -567,8 +569,15 @@ class ScopedLimitAdmin(PlainHelpTextsAdmin, ManagedChangesAdmin, admin.ModelAdmi
         ("Runs (UTC day, Monday week, calendar month) and at once", {"fields": ("day", "week", "month", "concurrent")}),
         ("Dollars (each window needs the per-run cap of the dispatch settings, or PI_MAX_COST_USD)",
          {"fields": ("day_usd", "week_usd", "month_usd")}),
-        ("Project rows: container size", {"fields": ("memory", "cpus", "host_share", "min_jobs")}),
+        ("Project rows: container size, share of a host's budget and floor of jobs",
+         {"fields": ("memory", "cpus", "host_share", "min_jobs")}),
     )
+
+    def changelist_view(self, request, extra_context=None):
+        uncapped = validators.uncapped_dollar_rows()  # an imported ancestor file may hold such rows
+        if uncapped:
+            messages.warning(request, validators.uncapped_dollars_warning(uncapped))
+        return super().changelist_view(request, extra_context)
 
     @admin.display(description="day $", ordering="day_usd")
     def day_dollars(self, limit: ScopedLimit) -> str:

@@ -117,7 +117,8 @@ def parse_limits(text: str) -> list[ScopedLimit]:
         limit = ScopedLimit(scope=row.get("scope"), **values)
         try:
             limit.clean_fields()
-            validators.validate_scoped_limit(limit, others=limits)  # the file's rows, not those it replaces
+            # The file's rows, not those it replaces; dollar rows without a per-run cap import as in the ancestor.
+            validators.validate_scoped_limit(limit, others=limits, uncapped_dollars=True)
         except ValidationError as exc:
             raise ConfigFileError(f"{where}: {_errors(exc)}") from None
         if _scope_version(limit.scope) > version:
@@ -161,6 +162,12 @@ def import_limits(text: str) -> int:
         ScopedLimit.objects.all().delete()
         ScopedLimit.objects.bulk_create(limits)
     return len(limits)
+
+
+def limits_warnings() -> list[str]:
+    """What the imported limits leave unworkable without being wrong (the import then says it)."""
+    uncapped = validators.uncapped_dollar_rows()
+    return [validators.uncapped_dollars_warning(uncapped)] if uncapped else []
 
 
 def export_limits() -> str:

@@ -154,6 +154,33 @@ def check_engine() -> tuple[list[Finding], object | None]:
     return found, client
 
 
+def check_host_budget() -> list[Finding]:
+    """The host budget the workers here start with (a budget below one default job stops them at start)."""
+    from apps.worker.gates import host_budget
+
+    try:
+        budget = host_budget.compute_budget()
+    except host_budget.BudgetInvalid as error:
+        return [Finding(FAIL, "host-budget", str(error), "fix PI_HOST_MEMORY_BUDGET / PI_HOST_CPU_BUDGET or the "
+                        "job size: the workers refuse to start")]
+    memory = "off" if budget.memory_mib is None else f"{budget.memory_mib} MiB"
+    cpus = "off" if budget.cpu_centi is None else f"{budget.cpu_centi / 100:g} CPUs"
+    size = host_budget.default_size()
+    return [Finding(OK, "host-budget", f"memory {memory}, {cpus}; a default job is {size.memory_mib} MiB, "
+                    f"{size.cpus:g} CPUs")]
+
+
+def check_limits() -> list[Finding]:
+    """Scoped limits whose dollar windows no per-run cap backs (an ancestor's file imports so)."""
+    from apps.worker.validators import uncapped_dollar_rows, uncapped_dollars_warning
+
+    uncapped = uncapped_dollar_rows()
+    if uncapped:
+        return [Finding(WARN, "scoped-limits", uncapped_dollars_warning(uncapped),
+                        "set the max cost per run (dispatch settings or PI_MAX_COST_USD)")]
+    return [Finding(OK, "scoped-limits", "every dollar window has a per-run cap")]
+
+
 def check_image(client) -> list[Finding]:
     from docker.errors import ImageNotFound
 
@@ -662,6 +689,9 @@ def diagnose(live: bool = False) -> list[HostReport]:
     engine_findings, client = check_engine()
     here.findings += engine_findings
     here.findings += _guarded(check_image, client)
+    if client is not None:
+        here.findings += _guarded(check_host_budget)
+    here.findings += _guarded(check_limits)
     here.findings += _guarded(check_provider, redis, live)
     here.findings += _guarded(check_forges, live)
     here.findings += _guarded(check_egress)

@@ -181,6 +181,11 @@ class Run(models.Model):
     # Until when the run's folder is kept on its host for `manage.py sandbox <job id>` (apps/worker/sandbox/
     # sandboxes.py); a pin there moves it later. Blank: no sandbox (off, a local run, or no container ran).
     sandbox_until = models.DateTimeField(null=True, blank=True)
+    # The job's size (apps/worker/gates/host_budget.py), as the host budget admitted it and its container ran with:
+    # `project` when its project row sized it, `default` from the settings. Blank when it ended before gate 5b.
+    job_memory_mib = models.PositiveIntegerField("memory (MiB)", null=True, blank=True)
+    job_cpus = models.DecimalField("CPUs", max_digits=6, decimal_places=2, null=True, blank=True)
+    size_source = models.CharField(max_length=8, blank=True, default="", db_default="")
 
     objects = RunQuerySet.as_manager()
 
@@ -371,7 +376,7 @@ class ScopedLimit(models.Model):
     month_usd = models.DecimalField("month $", max_digits=13, decimal_places=6, null=True, blank=True,
                                     validators=[validators.dollar_amount], help_text="Dollars per UTC calendar month.")
     # Version 3, project rows only: the project's containers' size (over PI_JOB_MEMORY / PI_JOB_CPUS), and its
-    # share of a host's budget and the runs it keeps room for (kept and exported; this build has no host budget).
+    # share of a host's budget and the runs it keeps room for on each host (apps/worker/gates/host_budget.py).
     # db_default: a worker of the release before writes rows without it while the hosts roll.
     memory = models.CharField(max_length=16, blank=True, default="", db_default="",
                               validators=[validators.project_memory],
@@ -381,10 +386,11 @@ class ScopedLimit(models.Model):
                                help_text="Project rows: each container's CPUs, at least 0.25 (over PI_JOB_CPUS).")
     host_share = models.PositiveSmallIntegerField(
         null=True, blank=True, validators=validators.host_share_band,
-        help_text="Project rows: percent of a host's budget (the ancestor's hostShare; recorded, not enforced here).")
+        help_text="Project rows: the most of a host's budget (percent) its members' jobs use together there.")
     min_jobs = models.PositiveIntegerField(
         null=True, blank=True, validators=[validators.limit_count],
-        help_text="Project rows: runs kept room for (the ancestor's minJobs; recorded, not enforced here).")
+        help_text="Project rows: on each host, its oldest waiting job is held room for until this many of its jobs "
+                  "run there (needs memory or cpus).")
     note = models.CharField(max_length=200, blank=True)
 
     class Meta:

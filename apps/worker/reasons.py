@@ -78,6 +78,15 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
     "runner-policy": ("The run ended inside the container before finishing, for a reason the runner did not name.",
                       _CHECK_LOG),
     "oom-killed": ("The container ran out of memory.", "Raise the job memory (Settings or PI_JOB_MEMORY)."),
+    "job-size-exceeds-host": ("The job's size (memory or CPUs) is larger than this host's whole budget: it could "
+                              "never start here.",
+                              "Lower the job's size (its project row's memory/cpus, or PI_JOB_MEMORY/PI_JOB_CPUS) or "
+                              "raise PI_HOST_MEMORY_BUDGET/PI_HOST_CPU_BUDGET on the host."),
+    "job-size-exceeds-share": ("The job's size is larger than its project's share of this host's budget "
+                               "(hostShare): it could never start here.",
+                               "Raise the project row's hostShare or lower its memory/cpus (Limits)."),
+    "job-size-exceeds-fleet": ("No live host's budget can hold the job's size: it could never start anywhere.",
+                               "Lower the job's size, or give a host a budget that holds it."),
     "provider-auth-refused": ("The model provider refused the deployment's key.",
                               "Fix the provider key on the worker hosts (e.g. ANTHROPIC_API_KEY)."),
     "cost-cap": ("The run reached its per-run dollar cap: its next provider call's worst case (its input and "
@@ -298,6 +307,9 @@ REFUSED = {
     "operator-cancel": "Stopped: the operator cancelled this run before it started. Nothing was spent. Not retried.",
     "settings-overlay-invalid": "Refused: this deployment's settings are invalid, so no job can start. Not run.",
     "once-already-spent": "Refused: this one-time trigger has already run once. Not run.",
+    "job-size-exceeds-host": "Refused: this job needs more than the worker can ever give it. Not run.",
+    "job-size-exceeds-share": "Refused: this job needs more than the worker can ever give it. Not run.",
+    "job-size-exceeds-fleet": "Refused: this job needs more than any worker can ever give it. Not run.",
     "job-image-missing": "Refused: the job image is not installed on the worker. Not run.",
     "job-image-unlabelled": "Refused: the job image was not built for this worker (it carries no runner labels). "
                             "Not run.",

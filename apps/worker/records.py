@@ -139,6 +139,7 @@ def record_run(spec: JobSpec, verdict: Verdict, *, attempt: int, host: str, queu
         sandbox_until=verdict.sandbox_until,
         **verdict.dollars,
         **verdict.session,
+        **verdict.size,
         **{"forge_message": forge_message_field(verdict.forge_message), **publication_fields(verdict.publication)},
     ))
     if created:

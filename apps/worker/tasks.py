@@ -58,7 +58,7 @@ def execute_job(payload: dict):
     progress.queued(job.enqueued_at)
     progress.passed("picked-up")
     try:
-        verdict = ladder.run(spec, host, progress=progress)
+        verdict = ladder.run(spec, host, progress=progress, queue=job.origin)
     except Exception:
         # Our own bug: recorded as failed (the job leaves a trace), not retried, traceback in the log.
         logger.exception("job_worker_error job=%s", spec.job_id)

@@ -130,10 +130,12 @@ def validate_project(project, others=None) -> None:
                                               "repository or folder belongs to one project."})
 
 
-def validate_scoped_limit(limit, others=None) -> None:
+def validate_scoped_limit(limit, others=None, *, uncapped_dollars: bool = False) -> None:
     """A scoped limit names one scope, caps something, and is the only row for its repository. Model rows hold
     dollar windows only; sizes go on project rows only, for a project that exists. `others`: the rows to compare
-    with (a file's own, for an import that replaces them all); the saved ones when not given."""
+    with (a file's own, for an import that replaces them all); the saved ones when not given. A dollar window
+    needs a per-run cap in the deployment, unless `uncapped_dollars` (an ancestor's file imports as it did there:
+    its jobs are refused unless their trigger sets one, and `uncapped_dollar_rows` warns of it)."""
     from apps.worker.gates.scopes import MODEL_PREFIX, PROJECT_PREFIX, ScopeError, bare_repo, parse_scope
     from apps.worker.models import Project, ScopedLimit
 
@@ -175,7 +177,7 @@ def validate_scoped_limit(limit, others=None) -> None:
         if clash:
             errors["scope"] = f"conflicts with the limit for {clash}: keep either the bare or the forge-qualified row."
     dollar_windows = [name for name in ("day_usd", "week_usd", "month_usd") if getattr(limit, name) is not None]
-    if dollar_windows and _deployment_per_run_cap() is None:
+    if dollar_windows and not uncapped_dollars and _deployment_per_run_cap() is None:
         errors.setdefault(dollar_windows[0], NEEDS_PER_RUN_CAP)
     if errors:
         raise ValidationError(errors)
@@ -184,6 +186,24 @@ def validate_scoped_limit(limit, others=None) -> None:
 NEEDS_PER_RUN_CAP = ("a dollar window needs a per-run cap, and none is set: set “max cost per run” on the dispatch "
                      "settings page (or PI_MAX_COST_USD), or leave the dollar windows blank. Without it every run "
                      "in this scope would be refused (cost-cap-unset).")
+
+
+def uncapped_dollar_rows() -> list[str]:
+    """The scoped limits with a dollar window while the deployment has no per-run cap: their jobs are refused
+    (cost-cap-unset) unless the trigger sets run.maxCostUsd. Said by the import, the admin and `doctor`."""
+    from apps.worker.models import ScopedLimit
+
+    if _deployment_per_run_cap() is not None:
+        return []
+    return list(ScopedLimit.objects.exclude(day_usd=None, week_usd=None, month_usd=None)
+                .order_by("scope").values_list("scope", flat=True))
+
+
+def uncapped_dollars_warning(scopes: list[str]) -> str:
+    shown = ", ".join(scopes[:5]) + (f" and {len(scopes) - 5} more" if len(scopes) > 5 else "")
+    return (f"{len(scopes)} scoped limit(s) with a dollar window and no per-run cap anywhere ({shown}): their jobs "
+            "are refused (cost-cap-unset) unless their trigger sets run.maxCostUsd. Set “max cost per run” on the "
+            "dispatch settings page (or PI_MAX_COST_USD).")
 
 
 def _deployment_per_run_cap() -> int | None:

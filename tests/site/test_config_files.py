@@ -60,6 +60,34 @@ def test_the_ancestors_dollar_rows_import_and_export_as_version_2(tmp_path, caps
         {"scope": "github:acme/api", "weekUsd": "12.000001"}]}
 
 
+def test_an_ancestor_file_with_dollar_rows_and_no_per_run_cap_imports_with_a_warning(tmp_path, capsys, settings,
+                                                                                    admin_client):
+    """As the ancestor reads it: imported, said at the import, on the admin's limits page and by `doctor`; such a
+    row's jobs are refused cost-cap-unset unless their trigger sets run.maxCostUsd (tests/worker/test_dollar_caps.py).
+    By hand the admin still refuses to save one, saying why."""
+    from apps.worker import doctor
+
+    settings.PI_MAX_COST_USD = ""
+    uncapped = {"version": 2, "limits": [{"scope": "acme/web", "dayUsd": "5"}, {"scope": "acme/api", "day": 3}]}
+    call_command("import_limits", write(tmp_path, "limits.json", uncapped))
+    said = capsys.readouterr()
+    assert "imported 2 scoped limits" in said.out
+    assert "1 scoped limit(s) with a dollar window and no per-run cap anywhere (acme/web)" in said.err
+    assert "refused (cost-cap-unset) unless their trigger sets run.maxCostUsd" in said.err
+    assert ScopedLimit.objects.get(scope="acme/web").day_usd == 5
+
+    page = admin_client.get("/admin/worker/scopedlimit/").content.decode()
+    assert "no per-run cap anywhere (acme/web)" in page
+    assert [f.status for f in doctor.check_limits()] == [doctor.WARN]
+    refused = admin_client.post("/admin/worker/scopedlimit/add/", {"scope": "acme/shop", "day_usd": "5"})
+    assert refused.status_code == 200 and "a dollar window needs a per-run cap" in refused.content.decode()
+    assert not ScopedLimit.objects.filter(scope="acme/shop").exists()
+
+    settings.PI_MAX_COST_USD = "1"
+    assert [f.status for f in doctor.check_limits()] == [doctor.OK]
+    assert "no per-run cap anywhere" not in admin_client.get("/admin/worker/scopedlimit/").content.decode()
+
+
 def test_windows_round_trip(tmp_path, capsys):
     call_command("import_pause_windows", write(tmp_path, "windows.json", WINDOWS))
     call_command("export_pause_windows")

@@ -19,7 +19,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from apps.worker.forges.publishing import kept
-from apps.worker.gates import budget, leases, runtime_settings
+from apps.worker.gates import budget, host_budget, leases, runtime_settings
 from apps.worker.gates.verdicts import Deferred, Verdict
 from apps.worker.jobs import JobSpec
 from apps.worker.progress.tracker import Progress
@@ -47,6 +47,7 @@ class Attempt:
     now: datetime
     redis: object
     image: str = ""
+    queue: str = ""  # the queue it came from (a forge job too big for this host waits for another from the shared one)
     # Where the climb is, for the job's live page (apps/worker/progress/); None when nobody watches (tests in process).
     progress: Progress | None = None
     clock: float = field(default_factory=time.perf_counter)  # for the phase timings in the log
@@ -54,6 +55,7 @@ class Attempt:
     # What the gates found, in the order they find it.
     rows: budget.MatchedRows | None = None  # gate 4: the job's scoped-limit rows
     runtime: runtime_settings.RuntimeSettings | None = None  # gate 5
+    job_size: host_budget.JobSize | None = None  # gate 5b: its size, admitted by the host budget
     engine: object | None = None  # gate 7: the Docker client
     image_id: str = ""  # gate 7: the image the preflight found (a sandbox runs that one, whatever the tag says later)
     provider: str = ""  # gate 8
@@ -139,6 +141,22 @@ class Attempt:
         gateway was started, and a verdict that says nothing ran (`budget_reserved` false) overrules that."""
         self.spent = self.spending and not (isinstance(outcome, Verdict) and not outcome.budget_reserved)
         self._holds.close()
+        self._leave_the_waiters(outcome)
+
+    def hold_host_budget(self) -> None:
+        """Gate 5b let it in: its size counts on the host until the climb ends."""
+        self.hold("host-budget", lambda: host_budget.release(self.redis, self.host, self.holder))
+
+    def _leave_the_waiters(self, outcome: Verdict | Deferred | None) -> None:
+        """A job that may have waited for the host budget and that another gate holds back now keeps its place in the
+        line and gives up its room. (One that ended leaves the line when the next decision finds its RQ job is not
+        waiting any more; one admitted left it then.)"""
+        if not isinstance(outcome, Deferred) or outcome.reason in host_budget.WAITING_REASONS:
+            return
+        try:
+            host_budget.suspend(self.redis, self.host, self.spec.job_id)
+        except RedisError:  # then it keeps its room until it asks again
+            logger.warning("host_budget_waiter_kept job=%s", self.spec.job_id)
 
     def ledgers(self) -> dict:
         """Where this attempt counted (job-count and dollar ledgers), for its run record: the budget windows are

@@ -112,8 +112,8 @@ def completed_forge_run(attempt: Attempt) -> bool:
 
 def _run(attempt: Attempt, egress: gateway.EgressGateway) -> container.ContainerExit:
     spec, runtime, dirs, resume = attempt.spec, attempt.runtime, attempt.dirs, attempt.resume
-    memory, cpus = container_size(attempt.rows, runtime)
-    attempt.size = ContainerSize(user=attempt.user, memory=memory, cpus=cpus)
+    size = attempt.job_size
+    attempt.size = ContainerSize(user=attempt.user, memory=size.memory, cpus=size.cpus)
     try:
         return container.run_container(
             attempt.engine,
@@ -127,8 +127,9 @@ def _run(attempt: Attempt, egress: gateway.EgressGateway) -> container.Container
                                               attempt.secret_values, attempt.served),
             timeout_seconds=settings.PI_JOB_TIMEOUT_SECONDS,
             user=attempt.user,
-            memory=memory,
-            cpus=cpus,
+            memory=size.memory,
+            cpus=size.cpus,
+            labels=size.labels(spec.project),  # a worker starting beside it counts it in the host budget
             egress_mounts=egress.mounts(),
             overlay_mounts=attempt.overlay.mounts(),
             log_bytes=settings.PI_JOB_LOG_MAX_BYTES if settings.PI_CAPTURE_JOB_LOGS else 0,
@@ -223,14 +224,6 @@ def container_environment(spec: JobSpec, runtime: runtime_settings.RuntimeSettin
     environment.update(bot_identity().environment())
     environment.update(secret_values or {})
     return environment
-
-
-def container_size(rows: budget.MatchedRows, runtime: runtime_settings.RuntimeSettings) -> tuple[str, float]:
-    """The container's memory and CPUs: the job's project row's (scoped limits v3) over the deployment's."""
-    project = rows.project
-    memory = project.memory if project is not None and project.memory else runtime.job_memory
-    cpus = float(project.cpus) if project is not None and project.cpus is not None else runtime.job_cpus
-    return memory, cpus
 
 
 def classify(result: container.ContainerExit, egress: gateway.EgressReport | None = None,

@@ -4,11 +4,11 @@ defers it (back to the scheduled registry, no attempt, no record), refuses it (`
 the attempt as a fault (`failed`, retried). What a step takes, the attempt holds and gives back on every way out.
 
 The order: 1 cancelled before start, 2 quiet hours, 3 wait-for, 4 host and scope slots, 5 settings overlay,
-6 one-shot spent, 6b venue, 7 image preflight, 8 provider credential, 8b allowed models, 9 secrets, 10 workspace,
-10b session, 10c budget windows, 11 daily token cap, 11b dollar windows, 11c model prices, 12 job-count caps,
-12b cancelled before the container, 13 container, 14 publish, 14b chaining. Each gate's module, the reasons it
-can end a job with and what it defers for: docs/architecture.md, "The gate ladder" (a test holds the three to
-this table).
+5b host budget, 6 one-shot spent, 6b venue, 7 image preflight, 8 provider credential, 8b allowed models,
+9 secrets, 10 workspace, 10b session, 10c budget windows, 11 daily token cap, 11b dollar windows, 11c model
+prices, 12 job-count caps, 12b cancelled before the container, 13 container, 14 publish, 14b chaining.
+Each gate's module, the reasons it can end a job with and what it defers for: docs/architecture.md, "The gate
+ladder" (a test holds the three to this table).
 """
 
 from __future__ import annotations
@@ -68,6 +68,10 @@ GATES: tuple[Gate, ...] = (
     Gate("4", "host and scope slots", steps.slots, phase="slots", phase_label="gate: host and scope slots",
          defers=("host-busy", "scope-busy")),
     Gate("5", "settings overlay", steps.settings_overlay, refuses=("settings-overlay-invalid",)),
+    Gate("5b", "host budget", steps.host_budget_gate, phase="host-budget", phase_label="gate: host budget",
+         defers=("host-budget", "host-too-small"),
+         refuses=("job-size-exceeds-host", "job-size-exceeds-share", "job-size-exceeds-fleet"),
+         retries=("docker-unavailable",)),
     Gate("6", "one-shot spent", steps.once_spent, refuses=("once-already-spent",)),
     Gate("6b", "venue", steps.venue, phase="settings", phase_label="gate: settings and one-shot",
          refuses=("backend-unblessed", "backend-unavailable")),
@@ -132,11 +136,12 @@ def warm_up() -> None:
         logger.warning("worker_warm_up_skipped reason=database")  # only slower: each job pays it again
 
 
-def run(spec: JobSpec, host: str, progress: Progress | None = None) -> Verdict | Deferred:
-    """Climb the ladder for one attempt of `spec` on `host`. The faults no step catches are told apart here, once:
-    Redis (retried), the database before any spend (deferred) and a full disk while the job is prepared (retried)."""
+def run(spec: JobSpec, host: str, progress: Progress | None = None, queue: str = "") -> Verdict | Deferred:
+    """Climb the ladder for one attempt of `spec` (taken from `queue`) on `host`. The faults no step catches are told
+    apart here, once: Redis (retried), the database before any spend (deferred) and a full disk while the job is
+    prepared (retried)."""
     attempt = Attempt(spec=spec, host=host, now=timezone.now(), redis=get_redis(),
-                      image=spec.image or settings.PI_JOB_IMAGE, progress=progress)
+                      image=spec.image or settings.PI_JOB_IMAGE, progress=progress, queue=queue)
     outcome = None
     try:
         outcome = _climb(attempt)
@@ -160,7 +165,8 @@ def run(spec: JobSpec, host: str, progress: Progress | None = None) -> Verdict |
         return outcome
     dollars = attempt.dollars.record_fields() if attempt.dollars is not None else {}
     return replace(outcome, image=attempt.image, started_at=attempt.now, ended_at=timezone.now(), dollars=dollars,
-                   ledgers=attempt.ledgers(), sandbox_until=attempt.sandbox_until)
+                   ledgers=attempt.ledgers(), sandbox_until=attempt.sandbox_until,
+                   size=attempt.job_size.record_fields() if attempt.job_size is not None else {})
 
 
 def _climb(attempt: Attempt) -> Verdict | Deferred:

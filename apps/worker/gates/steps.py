@@ -12,7 +12,8 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from apps.fleet import cancel
+from apps.fleet import cancel, registry
+from apps.fleet.queues import SHARED_QUEUE
 from apps.worker import accepted, allowed_models
 from apps.worker.chaining import service as chaining
 from apps.worker.chaining import skills as chain_skills
@@ -20,6 +21,7 @@ from apps.worker.forges import ForgeFailure
 from apps.worker.gates import (
     budget,
     budget_rebuild,
+    host_budget,
     host_slots,
     leases,
     quiet_hours,
@@ -107,6 +109,54 @@ def settings_overlay(attempt: Attempt) -> None:
     except runtime_settings.SettingsInvalid as exc:
         logger.error("settings_overlay_invalid job=%s detail=%s", attempt.spec.job_id, exc)
         raise GateRefusal("settings-overlay-invalid") from None
+
+
+def host_budget_gate(attempt: Attempt) -> None:
+    """5b. The host budget (apps/worker/gates/host_budget.py): the job's size, admitted when it fits beside what runs
+    here and the holds ranked above it, within its project's share; deferred while it could fit later, refused when
+    it never can."""
+    spec, project = attempt.spec, attempt.rows.project
+    size = attempt.job_size = host_budget.job_size(project, attempt.runtime)
+    try:
+        budget = host_budget.current()
+    except container.EngineUnavailable:
+        raise GateFault("docker-unavailable") from None
+    share = project.host_share if project is not None else None
+    if not budget.holds(size):
+        _too_big_for_this_host(attempt, size)
+    share_memory, share_cpus = budget.share(share)
+    if (share_memory is not None and size.memory_mib > share_memory) or (
+            share_cpus is not None and size.cpu_centi > share_cpus):
+        raise GateRefusal("job-size-exceeds-share")
+    decision = host_budget.decide(
+        attempt.redis, attempt.host, job_id=spec.job_id, holder=attempt.holder, size=size, project=spec.project,
+        min_jobs=project.min_jobs if project is not None else None, budget=budget, share_percent=share)
+    if not decision.admitted:
+        raise GateDeferral(host_budget.recheck_at(attempt.now), "host-budget",
+                           {"waitsFor": decision.bound, "holdsAhead": decision.ahead})
+    attempt.hold_host_budget()
+
+
+def _too_big_for_this_host(attempt: Attempt, size: host_budget.JobSize) -> None:
+    """A job this host's budget can never hold. A forge job from the shared queue may suit another host: deferred
+    while a live host's budget holds it, refused `job-size-exceeds-fleet` once two registry reads apart agree none
+    does. Anything else (a local job, a job on this host's own queue) is refused at once."""
+    spec = attempt.spec
+    if spec.kind not in FORGE_KINDS or attempt.queue != SHARED_QUEUE:
+        raise GateRefusal("job-size-exceeds-host")
+    confirm = settings.PI_FLEET_FIT_CONFIRM_SECONDS
+    try:
+        elsewhere = any(row.routes and row.holds(size.memory_mib, size.cpu_centi)
+                        for row in registry.read_hosts(attempt.redis, processes=False))
+    except registry.RegistryUnreadable:
+        elsewhere = True  # it cannot be told: another read later
+    if elsewhere:
+        attempt.redis.delete(host_budget.fleet_key(spec.job_id))
+        raise GateDeferral(attempt.now + timedelta(seconds=confirm), "host-too-small", {})
+    first = host_budget.fleet_none_since(attempt.redis, spec.job_id, attempt.now.timestamp())
+    if attempt.now.timestamp() - first >= confirm:
+        raise GateRefusal("job-size-exceeds-fleet")
+    raise GateDeferral(attempt.now + timedelta(seconds=confirm), "host-too-small", {})
 
 
 def once_spent(attempt: Attempt) -> None:

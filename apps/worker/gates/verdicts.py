@@ -63,6 +63,8 @@ class Verdict:
     chain_refusals: dict = field(default_factory=dict)
     # Until when the run's folder stays on its host for a sandbox (apps/worker/sandbox/sandboxes.py), else None.
     sandbox_until: datetime | None = None
+    # The Run record's size fields (host_budget.JobSize.record_fields), once gate 5b sized the job.
+    size: dict = field(default_factory=dict)
     # A forge that said how long to wait (Retry-After, a rate limit's reset): the retry waits at least that long.
     retry_after_seconds: float = 0
     # The forge's own words when it refused a request (ForgeFailure.forge_message), for the run record alone.

@@ -57,7 +57,7 @@ from apps.fleet.connection import text
 from apps.fleet.queues import SHARED_QUEUE, host_of_queue, is_dispatch_queue
 from apps.fleet.union import register_queues
 from apps.worker import accepted
-from apps.worker.gates import ladder
+from apps.worker.gates import host_budget, ladder
 from apps.worker.gates.verdicts import Deferred
 from apps.worker.jobs import forget_container_texts
 from apps.worker.process import redis_outage, worker_lost
@@ -105,7 +105,8 @@ class DispatchWorker(Worker):
         kwargs.setdefault("job_monitoring_interval", TICK_SECONDS)
         super().__init__(queues, *args, **kwargs)
         self._declare_host(self.queue_names())
-        self.presence = Presence(self)
+        budget = host_budget.budget_at_start()  # a budget below one default job refuses the start, saying why
+        self.presence = Presence(self, host_budget.registry_fields(budget))
         self.cancel_watch = CancelWatch(self)
         self.housekeeping = DailyHousekeeping(self)
         self.push_exc_handler(worker_lost.abandoned_job_handler)
@@ -140,6 +141,7 @@ class DispatchWorker(Worker):
         register_queues(self.connection, self.queue_names())
         self.presence.beat()
         worker_lost.reap_strays(self)
+        host_budget.list_at_start(self.connection, self.presence.host.name)  # nothing is admitted before
         self._reconcile_accepted_jobs()
         ladder.warm_up()
         connections.close_all()  # the reaper may have written records; a forked horse must not share them

@@ -31,12 +31,13 @@ def job_target(job) -> str:
 
 
 class Presence:
-    def __init__(self, worker):
+    def __init__(self, worker, budget: dict[str, str] | None = None):
         host = this_host()
         self.redis = worker.connection
         self.host = registry.HostFacts(
             name=host.name, declared=host.declared, version=code_version(), image=settings.PI_JOB_IMAGE,
             capabilities=tuple(declared_capabilities(settings)),  # a malformed profile setting refuses to start
+            **(budget or {}),
         )
         self.worker_name = worker.name
         self.queues = tuple(worker.queue_names())

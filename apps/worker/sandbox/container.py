@@ -152,6 +152,7 @@ def run_container(
     user: tuple[int, int],
     memory: str,
     cpus: float,
+    labels: dict[str, str] | None = None,
     egress_mounts: list[tuple[str, str]] = (),
     overlay_mounts: list[tuple[str, str]] = (),
     log_bytes: int = 0,
@@ -164,7 +165,7 @@ def run_container(
             client, job_id,
             image=image,
             name=container_name(job_id),
-            labels={JOB_LABEL: job_id, HOST_LABEL: host, DEADLINE_LABEL: str(int(deadline))},
+            labels={**(labels or {}), JOB_LABEL: job_id, HOST_LABEL: host, DEADLINE_LABEL: str(int(deadline))},
             **isolation_options(user, memory=memory, cpus=cpus),
             environment=environment,
             mounts=[

@@ -10,6 +10,7 @@ from apps.worker.config_files import ConfigFileError
 class ImportCommand(BaseCommand):
     noun = ""
     importer = None
+    warnings = None  # what the imported rows leave unworkable, said after the import (a list of sentences)
 
     def add_arguments(self, parser):
         parser.add_argument("file", help="path of the JSON file")
@@ -24,3 +25,5 @@ class ImportCommand(BaseCommand):
         except ConfigFileError as exc:
             raise CommandError(f"{file}: {exc}. Nothing was changed.") from None
         self.stdout.write(f"imported {count} {self.noun} from {file}")
+        for warning in self.warnings() if self.warnings else ():
+            self.stderr.write(self.style.WARNING(f"warning: {warning}"))

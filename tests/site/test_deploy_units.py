@@ -275,7 +275,8 @@ def units(tmp_path, worker_env):
     """The units under a stand-in systemd whose /etc/pidispatch/pidispatch.env points at the test's services."""
     short = Path(tempfile.mkdtemp(prefix="pd-units-", dir="/tmp"))
     systemd = Systemd(tmp_path, short)
-    keep = ("DATABASE_URL", "REDIS_URL", "DOCKER_HOST", "PI_JOB_IMAGE", "PI_JOB_MEMORY", "GITHUB_API_URL",
+    keep = ("DATABASE_URL", "REDIS_URL", "DOCKER_HOST", "PI_JOB_IMAGE", "PI_JOB_MEMORY", "PI_HOST_CPU_BUDGET",
+            "GITHUB_API_URL",
             "GITHUB_TOKEN", "PI_PROVIDER", "ANTHROPIC_API_KEY")
     lines = [f"{key}={worker_env[key]}" for key in keep if worker_env.get(key)]
     lines += ["# the test stack's own, as `make test` sets it for every process",

@@ -75,6 +75,8 @@ class FakeForge:
         self.pull_requests: list[dict] = []
         self._pull_repositories: dict[tuple[str, str], dict] = {}
         self.any_git_name: str | None = None  # the bare repository every unregistered repository is served from
+        # Pull/merge requests made when first asked for (`make run`'s stand-in: a sample delivery names one).
+        self.pulls_on_demand = False
         # GET paths answered as GitHub answers its REST API: an ETag on every 200, and 304 (no body) to a request
         # whose If-None-Match is the current one. A 200 costs one request of the hour's rate budget, a 304 none
         # (docs.github.com, "Use conditional requests if appropriate"); both say what is left.
@@ -584,6 +586,22 @@ class FakeForge:
     def _find(self, forge: str, repo: str, number: str) -> dict | None:
         return next((pr for pr in self.pulls_of(forge, repo) if pr["number"] == int(number)), None)
 
+    def _asked(self, forge: str, repo: str, number: str) -> dict | None:
+        """The pull/merge request a forge's API is asked for; with `pulls_on_demand`, one it does not know yet is
+        opened then, as someone would have: its head branch `sample/<n>`, one commit on top of `main` adding
+        `SAMPLE-<n>.md` in the served repository."""
+        found = self._find(forge, repo, number)
+        bare = self._bare(forge, repo)
+        if found is not None or not self.pulls_on_demand or bare is None:
+            return found
+        head = f"sample/{number}"
+        sha = _commit_on_main(bare, head, f"SAMPLE-{number}.md", f"A sample change for #{number}.\n")
+        try:
+            return self.add_pull_request(forge, repo, head=head, sha=sha, number=int(number),
+                                         title=f"A sample change (#{number})", body="Made by the demo forge.")
+        except AssertionError:  # another request made it meanwhile
+            return self._find(forge, repo, number)
+
     # --- the forge's web pages, for people: an issue, a pull/merge request (its branch, commits and diff) ---
 
     def add_issue(self, forge: str, repo: str, number: int, *, title: str, body: str = "") -> dict:
@@ -701,6 +719,7 @@ class FakeForge:
     def _github_json(self, pr: dict) -> dict:
         repo, number = pr["repo"], pr["number"]
         owner, head_repo = repo.split("/")[0], pr["fork"] or repo
+        head_git = pr["fork"] or self._context("github", repo)["git_name"]  # the served repository it clones
         base_id = _number_of(repo)
         return {
             "url": f"{self.url}/repos/{repo}/pulls/{number}", "id": 1_000_000 + number, "number": number,
@@ -714,13 +733,13 @@ class FakeForge:
             "head": {"label": f"{head_repo.split('/')[0]}:{pr['head']}", "ref": pr["head"], "sha": pr["sha"],
                      "user": {"login": head_repo.split("/")[0]},
                      "repo": {"id": _number_of(head_repo), "full_name": head_repo, "fork": pr["fork"] is not None,
-                              "clone_url": f"{self.url}/git/{head_repo}.git"}},
+                              "clone_url": f"{self.url}/git/{head_git}.git"}},
             "base": {"label": f"{owner}:{pr['base']}", "ref": pr["base"], "sha": "0" * 40, "user": {"login": owner},
                      "repo": {"id": base_id, "full_name": repo, "fork": False}},
         }
 
     def _github_get(self, request, repo, number):
-        pr = self._find("github", repo, number)
+        pr = self._asked("github", repo, number)
         if pr is None:
             return 404, {"message": "Not Found", "status": "404",
                          "documentation_url": "https://docs.github.com/rest/pulls/pulls#get-a-pull-request"}
@@ -784,7 +803,7 @@ class FakeForge:
         }
 
     def _gitlab_get(self, request, repo, number):
-        pr = self._find("gitlab", repo, number)
+        pr = self._asked("gitlab", repo, number)
         return (404, {"message": "404 Not found"}) if pr is None else (200, self._gitlab_json(pr))
 
     def _gitlab_list(self, request, repo):
@@ -844,7 +863,7 @@ class FakeForge:
         }
 
     def _forgejo_get(self, request, repo, number):
-        pr = self._find("forgejo", repo, number)
+        pr = self._asked("forgejo", repo, number)
         if pr is None:
             return 404, {"errors": ["pull request does not exist"], "message": "The target couldn't be found.",
                          "url": f"{self.url}/api/swagger"}
@@ -919,7 +938,7 @@ class FakeForge:
         return answer
 
     def _azure_get(self, request, repo, number):
-        pr = self._find("azure", repo, number)
+        pr = self._asked("azure", repo, number)
         if pr is None:
             return 404, _azure_error("The pull request was not found.", "GitPullRequestNotFoundException")
         return 200, self._azure_json(pr)
@@ -1253,6 +1272,7 @@ def forges_for_any_repository(root: Path, tokens: dict[str, str], files: dict, a
     accepts status comments, and keeps pull/merge requests; `serve_pages` shows them. `make run` uses it."""
     server = github_for_any_repository(root, tokens["github"], files, address)
     server.serve_git(root, tuple(basic(GIT_USERS[forge], token) for forge, token in tokens.items()))
+    server.pulls_on_demand = True  # every pull/merge-request sample of `send_delivery` names one
     sha, clone_url = server.any_sha, f"{server.url}/git/any.git"
 
     def gitlab_project(request):
@@ -1334,6 +1354,26 @@ def count_connections(forge: FakeForge) -> list:
 
     forge.server.process_request = counted
     return accepted
+
+
+def _commit_on_main(bare: Path, branch: str, path: str, text: str) -> str:
+    """`branch` of `bare` at one new commit on top of `main` that adds `path` holding `text` (no work tree)."""
+    index = bare / f"index-{uuid.uuid4().hex[:8]}"
+    environment = {**os.environ, **GIT_IDENTITY, "HOME": str(bare), "GIT_INDEX_FILE": str(index)}
+
+    def run(*args: str, stdin: str | None = None) -> str:
+        return subprocess.run(["git", "-C", str(bare), *args], input=stdin, capture_output=True, text=True,
+                              check=True, env=environment).stdout.strip()
+
+    try:
+        run("read-tree", "main")
+        blob = run("hash-object", "-w", "--stdin", stdin=text)
+        run("update-index", "--add", "--cacheinfo", f"100644,{blob},{path}")
+        commit = run("commit-tree", run("write-tree"), "-p", "main", "-m", f"Add {path}")
+    finally:
+        index.unlink(missing_ok=True)
+    run("update-ref", f"refs/heads/{branch}", commit)
+    return commit
 
 
 def _tip(bare: Path, branch: str) -> str:

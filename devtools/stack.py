@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import hmac
 import json
@@ -324,18 +325,36 @@ def _demo_provider(env: dict, stack: Stack) -> str:
     return f"scripted model standing in for anthropic/{env['PI_MODEL']}"
 
 
+RUN_LOCK = VAR / "make-run.lock"
+
+
+def hold_the_checkout():
+    """The checkout's one `make run`, taken before anything starts (the image build included): a second one would
+    start a second Redis and Docker engine on the same data folders, and take the first's addresses. An flock, so
+    it is let go however this process ends; the file says whose it is. The open file is returned: keep it."""
+    held = open(RUN_LOCK, "a+")  # noqa: SIM115 (held for the process's lifetime)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        held.seek(0)
+        running = held.read().strip() or "?"
+        held.close()
+        raise SetupError(f"make run is running in this checkout already (pid {running}); its services are in "
+                         f"{DEV_ENV} once it has started them. Use them, or stop it first (Ctrl-C in its terminal, "
+                         f"or kill -TERM {running}).") from None
+    held.truncate(0)
+    held.write(str(os.getpid()))
+    held.flush()
+    return held
+
+
 def run_platform(args) -> int:
     stack = Stack()
     stop_signals = StopSignals()
     try:
         stop_signals.install()
         VAR.mkdir(mode=0o700, parents=True, exist_ok=True)
-        running = dev_env.read(DEV_ENV).stack_pid
-        if running != os.getpid() and dev_env.stack_alive(running):
-            # A second one would start a second Redis on the same data folder, and take the first's addresses.
-            raise SetupError(f"make run is running in this checkout already (pid {running}); its services are in "
-                             f"{DEV_ENV}. Use them, or stop it first (Ctrl-C in its terminal, "
-                             f"or kill -TERM {running}).")
+        checkout_lock = hold_the_checkout()  # noqa: F841 (held until this process exits)
         env = {**os.environ, **_dev_secrets()}
         stack.before_stop.append(_withdraw_services)
         services.ensure_package("git", "git")  # jobs clone their repository; the demo forge serves one

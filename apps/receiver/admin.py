@@ -98,6 +98,15 @@ class TriggerAdmin(ManagedChangesAdmin, admin.ModelAdmin):
         before = Trigger.objects.filter(pk=obj.pk).values_list("skills_dir", flat=True).first() if change else ""
         triggers.check_skills_dir_change(request.user, before or "", obj.skills_dir)
         super().save_model(request, obj, form, change)
+        for rule, earlier in triggers.never_firing():
+            if rule.pk == obj.pk:
+                self.message_user(request, triggers.never_fires_sentence(rule, earlier), messages.WARNING)
+
+    def changelist_view(self, request, extra_context=None):
+        if request.method == "GET":
+            for rule, earlier in triggers.never_firing():
+                messages.warning(request, triggers.never_fires_sentence(rule, earlier))
+        return super().changelist_view(request, extra_context)
 
     def get_changeform_initial_data(self, request):
         initial = super().get_changeform_initial_data(request)

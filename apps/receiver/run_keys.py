@@ -24,6 +24,7 @@ from apps.worker.gates.money import MoneyError, parse_usd, to_usd
 from apps.worker.gates.secrets import is_reserved as secret_name_is_reserved
 from apps.worker.name_patterns import FLOW_PATTERN, MODEL_PATTERN, PROVIDER_PATTERN
 from apps.worker.sandbox import folder_roots, venues
+from apps.worker.validators import TURNS_RULE, turns_problem
 
 CRON, FORGE = "cron", "forge"  # the two families of trigger types: a schedule on a folder, or a forge's webhook
 BOTH = frozenset({CRON, FORGE})
@@ -298,8 +299,8 @@ def _models(value, rule: Rule) -> Iterator[str]:
 
 
 def _max_turns(value, rule: Rule) -> Iterator[str]:
-    if not is_int(value) or value < 1:
-        yield "run.maxTurns must be a whole number >= 1."
+    if turns_problem(value) or value is None:
+        yield f"run.maxTurns must be {TURNS_RULE}."
 
 
 def _max_cost_usd(value, rule: Rule) -> Iterator[str]:

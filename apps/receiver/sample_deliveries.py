@@ -9,6 +9,7 @@ comment, and signed or authenticated exactly as that forge does it, with this de
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -18,6 +19,7 @@ import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from django.conf import settings
@@ -46,6 +48,16 @@ SAMPLES = {
     ("azure", "ms.vss-code.git-pullrequest-comment-event"): "azure/pullrequest_comment.json",
 }
 GITLAB_HEADERS = {"issue": "Issue Hook", "merge_request": "Merge Request Hook", "note": "Note Hook"}
+# The names a person tries first, the same on every forge: each forge's own event for them.
+COMMON_EVENTS = {
+    "issue": {"github": "issues", "gitlab": "issue", "forgejo": "issues", "azure": "workitem.updated"},
+    "pull_request": {"github": "pull_request", "gitlab": "merge_request", "forgejo": "pull_request",
+                     "azure": "git.pullrequest.created"},
+    "comment": {"github": "issue_comment", "gitlab": "note", "forgejo": "issue_comment",
+                "azure": "workitem.commented"},
+}
+COMMON_EVENTS["issues"] = COMMON_EVENTS["issue"]
+COMMON_EVENTS["merge_request"] = COMMON_EVENTS["pull_request"]
 
 
 class SampleError(ValueError):
@@ -66,6 +78,19 @@ def events_of(forge: str) -> list[str]:
     return [event for name, event in SAMPLES if name == forge]
 
 
+def event_of(forge: str, event: str | None) -> str:
+    """The forge's own event name: its first sample's when None, a common name (issue, pull_request, comment)
+    mapped to the forge's. SampleError names the choices."""
+    if event is None:
+        return events_of(forge)[0]
+    if (forge, event) in SAMPLES:
+        return event
+    if event in COMMON_EVENTS:
+        return COMMON_EVENTS[event][forge]
+    raise SampleError(f"no sample of {forge} event {event!r}: one of {', '.join(events_of(forge))} (or issue, "
+                      "pull_request, comment)")
+
+
 def build(forge: str, event: str | None = None, *, label: str = "pi", number: int | None = None,
           comment: str = "", repository: str = "") -> Sample:
     """A signed sample delivery of `event` (the forge's first when None): the issue, merge request or work item
@@ -73,9 +98,7 @@ def build(forge: str, event: str | None = None, *, label: str = "pi", number: in
     (its only label change), or, for a comment event, the comment `comment`. `repository` (owner/name, the GitLab
     project's path, Azure's project) replaces the sample's."""
     forge_registry.get(forge)  # a clear error for an unknown forge
-    event = event or events_of(forge)[0]
-    if (forge, event) not in SAMPLES:
-        raise SampleError(f"no sample of {forge} event {event!r}: one of {', '.join(events_of(forge))}")
+    event = event_of(forge, event)
     config = getattr(forge_config.forge_settings(), forge)
     if config is None:
         raise SampleError(f"{forge} is not configured on this deployment (no webhook secret): its deliveries would be "
@@ -113,6 +136,46 @@ def describe(status: int, answer: dict) -> str:
         return f"ignored: {answer.get('reason') or 'no reason given'}"
     reason = f": {answer['reason']}" if answer.get("reason") else ""
     return f"{state}{reason} (HTTP {status})"
+
+
+def job_state(job_id: str, base_url: str) -> tuple[str, bool]:
+    """One line on where a queued job is now, and whether that is its end: its run's outcome and the run's page
+    (and its pull request), or why it waits (a paused queue, a deferral and until when), queued or running."""
+    from rq.exceptions import NoSuchJobError
+    from rq.job import Job, JobStatus
+
+    from apps.fleet import pauses, waiting
+    from apps.fleet.connection import get_redis, text
+    from apps.worker.models import Run
+
+    redis = get_redis()
+    try:
+        job = Job.fetch(job_id, connection=redis)
+        status = job.get_status(refresh=False)
+    except NoSuchJobError:
+        job, status = None, None
+    pending = status in (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.STARTED, JobStatus.DEFERRED)
+    run = Run.objects.filter(job_id=job_id).order_by("-attempt").first()
+    if run is not None and not pending:
+        page = f"{base_url.rstrip('/')}/admin/worker/run/{run.pk}/change/"
+        what = run.outcome + (f" ({run.reason})" if run.reason else "")
+        if run.publish_outcome:
+            what += f", {run.publish_outcome}" + (f" {run.publish_url}" if run.publish_url else "")
+        return f"{job_id}: {what}: {page}", True
+    if status == JobStatus.SCHEDULED:
+        note = {text(k): text(v) for k, v in redis.hgetall(waiting.note_key(job_id)).items()}
+        reason = note.get("reason") or (f"a retry after {run.reason}" if run is not None else "a retry")
+        until = ""
+        with contextlib.suppress(ValueError, TypeError):
+            until = " until " + datetime.fromtimestamp(float(note["until"]), UTC).strftime("%H:%M:%S UTC")
+        return f"{job_id}: waiting ({reason}){until}", False
+    if status == JobStatus.QUEUED and job.origin in pauses.read_flags(redis):
+        return f"{job_id}: waiting (queue {job.origin} is paused: resume it on the fleet panel)", False
+    if status == JobStatus.STARTED:
+        return f"{job_id}: running", False
+    if status is None and run is None:
+        return f"{job_id}: gone from the queue without a run (cancelled or discarded)", True
+    return f"{job_id}: queued (no worker has taken it yet: is one running?)", False
 
 
 def _json(raw: bytes) -> dict:

@@ -21,6 +21,36 @@ from .validation import entry_from_trigger, fields_from_entry, parse_instant
 logger = logging.getLogger("pidispatch.receiver")
 
 
+# --- rules that never fire ----------------------------------------------------------------------------------
+
+def _match_signature(rule: Trigger) -> tuple:
+    """What decides which deliveries a forge rule matches (apps/receiver/matching.py). A forge reads only its first
+    comment rule, so every comment rule of a forge has one signature."""
+    if rule.on_type == "comment":
+        return (rule.kind, "comment")
+    lists = (rule.label_any, rule.label_all, rule.label_none, rule.actions, rule.review_states)
+    return (rule.kind, rule.on_type, rule.number, *(tuple(sorted(value or ())) for value in lists))
+
+
+def never_firing(rules=None) -> list[tuple[Trigger, Trigger]]:
+    """Each enabled forge rule that can never fire because an earlier one (in matching order: position, then id)
+    matches the same deliveries first, with that earlier rule. Said at save, on the list and by doctor."""
+    rules = list(Trigger.objects.forge_rules()) if rules is None else rules
+    first: dict[tuple, Trigger] = {}
+    shadowed = []
+    for rule in rules:
+        earlier = first.setdefault(_match_signature(rule), rule)
+        if earlier is not rule:
+            shadowed.append((rule, earlier))
+    return shadowed
+
+
+def never_fires_sentence(rule: Trigger, earlier: Trigger) -> str:
+    what = "a forge reads only its first comment trigger" if rule.on_type == "comment" else "it has the same match"
+    return (f"trigger “{rule}” (position {rule.position}) never fires: “{earlier}” (position {earlier.position}) "
+            f"comes first in the matching order and {what}. Give it an earlier position, or a different match.")
+
+
 # --- skills folders ------------------------------------------------------------------------------------------
 
 SKILLS_DIR_PERMISSION = "receiver.set_skills_dir"

@@ -227,10 +227,30 @@ def _check_schedule(on, problems: _Problems) -> None:
     cron_id, pattern = on.get("id"), on.get("pattern")
     if not isinstance(cron_id, str) or not CRON_ID_PATTERN.fullmatch(cron_id):
         problems.add("on.id", "on.id must name the cron trigger: 1-64 letters, digits, '.', '_' or '-' (no ':').")
+    problem = cron_pattern_problem(pattern)
+    if problem:
+        problems.add("on.pattern", problem)
+
+
+CRON_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of the month", 1, 31), ("month", 1, 12),
+               ("day of the week", 0, 7))
+
+
+def cron_pattern_problem(pattern) -> str | None:
+    """What is wrong with a cron pattern, naming the field when one is out of its range; None when it is valid."""
+    example = 'e.g. "0 6 * * 1-5" (minute hour day-of-month month day-of-week; a sixth field first: seconds)'
     fields = pattern.split() if isinstance(pattern, str) else []
-    if len(fields) not in (5, 6) or not croniter.is_valid(pattern, second_at_beginning=len(fields) == 6):
-        problems.add("on.pattern", "on.pattern must be a cron expression of 5 or 6 space-separated fields, "
-                                   "e.g. \"0 6 * * 1-5\".")
+    if len(fields) not in (5, 6):
+        return (f"on.pattern must be a cron expression of 5 or 6 space-separated fields (it has {len(fields)}), "
+                f"{example}.")
+    named = ((("second", 0, 59),) if len(fields) == 6 else ()) + CRON_FIELDS
+    for field, (name, low, high) in zip(fields, named, strict=True):
+        for number in re.findall(r"(?<![/\w])\d+", field):  # the values, not a step's divisor after `/`
+            if not low <= int(number) <= high:
+                return f"on.pattern's {name} field is {number}, out of its range {low}-{high}: {example}."
+    if not croniter.is_valid(pattern, second_at_beginning=len(fields) == 6):
+        return f"on.pattern is not a cron expression croniter reads, {example}."
+    return None
 
 
 def _check_forge_actions(on_type, kind, on, problems: _Problems) -> None:

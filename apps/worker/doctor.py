@@ -181,6 +181,18 @@ def check_limits() -> list[Finding]:
     return [Finding(OK, "scoped-limits", "every dollar window has a per-run cap")]
 
 
+def check_triggers() -> list[Finding]:
+    """Forge triggers that can never fire: an earlier one matches the same deliveries first."""
+    from apps.receiver.triggers import never_fires_sentence, never_firing
+
+    shadowed = never_firing()
+    if shadowed:
+        return [Finding(WARN, "triggers", never_fires_sentence(rule, earlier),
+                        "give it an earlier position or a different match (Intake › Triggers)")
+                for rule, earlier in shadowed]
+    return [Finding(OK, "triggers", "every enabled forge trigger can fire")]
+
+
 def check_image(client) -> list[Finding]:
     from docker.errors import ImageNotFound
 
@@ -692,6 +704,7 @@ def diagnose(live: bool = False) -> list[HostReport]:
     if client is not None:
         here.findings += _guarded(check_host_budget)
     here.findings += _guarded(check_limits)
+    here.findings += _guarded(check_triggers)
     here.findings += _guarded(check_provider, redis, live)
     here.findings += _guarded(check_forges, live)
     here.findings += _guarded(check_egress)

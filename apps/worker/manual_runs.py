@@ -29,6 +29,7 @@ from redis.exceptions import RedisError
 from apps.fleet.hosts import HOST_NAME_PATTERN, this_host
 from apps.fleet.queues import SHARED_QUEUE, host_queue
 from apps.fleet.routing import host_affine_queue
+from apps.worker import validators
 from apps.worker.forges import forge_client
 from apps.worker.jobs import FORGE_KINDS, JobSpec, enqueue
 from apps.worker.name_patterns import FLOW_PATTERN, IMAGE_PATTERN, MODEL_PATTERN, PROVIDER_PATTERN
@@ -70,8 +71,8 @@ def _execution(flow: str, command: str, image: str, provider: str, model: str, m
         raise ManualRunRefused("provider", f"{provider!r} is not a provider name (e.g. anthropic)")
     if model and not MODEL_PATTERN.fullmatch(model):
         raise ManualRunRefused("model", f"{model!r} is not a model name (e.g. claude-sonnet-4-5)")
-    if max_turns is not None and (not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1):
-        raise ManualRunRefused("max_turns", "a whole number of turns, at least 1")
+    if validators.turns_problem(max_turns):
+        raise ManualRunRefused("max_turns", validators.TURNS_RULE)
     return {"flow": flow if flow or command else "task", "command": command, "image": image, "provider": provider,
             "model": model, "max_turns": max_turns}
 

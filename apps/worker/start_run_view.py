@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 
 from apps import forge_registry
 from apps.worker.manual_runs import ManualRunRefused, start_cron_trigger_run, start_forge_run, start_local_run
+from apps.worker.validators import MIN_TURNS
 
 PERMISSION = "worker.start_run"
 
@@ -59,7 +60,8 @@ class StartRunForm(forms.Form):
     provider = forms.CharField(required=False, label="Model provider", help_text="Empty: the deployment's, e.g. "
                                                                                  "anthropic")
     model = forms.CharField(required=False, label="Model", help_text="Empty: the deployment's, e.g. claude-sonnet-4-5")
-    max_turns = forms.IntegerField(required=False, label="Max turns", help_text="Empty: the deployment's, e.g. 20")
+    max_turns = forms.IntegerField(required=False, min_value=MIN_TURNS, label="Max turns",
+                                   help_text="Empty: the deployment's, e.g. 20")
     image = forms.CharField(required=False, label="Job image", help_text="Empty: PI_JOB_IMAGE")
 
 

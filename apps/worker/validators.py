@@ -20,6 +20,19 @@ MEMORY_PATTERN = re.compile(r"^[1-9][0-9]*[kmg]$", re.IGNORECASE)
 
 limit_count = MinValueValidator(1, "must be at least 1 (leave it blank for no limit).")
 setting_count = MinValueValidator(1, "must be at least 1 (leave it blank to use the environment's value).")
+# A run's turns, wherever a person sets them (a trigger's run.maxTurns, a manual run's form and API, the settings
+# row): a whole number, at least this.
+MIN_TURNS = 1
+TURNS_RULE = f"a whole number of turns, at least {MIN_TURNS}"
+
+
+def turns_problem(value) -> str | None:
+    """What is wrong with a run's turn budget, or None (None itself is "the deployment's")."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < MIN_TURNS:
+        return TURNS_RULE
+    return None
 percent_band = [MinValueValidator(1, "must be between 1 and 99."), MaxValueValidator(99, "must be between 1 and 99.")]
 memory_size = RegexValidator(MEMORY_PATTERN, "must be a size like 512m or 4g.")
 

@@ -159,3 +159,26 @@ def test_order_is_one_word_on_the_form_and_the_list(admin_client, label_trigger)
     form = admin_client.get(f"/admin/receiver/trigger/{label_trigger.pk}/change/").content.decode()
     assert "Order" in form and "Position" not in form
     assert "Position" not in admin_client.get("/admin/receiver/trigger/").content.decode()
+
+
+def test_a_trigger_an_earlier_one_always_beats_is_named_at_save_on_the_list_and_by_doctor(admin_client):
+    """Same order and match as an existing trigger: it would save silently and never fire."""
+    from apps.worker import doctor
+
+    first = {"on_type": "label", "enabled": "on", "position": 1, "label_any": "pi", "kind": "github", "flow": "a"}
+    assert admin_client.post(ADD + "?on_type=label", {**first, "name": "First"}).status_code == 302
+    assert [f.status for f in doctor.check_triggers()] == [doctor.OK]
+
+    saved = admin_client.post(ADD + "?on_type=label", {**first, "name": "Second", "label_any": "pi",
+                                                      "flow": "b"}, follow=True)
+    said = html.unescape(saved.content.decode())
+    assert "“Second” (position 1) never fires: “First” (position 1) comes first" in said
+    assert Trigger.objects.count() == 2  # said, not refused
+    listed = html.unescape(admin_client.get("/admin/receiver/trigger/").content.decode())
+    assert "“Second” (position 1) never fires" in listed
+    (finding,) = doctor.check_triggers()
+    assert finding.status == doctor.WARN and "“Second” (position 1) never fires" in finding.finding
+
+    # Another label, or another forge, is another match: nothing said.
+    Trigger.objects.filter(name="Second").update(label_any=["urgent"])
+    assert [f.status for f in doctor.check_triggers()] == [doctor.OK]

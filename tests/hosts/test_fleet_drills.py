@@ -425,7 +425,7 @@ def test_a_rolling_upgrade_of_one_host_loses_no_job(drill):
         time.sleep(5)
         upgrade = Upgrade(drill.host_env(hostA, **vaults["hostA"]) | {
             "PI_UPGRADE_PYTHON": sys.executable, "PI_UPGRADE_INSTALL": "true", "PI_UPGRADE_SKIP_IMAGE": "1",
-            "PI_UPGRADE_DRAIN_WAIT": "120", "PI_UPGRADE_DOCTOR_WAIT": "120",
+            "PI_UPGRADE_DRAIN_WAIT": "120", "PI_UPGRADE_DOCTOR_WAIT": "120", "PI_UPGRADE_USER": "",
             "PI_UPGRADE_RESTART": hostA.restart_command()})
         upgrade.run("hostA", timeout=600)
         time.sleep(8)
@@ -433,7 +433,7 @@ def test_a_rolling_upgrade_of_one_host_loses_no_job(drill):
         stop.set()
         joined(load, 60, "the last delivery of the load")
     assert upgrade.returncode == 0, upgrade.output
-    assert "==> hostA: upgraded" in upgrade.output
+    assert "==> hostA: upgraded to drill-release" in upgrade.output
     assert MigrationRecorder(connection()).migration_qs.filter(app="insight", name__startswith="0003").exists()
 
     wait_for(lambda: len(final_runs(jobs)) == len(jobs), timeout=180, what="every delivery's run")
@@ -462,8 +462,8 @@ class Upgrade:
         from tests.hosts_support import ROOT
 
         deadline = time.monotonic() + timeout
-        process = subprocess.Popen(["contrib/upgrade.sh", host], cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True)
+        process = subprocess.Popen(["contrib/upgrade.sh", host, "drill-release"], cwd=ROOT, env=self.env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         killer = threading.Timer(timeout, process.kill)  # its own deadline: a hung step ends the drill, named
         killer.start()
         try:

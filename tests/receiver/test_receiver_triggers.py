@@ -113,13 +113,19 @@ def test_the_ancestors_whole_language_is_valid():
     (LABEL, {**GITHUB, "excludeTools": ["rm"]}, "run.excludeTools", "drawn from read, bash"),
     (LABEL, {**GITHUB, "provider": "-x"}, "run.provider", "starting with a letter"),
     (LABEL, {**GITHUB, "model": "claude sonnet"}, "run.model", "letters, digits"),
-    (LABEL, {**GITHUB, "maxTurns": 0}, "run.maxTurns", ">= 1"),
+    (LABEL, {**GITHUB, "maxTurns": 0}, "run.maxTurns", "a whole number of turns, at least 1"),
     (LABEL, {**GITHUB, "image": " pi:1"}, "run.image", "surrounding spaces"),
     (LABEL, {**GITHUB, "task": "do it"}, "run.task", "only for cron"),
     ({"type": "cron", "id": "a:b", "pattern": "0 3 * * *"}, {"kind": "local", "folder": "/x", "command": "c"},
      "on.id", "no ':'"),
     ({"type": "cron", "id": "n", "pattern": "0 3 * *"}, {"kind": "local", "folder": "/x", "command": "c"},
-     "on.pattern", "5 or 6"),
+     "on.pattern", "5 or 6 space-separated fields (it has 4)"),
+    ({"type": "cron", "id": "n", "pattern": "61 25 * * *"}, {"kind": "local", "folder": "/x", "command": "c"},
+     "on.pattern", "minute field is 61, out of its range 0-59"),
+    ({"type": "cron", "id": "n", "pattern": "0 25 * * *"}, {"kind": "local", "folder": "/x", "command": "c"},
+     "on.pattern", "hour field is 25, out of its range 0-23"),
+    ({"type": "cron", "id": "n", "pattern": "0 0 6 * * 9"}, {"kind": "local", "folder": "/x", "command": "c"},
+     "on.pattern", "day of the week field is 9"),
     ({"type": "cron", "id": "n", "pattern": "0 3 * * *"}, {"kind": "local", "flow": "f"}, "run.folder", "required"),
     ({"type": "cron", "id": "n", "pattern": "0 3 * * *"}, {"kind": "local", "folder": "/x", "flow": "f"}, "run.task",
      "required beside run.flow"),
@@ -168,6 +174,7 @@ def test_near_misses_that_would_silently_do_nothing_are_refused(key, path, fragm
 
 
 @pytest.mark.parametrize("value, fragment", [(0, "must be more than 0"), ("1e2", "plain number"),
+                                             ("-5", "is negative"), (-0.5, "is negative"),
                                              ("0.0000001", "at most 6 decimals"), (None, "must be set")])
 def test_a_bad_dollar_cap_names_the_rule(value, fragment):
     assert_refused(LABEL, {**GITHUB, "maxCostUsd": value}, "run.maxCostUsd", fragment)

@@ -9,7 +9,7 @@ import re
 import pytest
 from django.core.management import CommandError, call_command
 
-from apps.receiver.sample_deliveries import SAMPLES, build
+from apps.receiver.sample_deliveries import SAMPLES, build, job_state
 from devtools.fake_forge import forges_for_any_repository
 from tests.receiver_support import queued, rule
 
@@ -39,7 +39,7 @@ def stand_in(settings, tmp_path):
 
 def send(**options) -> str:
     out = io.StringIO()
-    call_command("send_delivery", stdout=out, **options)
+    call_command("send_delivery", stdout=out, **{"wait": 0, **options})  # no worker here to follow
     return out.getvalue()
 
 
@@ -54,6 +54,8 @@ def test_a_labelled_issue_of_each_forge_is_queued(forge, stand_in, live_server, 
     assert f"to {live_server.url}/hooks/{forge}: HTTP 202" in printed, printed
     job_id = re.search(rf"^queued: ({PREFIXES[forge]}-sample-[0-9a-f-]+)$", printed, re.MULTILINE).group(1)
     assert queued(redis_conn) == [job_id]
+    assert job_state(job_id, live_server.url) == (f"{job_id}: queued (no worker has taken it yet: is one running?)",
+                                                  False)
     if forge != "github":  # GitHub's `labeled` is approval in itself; the others asked the stand-in
         assert any(path.endswith(("/members/all/1201", "/permission")) or "/_apis/graph/memberships/" in path
                    for path in stand_in.paths()), stand_in.paths()
@@ -106,6 +108,15 @@ def test_bad_input_is_a_clear_error(stand_in, settings):
 def test_azure_is_authenticated_as_its_subscription_says(stand_in):
     sample = build("azure", label="pi")
     assert sample.headers == {"Authorization": "Basic " + base64.b64encode(b"pidispatch:azure-secret").decode()}
+
+
+@pytest.mark.parametrize("common, forge, event", [
+    ("issue", "github", "issues"), ("issue", "gitlab", "issue"), ("issue", "forgejo", "issues"),
+    ("issue", "azure", "workitem.updated"), ("pull_request", "gitlab", "merge_request"),
+    ("merge_request", "github", "pull_request"), ("pull_request", "azure", "git.pullrequest.created"),
+    ("comment", "gitlab", "note"), ("comment", "azure", "workitem.commented")])
+def test_the_common_event_names_work_on_every_forge(common, forge, event, stand_in):
+    assert build(forge, common, label="pi").event == event
 
 
 @pytest.mark.django_db

@@ -206,12 +206,15 @@ def test_make_run_beside_a_second_shell_and_its_stop(make_run):
     # The second shell tries a GitLab trigger: signed with the deployment's own secret, posted to the running
     # server, queued; the worker runs it on a clone from the stand-in, which then has the merge request's page.
     sent = subprocess.run([sys.executable, "manage.py", "send_delivery", "--forge", "gitlab", "--label", "pi",
-                           "--number", "12"], cwd=ROOT, env=clean_env(make_run.var), capture_output=True, text=True,
-                          timeout=60)
+                           "--number", "12", "--wait", "90"], cwd=ROOT, env=clean_env(make_run.var),
+                          capture_output=True, text=True, timeout=120)
     assert sent.returncode == 0, sent.stderr
     assert re.search(rf"^sent gitlab issue \(#12, delivery sample-\S+\) to {base_url}/hooks/gitlab: HTTP 202$",
                      sent.stdout, re.MULTILINE), sent.stdout
     assert re.search(r"^queued: gl-sample-\S+$", sent.stdout, re.MULTILINE), sent.stdout
+    # It follows the job to its run: the outcome, the merge request and the run's page.
+    assert re.search(rf"^gl-sample-\S+: completed, published \S+/merge_requests/\d+: {base_url}/admin/worker/run/\d+/"
+                     r"change/$", sent.stdout, re.MULTILINE), sent.stdout
     gitlab_url = dev_env.read(make_run.var / "dev.env").services["GITLAB_URL"]
     merge_request = f"{gitlab_url}/acme/shop/storefront/-/merge_requests/41"
     deadline = time.monotonic() + 90

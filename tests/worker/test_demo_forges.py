@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 from django.core.management import call_command
 
+from apps.receiver.sample_deliveries import job_state
 from devtools.fake_forge import AZURE_FORK_PROJECT, forges_for_any_repository
 from devtools.stack import DEMO_REPOSITORY
 from tests.receiver_support import rule
@@ -25,6 +26,7 @@ def stand_in(settings, tmp_path, worker_env):
     ForgeClient.authority_cache.clear()
     server = forges_for_any_repository(tmp_path / "forge", TOKENS, DEMO_REPOSITORY)
     forge_settings = {
+        "GITHUB_API_URL": server.url, "GITHUB_TOKEN": TOKENS["github"],
         "GITLAB_URL": server.url, "GITLAB_TOKEN": TOKENS["gitlab"], "GITLAB_WEBHOOK_MODE": "token",
         "GITLAB_WEBHOOK_SECRET": "gitlab-secret", "GITLAB_SELF_ID": "1",
         "FORGEJO_URL": server.url, "FORGEJO_TOKEN": TOKENS["forgejo"], "FORGEJO_WEBHOOK_SECRET": "forgejo-secret",
@@ -60,7 +62,7 @@ def test_a_labelled_issue_becomes_a_merge_request_on_the_stand_in(forge, page_pa
     rule(position=0, kind=forge, on_type="label", label_any=["pi"], flow="demo",
          repository="web" if forge == "azure" else "")
     out = io.StringIO()
-    call_command("send_delivery", forge=forge, label="pi", number=31, url=live_server.url, stdout=out)
+    call_command("send_delivery", forge=forge, label="pi", number=31, url=live_server.url, stdout=out, wait=0)
     job_id = re.search(r"^queued: (\S+)$", out.getvalue(), re.MULTILINE).group(1)
 
     run_worker("pi-jobs")
@@ -73,3 +75,31 @@ def test_a_labelled_issue_becomes_a_merge_request_on_the_stand_in(forge, page_pa
     shown = page(f"{stand_in.url}/{page_path.format(n=run.pull_request)}")
     # The page a reviewer opens: the branch, the agent's commit and its diff.
     assert request["head"] in shown and "pi-output.md" in shown and 'class=add' in shown, shown
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("forge, action", [("github", "labeled"), ("gitlab", "update"), ("forgejo", "label_updated"),
+                                           ("azure", "created")])
+def test_a_pull_request_sample_of_each_forge_runs_to_a_completed_run(forge, action, stand_in, live_server,
+                                                                     run_worker):
+    """The stand-in opens the pull/merge request a sample names when the worker first asks for it (its head branch
+    and commit in the served repository), so the sample ends as a completed run, not `pull-request-missing`;
+    `send_delivery` follows the job and prints the run's outcome and page."""
+    from apps.worker.models import Run
+
+    rule(position=0, kind=forge, on_type="pull_request", actions=[action],
+         label_any=[] if forge == "azure" else ["pi"], flow="demo")
+    out = io.StringIO()
+    call_command("send_delivery", forge=forge, event="pull_request", label="pi", number=57, url=live_server.url,
+                 stdout=out, wait=0)
+    job_id = re.search(r"^queued: (\S+)$", out.getvalue(), re.MULTILINE).group(1)
+
+    run_worker("pi-jobs")
+
+    run = Run.objects.get(job_id=job_id)
+    assert (run.outcome, run.reason) == ("completed", ""), (run.reason, run.forge_message)
+    (opened,) = [pr for pr in stand_in.pull_requests if not pr["created"]]
+    assert (opened["number"], opened["head"]) == (57, "sample/57")
+    line, ended = job_state(job_id, live_server.url)  # what send_delivery prints when it follows the job
+    assert ended and line == f"{job_id}: completed, {run.publish_outcome}" + (
+        f" {run.publish_url}" if run.publish_url else "") + f": {live_server.url}/admin/worker/run/{run.pk}/change/"

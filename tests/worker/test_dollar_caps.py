@@ -41,7 +41,7 @@ def test_dollar_amounts_are_exact_micro_dollars(value, micros):
     assert money.parse_usd(value) == micros
 
 
-@pytest.mark.parametrize("value, rule", [("0", "more than 0"), ("-1", "plain number"), ("1e3", "plain number"),
+@pytest.mark.parametrize("value, rule", [("0", "more than 0"), ("-1", "is negative"), ("1e3", "plain number"),
                                          ("0.0000001", "at most 6 decimals"), ("1000000.01", "at most 1000000"),
                                          (True, "not true/false"), ("two", "plain number"), (float("nan"), "finite")])
 def test_a_bad_dollar_amount_names_the_rule(value, rule):

@@ -35,6 +35,8 @@ def parse_usd(value) -> int | None:
         amount = value
     else:
         text = str(value).strip()
+        if text.startswith("-") and PLAIN_DECIMAL.fullmatch(text[1:]):
+            raise MoneyError("is negative: a cap is a number of dollars more than 0 (leave it unset for no cap)")
         if not PLAIN_DECIMAL.fullmatch(text):
             raise MoneyError("must be a plain number of dollars with at most 6 decimals, like 2.50")
         amount = Decimal(text)
@@ -44,7 +46,9 @@ def parse_usd(value) -> int | None:
         raise MoneyError("must be a number of dollars") from None
     if micros != micros.to_integral_value():
         raise MoneyError("has more than 6 decimals (a micro-dollar is the smallest amount)")
-    if amount <= 0:
+    if amount < 0:
+        raise MoneyError("is negative: a cap is a number of dollars more than 0 (leave it unset for no cap)")
+    if amount == 0:
         raise MoneyError("must be more than 0 (leave it unset for no cap)")
     if amount > MAX_USD:
         raise MoneyError("must be at most 1000000 dollars")

@@ -1,9 +1,12 @@
-"""python manage.py send_delivery --forge gitlab --event merge_request --label pi [--url URL]: try a trigger out.
+"""python manage.py send_delivery --forge gitlab --event pull_request --label pi [--url URL]: try a trigger out.
 
 Signs a sample delivery of the forge's real shape with this deployment's own webhook secret, posts it to the running
 server (PI_PUBLIC_URL, which `make run` sets, else --url) and prints what became of it: the jobs it queued, or why
-it was ignored or refused. Exit 0 when the server answered 2xx, 1 otherwise.
+it was ignored or refused; then follows each job for up to --wait seconds and prints its run's outcome and page (or
+why it still waits). Exit 0 when the server answered 2xx, 1 otherwise.
 """
+
+import time
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -21,6 +24,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--forge", required=True, choices=forge_registry.NAMES)
         parser.add_argument("--event", help="the event the matcher reads (default: the forge's issue label event): "
+                            "issue, pull_request or comment on every forge, or the forge's own name: "
                             + "; ".join(f"{forge}: {', '.join(sample_deliveries.events_of(forge))}"
                                         for forge in forge_registry.NAMES))
         parser.add_argument("--label", default="pi", help="the label the issue or pull request gets (default pi)")
@@ -30,8 +34,10 @@ class Command(BaseCommand):
                             help="owner/name (GitLab: the project's path; Azure DevOps: the project) instead of the "
                                  "sample's")
         parser.add_argument("--url", help=f"the server's root (default PI_PUBLIC_URL, else {DEFAULT_URL})")
+        parser.add_argument("--wait", type=int, default=60, help="follow the queued jobs this many seconds and print "
+                            "each run's outcome and page, or why it waits (default 60; 0: do not follow)")
 
-    def handle(self, *args, forge, event, label, number, comment, repository, url, **options):
+    def handle(self, *args, forge, event, label, number, comment, repository, url, wait, **options):
         if number is not None and number < 1:
             raise CommandError("--number must be a positive number")
         try:
@@ -50,3 +56,25 @@ class Command(BaseCommand):
         self.stdout.write(sample_deliveries.describe(status, answer))
         if not 200 <= status < 300:
             raise CommandError(f"the server refused it: {answer.get('error') or status}")
+        if answer.get("status") == "queued" and wait > 0:
+            self._follow(answer.get("jobs") or [], base_url, wait)
+
+    def _follow(self, jobs: list[str], base_url: str, seconds: int) -> None:
+        """Each job's state whenever it changes, until every one has ended or `seconds` have passed."""
+        said: dict[str, str] = {}
+        open_jobs = list(jobs)
+        deadline = time.monotonic() + seconds
+        while open_jobs:
+            for job_id in list(open_jobs):
+                line, ended = sample_deliveries.job_state(job_id, base_url)
+                if said.get(job_id) != line:
+                    self.stdout.write(line)
+                    said[job_id] = line
+                if ended:
+                    open_jobs.remove(job_id)
+            if not open_jobs or time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        if open_jobs:
+            self.stdout.write(f"still under way after {seconds} s: {', '.join(open_jobs)} (the fleet panel follows "
+                              "them: /admin/fleet/fleetpanel/)")

@@ -165,8 +165,10 @@ def check_host_budget() -> list[Finding]:
                         "job size: the workers refuse to start")]
     memory = "off" if budget.memory_mib is None else f"{budget.memory_mib} MiB"
     cpus = "off" if budget.cpu_centi is None else f"{budget.cpu_centi / 100:g} CPUs"
+    engine = (f" (the engine reports {budget.engine_memory_mib} MiB, {budget.engine_cpu_centi / 100:g} CPUs)"
+              if budget.engine_memory_mib else "")
     size = host_budget.default_size()
-    return [Finding(OK, "host-budget", f"memory {memory}, {cpus}; a default job is {size.memory_mib} MiB, "
+    return [Finding(OK, "host-budget", f"memory {memory}, {cpus}{engine}; a default job is {size.memory_mib} MiB, "
                     f"{size.cpus:g} CPUs")]
 
 

@@ -313,3 +313,17 @@ def test_the_fleet_panel_and_metrics_show_each_hosts_budget_and_what_its_project
     assert samples[("pidispatch_host_budget", (("host", "hostP"), ("resource", "memory")))] == 1024 ** 3
     assert samples[("pidispatch_host_budget_in_use",
                     (("host", "hostP"), ("project", "storefront"), ("resource", "memory")))] == 512 * 1024 ** 2
+
+
+def test_doctor_says_the_budget_beside_what_the_engine_reports_and_fails_one_that_holds_no_job(settings):
+    from apps.worker import doctor
+
+    settings.PI_JOB_MEMORY, settings.PI_JOB_CPUS = "256m", 1.0
+    settings.PI_HOST_MEMORY_BUDGET, settings.PI_HOST_CPU_BUDGET = "auto", "off"
+    (found,) = doctor.check_host_budget()
+    memory, _ = host_budget.engine_totals()
+    assert found.status == doctor.OK and f"(the engine reports {memory} MiB" in found.finding
+    assert "CPUs off" not in found.finding and ", off" in found.finding
+    settings.PI_HOST_MEMORY_BUDGET = "128m"
+    (found,) = doctor.check_host_budget()
+    assert found.status == doctor.FAIL and "PI_HOST_MEMORY_BUDGET=128m is below one default job" in found.finding

@@ -108,7 +108,7 @@ class HostBudget:
 
     memory_mib: int | None
     cpu_centi: int | None
-    # What the engine reported (for the fleet panel and `doctor`); 0 when it was not asked.
+    # What the engine reported (`doctor` says it beside the budget); 0 when it was not asked.
     engine_memory_mib: int = 0
     engine_cpu_centi: int = 0
 
@@ -122,8 +122,10 @@ class HostBudget:
         return (None if self.memory_mib is None else self.memory_mib * percent // 100,
                 None if self.cpu_centi is None else self.cpu_centi * percent // 100)
 
-    def as_fields(self) -> dict:
-        return {"memory_mib": self.memory_mib, "cpu_centi": self.cpu_centi}
+    def share_holds(self, size: JobSize, percent: int | None) -> bool:
+        """Whether a project's share (`hostShare`, percent) of this budget holds one job of `size`."""
+        memory, cpus = self.share(percent)
+        return (memory is None or size.memory_mib <= memory) and (cpus is None or size.cpu_centi <= cpus)
 
 
 class BudgetInvalid(ImproperlyConfigured):

@@ -124,9 +124,7 @@ def host_budget_gate(attempt: Attempt) -> None:
     share = project.host_share if project is not None else None
     if not budget.holds(size):
         _too_big_for_this_host(attempt, size)
-    share_memory, share_cpus = budget.share(share)
-    if (share_memory is not None and size.memory_mib > share_memory) or (
-            share_cpus is not None and size.cpu_centi > share_cpus):
+    if not budget.share_holds(size, share):
         raise GateRefusal("job-size-exceeds-share")
     decision = host_budget.decide(
         attempt.redis, attempt.host, job_id=spec.job_id, holder=attempt.holder, size=size, project=spec.project,

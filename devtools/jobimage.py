@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -50,6 +52,8 @@ NODE_VERSION = "22.23.5"
 DEBIAN_SUITE = "bookworm"
 DEBIAN_PACKAGES = ("git", "ca-certificates", "openssh-client", "ripgrep")
 JOB_UID = 1000
+STEP_STOP_SECONDS = 5  # a stopped build step's grace before its whole process group is killed
+BUILD_PREFIX = "pi-image-"  # a build's folder under CACHE_DIR (removed when it ends, or by the next build)
 
 IMAGE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -203,13 +207,20 @@ def _run_step(what: str, command: list[str], *, env: dict | None = None, cwd: Pa
     """One build step, its output in the build log, a line of progress every few seconds."""
     started = time.monotonic()
     with open(log, "ab") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
-        next_note = started + 10
-        while process.poll() is None:
-            time.sleep(0.5)
-            if time.monotonic() >= next_note:
-                say(f"  ... {what} ({time.monotonic() - started:.0f} s)")
-                next_note += 10
+        # Its own process group: a stop (Ctrl-C, SIGTERM) ends the step and every child it started (debootstrap's
+        # chroot), not only the one this process knows.
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                   start_new_session=True)
+        try:
+            next_note = started + 10
+            while process.poll() is None:
+                time.sleep(0.5)
+                if time.monotonic() >= next_note:
+                    say(f"  ... {what} ({time.monotonic() - started:.0f} s)")
+                    next_note += 10
+        except BaseException:
+            _stop_group(process)
+            raise
     if process.returncode != 0:
         tail = log.read_text(errors="replace").splitlines()[-15:]
         raise SetupError(f"{what} failed (exit {process.returncode}). Last lines of {log}:\n    "
@@ -218,13 +229,71 @@ def _run_step(what: str, command: list[str], *, env: dict | None = None, cwd: Pa
     say(f"  {what}: {time.monotonic() - started:.0f} s")
 
 
-def _build_from_packages(client, tag: str, digest: str) -> None:
+def _stop_group(process: subprocess.Popen) -> None:
+    """TERM to the step's process group, KILL to whatever of it is left after a short grace."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=STEP_STOP_SECONDS)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def mounts_under(folder: Path) -> list[str]:
+    """Mount points inside `folder` (debootstrap mounts proc and sys in its target, and leaves them when stopped)."""
+    prefix = str(folder.resolve()) + "/"
+    points = []
+    with open("/proc/self/mountinfo") as mountinfo:
+        for line in mountinfo:
+            point = re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), line.split()[4])
+            if point.startswith(prefix):
+                points.append(point)
+    return points
+
+
+def remove_build_folder(folder: Path) -> None:
+    """Unmount what a build left inside its folder (deepest first), then remove it; a folder that still holds a
+    mount is left in place, said, never walked into."""
+    for point in sorted(mounts_under(folder), key=len, reverse=True):
+        subprocess.run(["umount", "--lazy", point], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    left = mounts_under(folder)
+    if left:
+        say(f"  {folder} still holds mounts ({', '.join(left)}): left in place; unmount them and remove it")
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _build_lock():
+    """One packages build per checkout at a time (make run's and make test's share var/image-cache): held, the
+    folders an interrupted build left can be removed safely."""
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(CACHE_DIR / "build.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say("  another build of the job image in this checkout is running: waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _sweep_interrupted_builds() -> None:
+    for folder in CACHE_DIR.glob(f"{BUILD_PREFIX}*"):
+        say(f"  removing what an interrupted build left ({folder.relative_to(CACHE_DIR)})")
+        remove_build_folder(folder)
+    for partial in CACHE_DIR.glob("*.partial"):
+        partial.unlink(missing_ok=True)
+
+
+def _build_from_packages(client, tag: str, digest: str) -> None:
     cached = CACHE_DIR / f"rootfs-{digest}.tar"
-    if not cached.exists():
-        _make_rootfs_tar(cached)
-    else:
-        say(f"  using the root filesystem built earlier ({cached.relative_to(ROOT)})")
+    with _build_lock():
+        if not cached.exists():
+            _sweep_interrupted_builds()
+            _make_rootfs_tar(cached)
+        else:
+            say(f"  using the root filesystem built earlier ({cached.relative_to(ROOT)})")
     started = time.monotonic()
     say("  docker import")
     changes = [f"USER {JOB_UID}:{JOB_UID}", "WORKDIR /workspace", f"ENTRYPOINT {ENTRYPOINT}"]
@@ -241,10 +310,10 @@ def _make_rootfs_tar(destination: Path) -> None:
                          "root, or on a host that reaches a registry: docker build -t pi-job:latest image/")
     debootstrap = services.ensure_package("debootstrap", "debootstrap")
     npm = shutil.which("npm") or services.ensure_package("npm", "npm")
-    build_dir = Path(tempfile.mkdtemp(prefix="pi-image-", dir=CACHE_DIR))
+    build_dir = Path(tempfile.mkdtemp(prefix=BUILD_PREFIX, dir=CACHE_DIR))
     log = CACHE_DIR / "build.log"
     log.write_bytes(b"")
-    say(f"  build log: {log.relative_to(ROOT)}")
+    say(f"  build log: {log}")
     rootfs = build_dir / "rootfs"
     try:
         _run_step("debootstrap (Debian bookworm minbase, git, ca-certificates, openssh-client, ripgrep)",
@@ -265,7 +334,7 @@ def _make_rootfs_tar(destination: Path) -> None:
         _pack(rootfs, partial)
         partial.rename(destination)
     finally:
-        shutil.rmtree(build_dir, ignore_errors=True)
+        remove_build_folder(build_dir)
 
 
 def _install_node(package: Path, rootfs: Path) -> None:
@@ -321,14 +390,20 @@ def main(argv=None) -> int:
     parser.add_argument("--tag", default=os.environ.get("PI_JOB_IMAGE") or DEFAULT_TAG)
     parser.add_argument("--method", choices=("auto", "dockerfile", "packages"), default="auto")
     args = parser.parse_args(argv)
+    from .stack import Stop, StopSignals  # stack builds the image too: imported here, not at the top
+
+    StopSignals().install()  # a stop ends the build step's processes, unmounts and removes its folder, then exits
     docker_host = os.environ.get("DOCKER_HOST")
     engine = None
-    if not services.docker_answers(docker_host):
-        # This host's own engine for `make run` (var/docker): the image is kept there for the next run.
-        say(f"no Docker engine answers at {docker_host or 'the default socket'}; starting make run's private one")
-        docker_host, engine = services.start_dockerd(ROOT / "var" / "docker")
     try:
+        if not services.docker_answers(docker_host):
+            # This host's own engine for `make run` (var/docker): the image is kept there for the next run.
+            say(f"no Docker engine answers at {docker_host or 'the default socket'}; starting make run's private one")
+            docker_host, engine = services.start_dockerd(ROOT / "var" / "docker")
         content_tag = ensure_image(docker_host, args.tag, args.method)
+    except Stop as stop:
+        say(f"{stop.args[0]} received: the build stopped, and what it left was removed")
+        return 128 + getattr(signal, stop.args[0]).value
     finally:
         if engine is not None:
             engine.stop()

@@ -263,6 +263,9 @@ PI_EGRESS_ALLOW = env("PI_EGRESS_ALLOW", default="")
 PI_EGRESS_SOCKET_DIR = env("PI_EGRESS_SOCKET_DIR", default="")
 # The operator's dollar prices per model (JSON), over pi's list prices.
 PI_MODEL_PRICES = env("PI_MODEL_PRICES", default="")
+# A trigger or a manual run may name a model neither price list knows (apps/worker/known_models.py): off, it is
+# refused at save; on, accepted with a warning, its runs' cost unknown.
+PI_ALLOW_UNKNOWN_MODELS = env.bool("PI_ALLOW_UNKNOWN_MODELS", default=False)
 
 # The operator's pi overlay on each worker host (skills, persona, extensions, staged packages; `manage.py import_pi`
 # fills it), mounted read-only at /opt/pi-global in every job; extensions in it load unless switched off.

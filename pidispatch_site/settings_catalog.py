@@ -225,6 +225,8 @@ SECTIONS: tuple[Section, ...] = (
         S("PI_GATEWAY_MAX_REQUEST_MB", "8", "The largest request body the gateway reads."),
         S("PI_EGRESS_ALLOW", "", "host:port,... a job may reach besides its provider."),
         S("PI_MODEL_PRICES", "", "A JSON file of dollar prices per million tokens, over pi's list prices."),
+        S("PI_ALLOW_UNKNOWN_MODELS", "false", "true: a trigger or a manual run may name a model no price list knows "
+          "(a warning; its runs' cost is unknown, and a dollar cap refuses them). false: refused at save."),
     )),
     Section("Budgets and caps", "the workers (the admin's settings row overrides most of them live)", (
         S("PI_MAX_TURNS", "30", "Turns per run."),

@@ -79,7 +79,7 @@ SERVICE_FREE = {
     "tests/site/test_ci_failures.py", "tests/site/test_config_corpus.py", "tests/site/test_config_files.py",
     "tests/site/test_deploy_settings.py", "tests/site/test_forge_registry.py", "tests/site/test_rolling_upgrade.py",
     "tests/site/test_suite_parts.py", "tests/site/test_suite_processes.py", "tests/site/test_upgrade_script.py",
-    "tests/site/test_run_lock.py",
+    "tests/site/test_run_lock.py", "tests/site/test_image_build_stop.py",
     "tests/worker/test_egress_proxy.py", "tests/worker/test_egress_settings.py", "tests/worker/test_exitline.py",
     "tests/worker/test_forge_comments.py", "tests/worker/test_forge_pulls.py", "tests/worker/test_forge_workspace.py",
     "tests/worker/test_publish_hostile_repo.py", "tests/worker/test_publish_work.py",

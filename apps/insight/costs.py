@@ -70,6 +70,7 @@ class Totals:
     spend: Decimal = Decimal(0)
     tokens: int = 0
     estimated: int = 0  # runs whose dollars are a floor or an estimate
+    unknown: int = 0  # of those, runs that spent tokens no price list priced (Run.cost_unknown)
 
     @property
     def completed_share(self) -> float | None:
@@ -516,6 +517,7 @@ def summary(key: str = DEFAULT_WINDOW, now: datetime | None = None) -> CostSumma
         totals.spend += day.spend
         totals.tokens += day.tokens
         totals.estimated += day.estimated
+    totals.unknown = _span(win.start, win.end).filter(cost__isnull=True, tokens_total__gt=0).count()
     grouped = {name: _merged(partials, name, columns) for name, columns in GROUPINGS.items()}
     breakdowns = [
         _by_flow(win, grouped["flow"]), _by_trigger(win, grouped["trigger"]),

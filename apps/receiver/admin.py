@@ -101,11 +101,15 @@ class TriggerAdmin(ManagedChangesAdmin, admin.ModelAdmin):
         for rule, earlier in triggers.never_firing():
             if rule.pk == obj.pk:
                 self.message_user(request, triggers.never_fires_sentence(rule, earlier), messages.WARNING)
+        for _rule, sentence in triggers.unpriced_models([obj]):
+            self.message_user(request, sentence, messages.WARNING)
 
     def changelist_view(self, request, extra_context=None):
         if request.method == "GET":
             for rule, earlier in triggers.never_firing():
                 messages.warning(request, triggers.never_fires_sentence(rule, earlier))
+            for rule, sentence in triggers.unpriced_models():
+                messages.warning(request, f"trigger “{rule}”: {sentence}")
         return super().changelist_view(request, extra_context)
 
     def get_changeform_initial_data(self, request):

@@ -19,7 +19,9 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from apps.worker import allowed_models
+from django.conf import settings
+
+from apps.worker import allowed_models, known_models
 from apps.worker.gates.money import MoneyError, parse_usd, to_usd
 from apps.worker.gates.secrets import is_reserved as secret_name_is_reserved
 from apps.worker.name_patterns import FLOW_PATTERN, MODEL_PATTERN, PROVIDER_PATTERN
@@ -285,6 +287,13 @@ def _model(value, rule: Rule) -> Iterator[str]:
     if value is not None and (not isinstance(value, str) or not MODEL_PATTERN.fullmatch(value)):
         yield ("run.model must be 1-64 letters, digits or . _ - : / @, starting with a letter or digit (null = the "
                "deployment's default).")
+    elif problem := known_models.refusal(_provider_of(rule), value or ""):
+        yield f"run.model: {problem}"
+
+
+def _provider_of(rule: Rule) -> str:
+    provider = rule.run.get("provider")
+    return provider if isinstance(provider, str) and provider else settings.PI_PROVIDER
 
 
 def _models(value, rule: Rule) -> Iterator[str]:
@@ -293,7 +302,8 @@ def _models(value, rule: Rule) -> Iterator[str]:
     except allowed_models.ModelListError as error:
         yield str(error)
         return
-    problem = allowed_models.main_model_problem(rule.run.get("provider"), rule.run.get("model"), value, "run.models")
+    problem = (allowed_models.main_model_problem(rule.run.get("provider"), rule.run.get("model"), value, "run.models")
+               or known_models.entries_refusal(value, "run.models"))
     if problem:
         yield problem
 

@@ -12,6 +12,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from django.conf import settings
+
+from apps.worker import known_models
 from pidispatch_site import strict_json
 
 from .validation import collection_problems, entry_problems
@@ -56,10 +59,18 @@ def parse(text: str | bytes) -> ParsedFile:
             problems.extend(f"{where}: {message}" for message in _extension_problems(entry))
             warnings.extend(f"{where}: {key} is not a trigger field and is ignored"
                             for key in entry if key not in ENTRY_KEYS)
+            if not entry_errors and (unpriced := _unpriced_model(entry.get("run") or {})):
+                warnings.append(f"{where}: run.model: {unpriced}")
     problems.extend(f"trigger at index {index}: {problem.message}" for index, problem in collection_problems(entries))
     if problems:
         raise TriggerFileError(problems)
     return ParsedFile(entries=entries, warnings=warnings)
+
+
+def _unpriced_model(run: dict) -> str | None:
+    """A model PI_ALLOW_UNKNOWN_MODELS let through (validation refuses it otherwise): its cost will be unknown."""
+    model = run.get("model")
+    return known_models.warning(run.get("provider") or settings.PI_PROVIDER, model) if isinstance(model, str) else None
 
 
 def _extension_problems(entry: dict) -> list[str]:

@@ -10,9 +10,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.utils import timezone
+
+from apps.worker import known_models
 
 from . import triggerfile
 from .models import Trigger
@@ -49,6 +52,18 @@ def never_fires_sentence(rule: Trigger, earlier: Trigger) -> str:
     what = "a forge reads only its first comment trigger" if rule.on_type == "comment" else "it has the same match"
     return (f"trigger “{rule}” (position {rule.position}) never fires: “{earlier}” (position {earlier.position}) "
             f"comes first in the matching order and {what}. Give it an earlier position, or a different match.")
+
+
+def unpriced_models(rules=None) -> list[tuple[Trigger, str]]:
+    """Each enabled rule that names a model no price list knows (saved while PI_ALLOW_UNKNOWN_MODELS was on), with
+    the sentence that says so: its runs' cost is unknown. Said at save, on the list and by doctor."""
+    rules = Trigger.objects.filter(enabled=True).exclude(model="") if rules is None else rules
+    found = []
+    for rule in rules:
+        sentence = known_models.warning(rule.provider or settings.PI_PROVIDER, rule.model)
+        if sentence:
+            found.append((rule, sentence))
+    return found
 
 
 # --- skills folders ------------------------------------------------------------------------------------------

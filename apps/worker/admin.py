@@ -263,7 +263,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     @admin.display(description="cost", ordering="cost")
     def cost_display(self, run: Run) -> str:
-        return admin_display.money(run.cost)
+        return "unknown (a model without a price)" if run.cost_unknown else admin_display.money(run.cost)
 
     @admin.display(description="started", ordering="started_at")
     def started_display(self, run: Run) -> str:

@@ -106,6 +106,9 @@ class RunSerializer(NamedFieldsModelSerializer):
     duration_seconds = serializers.SerializerMethodField()
     reason_explained = serializers.SerializerMethodField(
         help_text="What the reason means and what to do next (the table of GET /api/v1/reasons).")
+    cost_unknown = serializers.BooleanField(
+        read_only=True, help_text="True when the run spent tokens of a model without a known price: its cost is "
+                                  "unknown (cost is null), never $0.")
     lost_retry_explained = serializers.SerializerMethodField(
         help_text="An attempt whose worker died: `lost; retried as attempt N`, or `lost; not retried: <why>`; "
                   "empty for any other attempt.")
@@ -117,11 +120,11 @@ class RunSerializer(NamedFieldsModelSerializer):
         fields = ["id", "job_id", "attempt", "kind", "target", "scope", "flow", "command", "trigger", "trigger_type",
                   "delivery_id", "host", "queue", "image", "started_at", "ended_at", "duration_seconds", "outcome",
                   "reason", "reason_explained", "exit_code", "turns", "tokens_in", "tokens_out", "tokens_total",
-                  "cost", "usage", "budget_reserved", "replica", "replicas", "parent_job_id", "chain_depth",
-                  "chain_children", "chain_refusals", "publish_outcome", "pull_request", "pushed_commits",
-                  "changed_files", "publish_url", "dollars_reserved", "dollars_charged", "dollar_basis",
-                  "summary_chars", "lost_retry", "lost_retry_explained", "resumed", "resume_reason", "session_bytes",
-                  "sandbox_until"]
+                  "cost", "cost_unknown", "usage", "budget_reserved", "replica", "replicas", "parent_job_id",
+                  "chain_depth", "chain_children", "chain_refusals", "publish_outcome", "pull_request",
+                  "pushed_commits", "changed_files", "publish_url", "dollars_reserved", "dollars_charged",
+                  "dollar_basis", "summary_chars", "lost_retry", "lost_retry_explained", "resumed", "resume_reason",
+                  "session_bytes", "sandbox_until"]
         brief_fields = ["id", "job_id", "attempt", "outcome", "reason", "target", "ended_at"]
 
     def get_duration_seconds(self, run: Run) -> float:

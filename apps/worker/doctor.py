@@ -185,14 +185,15 @@ def check_limits() -> list[Finding]:
 
 def check_triggers() -> list[Finding]:
     """Forge triggers that can never fire: an earlier one matches the same deliveries first."""
-    from apps.receiver.triggers import never_fires_sentence, never_firing
+    from apps.receiver.triggers import never_fires_sentence, never_firing, unpriced_models
 
-    shadowed = never_firing()
-    if shadowed:
-        return [Finding(WARN, "triggers", never_fires_sentence(rule, earlier),
-                        "give it an earlier position or a different match (Intake › Triggers)")
-                for rule, earlier in shadowed]
-    return [Finding(OK, "triggers", "every enabled forge trigger can fire")]
+    found = [Finding(WARN, "triggers", never_fires_sentence(rule, earlier),
+                     "give it an earlier position or a different match (Intake › Triggers)")
+             for rule, earlier in never_firing()]
+    found += [Finding(WARN, "triggers", f"trigger “{rule}”: {sentence}",
+                      "pick a priced model, or price it in PI_MODEL_PRICES")
+              for rule, sentence in unpriced_models()]
+    return found or [Finding(OK, "triggers", "every enabled forge trigger can fire, at a known price")]
 
 
 def check_image(client) -> list[Finding]:
@@ -232,6 +233,7 @@ def check_image(client) -> list[Finding]:
 
 
 def check_provider(redis, live: bool) -> list[Finding]:
+    from apps.worker import known_models
     from apps.worker.gates.checks import egress_settings
     from apps.worker.sandbox import providers
 
@@ -254,6 +256,10 @@ def check_provider(redis, live: bool) -> list[Finding]:
     found = [Finding(OK, "provider", f"{provider} ({upstream.api}) at {upstream.host_port}: "
                      f"{secret_state(credential[0], credential[1])}, kept out of the container"
                      + ("" if live else "; --live makes one cheap call"))]
+    unpriced = known_models.deployment_warning()
+    if unpriced:
+        found.append(Finding(WARN, "model-price", unpriced, "price it in PI_MODEL_PRICES, or set PI_MODEL to a model "
+                             "pi prices"))
     if live:
         found.append(_provider_call(redis, upstream, credential[1]))
     return found

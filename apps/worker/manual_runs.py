@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.utils import timezone
 from redis.exceptions import RedisError
@@ -29,7 +30,7 @@ from redis.exceptions import RedisError
 from apps.fleet.hosts import HOST_NAME_PATTERN, this_host
 from apps.fleet.queues import SHARED_QUEUE, host_queue
 from apps.fleet.routing import host_affine_queue
-from apps.worker import validators
+from apps.worker import known_models, validators
 from apps.worker.forges import forge_client
 from apps.worker.jobs import FORGE_KINDS, JobSpec, enqueue
 from apps.worker.name_patterns import FLOW_PATTERN, IMAGE_PATTERN, MODEL_PATTERN, PROVIDER_PATTERN
@@ -71,6 +72,8 @@ def _execution(flow: str, command: str, image: str, provider: str, model: str, m
         raise ManualRunRefused("provider", f"{provider!r} is not a provider name (e.g. anthropic)")
     if model and not MODEL_PATTERN.fullmatch(model):
         raise ManualRunRefused("model", f"{model!r} is not a model name (e.g. claude-sonnet-4-5)")
+    if model and (problem := known_models.refusal(provider or settings.PI_PROVIDER, model)):
+        raise ManualRunRefused("model", problem)
     if validators.turns_problem(max_turns):
         raise ManualRunRefused("max_turns", validators.TURNS_RULE)
     return {"flow": flow if flow or command else "task", "command": command, "image": image, "provider": provider,

@@ -213,6 +213,11 @@ class Run(models.Model):
         return f"{self.job_id} #{self.attempt} {self.outcome}"
 
     @property
+    def cost_unknown(self) -> bool:
+        """Tokens were spent and no price list priced them: the cost is unknown, never $0 (known_models.py)."""
+        return self.cost is None and bool(self.tokens_total)
+
+    @property
     def duration(self):
         return self.ended_at - self.started_at
 

@@ -221,7 +221,7 @@ def test_the_main_model_must_be_on_the_list_when_both_are_set():
 def test_a_rules_model_list_reaches_its_jobs_and_round_trips(tmp_path):
     from apps.receiver.run_keys import job_fields
 
-    listed = ["anthropic/claude-sonnet-4-5", "openrouter/anthropic/claude-haiku-4-5"]
+    listed = ["anthropic/claude-sonnet-4-5", "openrouter/anthropic/claude-haiku-4.5"]
     cron = {"type": "cron", "id": "nightly", "pattern": "0 3 * * *"}
     document = {"triggers": [{"on": LABEL, "run": {**GITHUB, "models": listed}},
                              {"on": cron, "run": {"kind": "local", "folder": "/srv/x", "flow": "tidy", "task": "t",

@@ -47,6 +47,7 @@ def egress_settings(app_configs, **kwargs):
     """The gateway's upstream, allowlist and prices: a mistake here would fail every job, so it fails start."""
     from urllib.parse import urlsplit
 
+    from apps.worker import known_models
     from apps.worker.sandbox import prices, providers
     from apps.worker.sandbox.egress_policy import PolicyError, parse_allowlist
 
@@ -81,6 +82,10 @@ def egress_settings(app_configs, **kwargs):
         except ImproperlyConfigured as error:
             found.append(Error(str(error), id="worker.E008"))
     found.extend(_allowed_models_problems())
+    unpriced = None if any(error.id == "worker.E008" for error in found) else known_models.deployment_warning()
+    if unpriced:
+        found.append(CheckWarning(unpriced, hint="Price it in PI_MODEL_PRICES, or pick a model pi prices.",
+                                  id="worker.W005"))
     return found
 
 

@@ -82,11 +82,15 @@ def price_date(provider: str, model: str) -> str:
     return str(registry().get("generated", "")) if price(provider, model) is not None else ""
 
 
+def operator_table() -> dict[str, dict[str, Decimal]]:
+    """The operator's prices, keyed `provider/model` in lowercase ({} when PI_MODEL_PRICES is unset)."""
+    return _operator_prices(settings.PI_MODEL_PRICES) if settings.PI_MODEL_PRICES else {}
+
+
 def price(provider: str, model: str) -> dict[str, Decimal] | None:
-    if settings.PI_MODEL_PRICES:
-        operator = _operator_prices(settings.PI_MODEL_PRICES).get(f"{provider}/{model}".lower())
-        if operator is not None:
-            return operator
+    operator = operator_table().get(f"{provider}/{model}".lower())
+    if operator is not None:
+        return operator
     builtin = (builtin_providers().get(provider) or {}).get("prices", {})
     entry = builtin.get(model) or next((value for key, value in builtin.items() if key.lower() == model.lower()), None)
     if entry is None:

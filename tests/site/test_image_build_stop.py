@@ -37,7 +37,7 @@ BUILD = textwrap.dedent("""\
 
     cache, debootstrap = Path(sys.argv[1]), sys.argv[2]
     jobimage.CACHE_DIR = cache
-    services.ensure_package = lambda command, package: debootstrap if command == "debootstrap" else shutil.which(command)
+    services.ensure_package = lambda name, package: debootstrap if name == "debootstrap" else shutil.which(name)
     stack.StopSignals().install()
     try:
         with jobimage._build_lock():

@@ -292,6 +292,11 @@ PI_GIT_AUTHOR_NAME = env("PI_GIT_AUTHOR_NAME", default="pidispatch")
 PI_GIT_AUTHOR_EMAIL = env("PI_GIT_AUTHOR_EMAIL", default="pidispatch@users.noreply.localhost")
 PI_MAX_CHANGED_FILES = env.int("PI_MAX_CHANGED_FILES", default=300)
 PI_MAX_PUSH_BYTES = env.int("PI_MAX_PUSH_BYTES", default=50 * 1024 * 1024)
+# What reading the agent's git history may cost (apps/worker/forges/publishing/measure.py): its commits, the time
+# of the whole reading, and each git process's heap (0: no bound). Past one, the work is refused work-too-large.
+PI_PUBLISH_MAX_COMMITS = env.int("PI_PUBLISH_MAX_COMMITS", default=100)
+PI_PUBLISH_TIMEOUT_SECONDS = env.int("PI_PUBLISH_TIMEOUT_SECONDS", default=120)
+PI_PUBLISH_GIT_MEMORY_MB = env.int("PI_PUBLISH_GIT_MEMORY_MB", default=1024)
 PI_KEEP_WORK_HOURS = env.int("PI_KEEP_WORK_HOURS", default=24)
 PI_PUBLISH_ATTEMPTS = env.int("PI_PUBLISH_ATTEMPTS", default=6)
 PI_PUBLISH_RETRY_SECONDS = env.float("PI_PUBLISH_RETRY_SECONDS", default=5.0)

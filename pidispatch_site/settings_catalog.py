@@ -251,6 +251,11 @@ SECTIONS: tuple[Section, ...] = (
         S("PI_GIT_AUTHOR_EMAIL", "pidispatch@users.noreply.localhost", "Its email."),
         S("PI_MAX_CHANGED_FILES", "300", "More changed paths than this is not pushed."),
         S("PI_MAX_PUSH_BYTES", "52428800", "More new content than this is not pushed."),
+        S("PI_PUBLISH_MAX_COMMITS", "100", "More agent commits than this are not read (work-too-large)."),
+        S("PI_PUBLISH_TIMEOUT_SECONDS", "120", "Reading the agent's work (its commits, its tree) must end within this "
+          "(work-too-large)."),
+        S("PI_PUBLISH_GIT_MEMORY_MB", "1024", "The heap of each git process that reads the agent's work (0: no "
+          "bound)."),
         S("PI_PUBLISH_ATTEMPTS", "6", "Tries of the publish step on a transient forge error."),
         S("PI_PUBLISH_RETRY_SECONDS", "5", "The first backoff between them (doubling)."),
         S("PI_KEEP_WORK_HOURS", "24", "How long work that did not reach the forge is kept for Publish again."),

@@ -248,6 +248,12 @@ _EXPLAINED: dict[str, tuple[str, str]] = {
     "submodule-change-refused": ("The change touches a submodule.", "Not publishable; narrow the task."),
     "workspace-repo-unsafe": ("The agent left its repository in a state the worker does not read.", _CHECK_LOG),
     "work-unreadable": ("The worker could not read the agent's work.", _CHECK_LOG),
+    "work-too-large": ("The agent's git history is more than publishing takes: more commits than "
+                       "PI_PUBLISH_MAX_COMMITS, a commit whose files grow the repository by more than "
+                       "PI_MAX_CHANGED_FILES paths or PI_MAX_PUSH_BYTES bytes (counted from git's object headers, "
+                       "before anything is expanded), or reading it took longer than PI_PUBLISH_TIMEOUT_SECONDS. The "
+                       "run page names the bound.",
+                       "Nothing is published; start the run again with a narrower task, or raise the bound."),
     "work-config-unsafe": ("The agent's .git/config could make the worker's git run a program or reach elsewhere "
                            "(partial clone, a promisor or added remote, a protocol, a URL rewrite, fsmonitor, ...).",
                            "Nothing is read or published; start the run again, and tell the task not to change git's "
@@ -419,6 +425,7 @@ STOPPED = {
     "submodule-change-refused": NOT_PUBLISHED + "the change adds, changes or removes a submodule." + KEPT,
     "workspace-repo-unsafe": NOT_PUBLISHED + "the agent left its repository in a state the worker does not read.",
     "work-unreadable": NOT_PUBLISHED + "the worker could not read the agent's work.",
+    "work-too-large": NOT_PUBLISHED + "the agent's git history is more than this deployment publishes.",
     "work-config-unsafe": NOT_PUBLISHED + "the agent changed the repository's git configuration in a way the worker "
                           "does not read.",
     "work-nested-repository": NOT_PUBLISHED + "the agent left another git repository inside its workspace.",

@@ -148,6 +148,18 @@ def require_dollar_settings() -> None:
 
 
 @register()
+def publishing_settings(app_configs, **kwargs):
+    """The heap bound of the git that reads the agent's work is util-linux's prlimit: without it, no bound."""
+    from apps.worker.sandbox.gitrun import PRLIMIT
+
+    if settings.PI_PUBLISH_GIT_MEMORY_MB and not PRLIMIT:
+        return [CheckWarning("PI_PUBLISH_GIT_MEMORY_MB cannot bound git's heap: this host has no prlimit "
+                             "(util-linux).", hint="Install util-linux, or set PI_PUBLISH_GIT_MEMORY_MB=0 to say so.",
+                             id="worker.W006")]
+    return []
+
+
+@register()
 def failure_hook_settings(app_configs, **kwargs):
     """PI_ON_FAILURE is an absolute executable: a relative one would depend on the folder the worker started in."""
     hook = settings.PI_ON_FAILURE

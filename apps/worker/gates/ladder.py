@@ -114,7 +114,7 @@ GATES: tuple[Gate, ...] = (
          refuses=("summary-held-secret", "secret-in-work", "ci-change-refused", "push-too-many-files", "push-too-large",
                   "file-too-large", "symlink-escapes", "submodule-change-refused", "push-refused", "forge-auth-refused",
                   "forge-repo-not-found", "work-unreadable", "work-config-unsafe", "work-nested-repository",
-                  "workspace-repo-unsafe", "forge-*")),
+                  "workspace-repo-unsafe", "work-too-large", "forge-*")),
     Gate("14b", "chaining", container_step.chain, when=container_step.completed),
 )
 

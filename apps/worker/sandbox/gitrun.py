@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
+
+PRLIMIT = shutil.which("prlimit")  # util-linux (Debian's essential set); a host without it: a settings warning
 
 PASSED_THROUGH = ("PATH", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
                   "GIT_SSL_CAINFO", "SSL_CERT_FILE", "SSL_CERT_DIR")
@@ -61,10 +64,23 @@ VERSION = re.compile(r"^git version (\d+)\.(\d+)(?:\.(\d+))?")
 
 def run_git(folder: Path, *args: str, timeout: float, authorization: str = "", transport: str = "none",
             stdin: bytes | None = None, as_user: tuple[int, int] | None = None,
-            extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+            extra_env: dict[str, str] | None = None, memory_mb: int = 0) -> subprocess.CompletedProcess:
     """`git -C folder args...` with bytes in and out, optionally as another uid:gid. `transport` is what the call
-    may reach (TRANSPORTS); `extra_env` adds what one call needs (an author identity, an index file). Raises
-    subprocess.TimeoutExpired and OSError."""
+    may reach (TRANSPORTS); `extra_env` adds what one call needs (an author identity, an index file); `memory_mb`
+    bounds its heap. Raises subprocess.TimeoutExpired and OSError."""
+    command, environment = git_command(folder, *args, authorization=authorization, transport=transport,
+                                       extra_env=extra_env, memory_mb=memory_mb)
+    user = {"user": as_user[0], "group": as_user[1], "extra_groups": []} if as_user and os.geteuid() == 0 else {}
+    return subprocess.run(command, env=environment, input=stdin, capture_output=True, timeout=timeout,
+                          stdin=None if stdin is not None else subprocess.DEVNULL, **user)
+
+
+def git_command(folder: Path, *args: str, authorization: str = "", transport: str = "none",
+                extra_env: dict[str, str] | None = None, memory_mb: int = 0) -> tuple[list[str], dict[str, str]]:
+    """The hardened command line and environment of run_git, for a caller that talks to git as it runs (a
+    `cat-file --batch`). `memory_mb`: git's heap (RLIMIT_DATA, through util-linux's prlimit), so one git
+    process cannot take the host's memory (an index of ten million paths is gigabytes); its packs are mapped
+    files and do not count."""
     environment = {name: os.environ[name] for name in PASSED_THROUGH if name in os.environ}
     environment.update(extra_env or {})
     environment.update(CLOSED_ENVIRONMENT)
@@ -79,9 +95,9 @@ def run_git(folder: Path, *args: str, timeout: float, authorization: str = "", t
                "-c", "http.followRedirects=false", "-c", "protocol.allow=never", *allowed,
                "-c", "core.fsmonitor=false", "-c", f"core.hooksPath={os.devnull}", "-c", "core.sshCommand=false",
                "-c", "fetch.recurseSubmodules=false", "-C", str(folder), *args]
-    user = {"user": as_user[0], "group": as_user[1], "extra_groups": []} if as_user and os.geteuid() == 0 else {}
-    return subprocess.run(command, env=environment, input=stdin, capture_output=True, timeout=timeout,
-                          stdin=None if stdin is not None else subprocess.DEVNULL, **user)
+    if memory_mb and PRLIMIT:
+        command = [PRLIMIT, f"--data={memory_mb * 1024 * 1024}", "--", *command]
+    return command, environment
 
 
 def unsafe_settings(entries: Iterable[tuple[str, str, str | None]], unsafe: re.Pattern = UNSAFE_CONFIG) -> list[str]:

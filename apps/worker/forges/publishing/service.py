@@ -149,8 +149,9 @@ def publish_run(spec, workspace, job_root: Path, workspace_folder: Path, summary
                        identity=bot_identity(), origin_url=workspace.origin_url, finished_at=finished_at,
                        message=worker_message)
     except WorkUnreadable as unreadable:
-        logger.warning("publish_refused job=%s reason=%s", spec.job_id, unreadable.reason)
-        return Publication(unreadable.reason), unreadable.reason
+        logger.warning("publish_refused job=%s reason=%s detail=%s", spec.job_id, unreadable.reason,
+                       unreadable.detail or "-")
+        return Publication(unreadable.reason, refusal=unreadable.detail), unreadable.reason
     described = work_changes.describe(work, [*credentials.values(), *job_secrets.values()],
                                       worker_subject=worker_message.partition("\n")[0])
     if held_credential:

@@ -19,21 +19,29 @@ in its `.git`, alternates or a common directory (`workspace-repo-unsafe`); a con
 upload-pack, which reads it, run a program or reach another place (`work-config-unsafe`); another repository
 inside the work tree, which `git add` would open (`work-nested-repository`). Links in the work tree are never
 followed on this host (git records them as links); where they lead is checks.py's question.
+
+What the agent's history may cost is bounded before git expands any of it (`work-too-large`): its commits and
+what each commit's tree holds, counted from the object headers (measure.py); every git process of the collection
+runs with a heap of PI_PUBLISH_GIT_MEMORY_MB, and all of them within PI_PUBLISH_TIMEOUT_SECONDS.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import stat
 import subprocess
+import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from django.conf import settings
 
-from apps.worker.sandbox.gitrun import run_git, unsafe_settings
+from apps.worker.forges.publishing import measure
+from apps.worker.sandbox.gitrun import git_command, run_git, unsafe_settings
 
 UNCOMMITTED_MESSAGE = "Changes the agent left uncommitted"
 AGENT_REF = "refs/pi/agent"
@@ -49,12 +57,43 @@ AGENT_CONFIG_UNSAFE = re.compile(r"include\..+|includeif\..+|core\.worktree|exte
                                  r"|core\.alternaterefscommand")
 
 
-class WorkUnreadable(Exception):
-    """The workspace cannot be read safely or at all; `reason` is the record's token."""
+TOO_LARGE = "work-too-large"
+# When the collection of one job's work must end (time.monotonic()): set by `collect` for every git call it makes,
+# however deep (the helpers below are shared with the publish checks and "Publish again", which set none).
+_deadline: ContextVar[float | None] = ContextVar("publishing_deadline", default=None)
 
-    def __init__(self, reason: str):
+
+class WorkUnreadable(Exception):
+    """The workspace cannot be read safely or at all; `reason` is the record's token, `detail` what the run page
+    says of it (a bound and the amount found: numbers and setting names only)."""
+
+    def __init__(self, reason: str, detail: str = ""):
         super().__init__(reason)
-        self.reason = reason
+        self.reason, self.detail = reason, detail
+
+
+def _out_of_time() -> WorkUnreadable:
+    return WorkUnreadable(TOO_LARGE, f"reading the agent's work took longer than "
+                                     f"{settings.PI_PUBLISH_TIMEOUT_SECONDS} s (PI_PUBLISH_TIMEOUT_SECONDS)")
+
+
+def _time_left(timeout: float) -> float:
+    deadline = _deadline.get()
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise _out_of_time()
+    return min(timeout, left)
+
+
+@contextlib.contextmanager
+def _within_publishing_bounds():
+    token = _deadline.set(time.monotonic() + settings.PI_PUBLISH_TIMEOUT_SECONDS)
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
 
 
 @dataclass(frozen=True)
@@ -101,11 +140,16 @@ class Work:
 
 def git(store: Path, *args: str, stdin: bytes | None = None, env: dict | None = None, authorization: str = "",
         transport: str = "none", check: bool = True, timeout: float | None = None) -> subprocess.CompletedProcess:
-    """git on the worker's own repository (`--git-dir`), with the hardened runner; stdout as text."""
+    """git on the worker's own repository (`--git-dir`), with the hardened runner and its heap bounded; stdout as
+    text."""
     try:
         result = run_git(store.parent, "--git-dir", str(store), *args, stdin=stdin, authorization=authorization,
-                         transport=transport, timeout=timeout or settings.PI_CLONE_TIMEOUT_SECONDS, extra_env=env)
-    except (subprocess.TimeoutExpired, OSError):
+                         transport=transport, timeout=_time_left(timeout or settings.PI_CLONE_TIMEOUT_SECONDS),
+                         extra_env=env, memory_mb=settings.PI_PUBLISH_GIT_MEMORY_MB)
+    except subprocess.TimeoutExpired:
+        raise (_out_of_time() if _deadline.get() is not None and _deadline.get() <= time.monotonic()
+               else WorkUnreadable("work-unreadable")) from None
+    except OSError:
         raise WorkUnreadable("work-unreadable") from None
     if check and result.returncode != 0:
         raise WorkUnreadable("work-unreadable")
@@ -167,6 +211,13 @@ def collect(workspace: Path, *, start_sha: str, store: Path, identity: Identity,
     """`origin_url` is the clone's own remote (the one `remote.*` its config may hold); `finished_at` (when the
     agent's container ended) dates the commit of what it left uncommitted, and `message` is that commit's
     message (messages.commit_message: forge text, for the forge only)."""
+    with _within_publishing_bounds():
+        return _collect(workspace, start_sha=start_sha, store=store, identity=identity, origin_url=origin_url,
+                        finished_at=finished_at, message=message)
+
+
+def _collect(workspace: Path, *, start_sha: str, store: Path, identity: Identity, origin_url: str,
+             finished_at: float, message: str) -> Work:
     _check_agents_repository(workspace)
     _check_no_nested_repository(workspace)
     if store.exists():
@@ -185,14 +236,37 @@ def collect(workspace: Path, *, start_sha: str, store: Path, identity: Identity,
     agent_head = git(store, "rev-parse", AGENT_REF).stdout.strip()
     descends = git(store, "merge-base", "--is-ancestor", start_sha, agent_head, check=False).returncode == 0
     # Commits that do not build on the start (a rewritten history) are not taken; the work tree still is.
-    commits = (git(store, "rev-list", "--reverse", "--topo-order", f"{start_sha}..{agent_head}").stdout.split()
-               if descends else [])
+    commits = _measured_commits(store, start_sha, agent_head) if descends else []
     head = _rewrite(store, start_sha, commits, identity)
     head = _commit_work_tree(store, workspace, parent=head, identity=identity, when=f"{int(finished_at)} +0000",
                              message=message)
     count = int(git(store, "rev-list", "--count", f"{start_sha}..{head}").stdout.strip() or 0)
     git(store, "update-ref", PUBLISHED_REF, head)
     return work_between(store, start_sha, head, count)
+
+
+def _measured_commits(store: Path, start: str, agent_head: str) -> list[str]:
+    """The agent's commits above the start, oldest first, once they are known to be within the bounds: their count
+    first (commits only), then what each one's tree holds (measure.py), before anything expands them."""
+    bounds = measure.Bounds.from_settings()
+    count = int(git(store, "rev-list", "--count", f"{start}..{agent_head}").stdout.strip() or 0)
+    if count > bounds.commits:
+        raise WorkUnreadable(TOO_LARGE, measure.Measured(count, 0, 0, 0, 0).too_large(bounds))
+    listing = git(store, "rev-list", "--reverse", "--topo-order", "--format=%T", f"{start}..{agent_head}").stdout
+    lines = listing.split()  # "commit", <commit>, <tree> for each
+    commits, trees = lines[1::3], lines[2::3]
+    start_tree = git(store, "rev-parse", f"{start}^{{tree}}").stdout.strip()
+    command, environment = git_command(store.parent, "--git-dir", str(store),
+                                       memory_mb=settings.PI_PUBLISH_GIT_MEMORY_MB)
+    try:
+        measure.measure(command, environment, start_tree, trees, bounds, _time_left(settings.PI_CLONE_TIMEOUT_SECONDS))
+    except measure.TooLarge as too_large:
+        raise WorkUnreadable(TOO_LARGE, str(too_large)) from None
+    except measure.OutOfTime:
+        raise _out_of_time() from None
+    except (OSError, ValueError, subprocess.SubprocessError):
+        raise WorkUnreadable("work-unreadable") from None
+    return commits
 
 
 def work_between(store: Path, start: str, head: str, commits: int) -> Work:

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from apps.worker.sandbox import image_contract as contract
+from apps.worker.sandbox.mounts import mounts_under, remove_tree
 
 from . import services
 from .services import ROOT, SetupError, say
@@ -240,28 +241,12 @@ def _stop_group(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def mounts_under(folder: Path) -> list[str]:
-    """Mount points inside `folder` (debootstrap mounts proc and sys in its target, and leaves them when stopped)."""
-    prefix = str(folder.resolve()) + "/"
-    points = []
-    with open("/proc/self/mountinfo") as mountinfo:
-        for line in mountinfo:
-            point = re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), line.split()[4])
-            if point.startswith(prefix):
-                points.append(point)
-    return points
-
-
 def remove_build_folder(folder: Path) -> None:
-    """Unmount what a build left inside its folder (deepest first), then remove it; a folder that still holds a
-    mount is left in place, said, never walked into."""
-    for point in sorted(mounts_under(folder), key=len, reverse=True):
-        subprocess.run(["umount", "--lazy", point], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-    left = mounts_under(folder)
-    if left:
-        say(f"  {folder} still holds mounts ({', '.join(left)}): left in place; unmount them and remove it")
-        return
-    shutil.rmtree(folder, ignore_errors=True)
+    """Unmount what a build left inside its folder, then remove it; a folder that still holds a mount is left in
+    place, said, never walked into."""
+    if not remove_tree(folder):
+        say(f"  {folder} still holds mounts ({', '.join(mounts_under(folder))}): left in place; unmount them and "
+            "remove it")
 
 
 @contextlib.contextmanager

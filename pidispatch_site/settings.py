@@ -294,6 +294,9 @@ PI_MAX_CHANGED_FILES = env.int("PI_MAX_CHANGED_FILES", default=300)
 PI_MAX_PUSH_BYTES = env.int("PI_MAX_PUSH_BYTES", default=50 * 1024 * 1024)
 # What reading the agent's git history may cost (apps/worker/forges/publishing/measure.py): its commits, the time
 # of the whole reading, and each git process's heap (0: no bound). Past one, the work is refused work-too-large.
+# A forge job's workspace as an ext4 volume of PI_JOB_DISK_MB (apps/worker/sandbox/workspace_volume.py): auto where
+# the host can make one, off for the watch alone.
+PI_JOB_WORKSPACE_VOLUME = env("PI_JOB_WORKSPACE_VOLUME", default="auto")
 PI_PUBLISH_MAX_COMMITS = env.int("PI_PUBLISH_MAX_COMMITS", default=100)
 PI_PUBLISH_TIMEOUT_SECONDS = env.int("PI_PUBLISH_TIMEOUT_SECONDS", default=120)
 PI_PUBLISH_GIT_MEMORY_MB = env.int("PI_PUBLISH_GIT_MEMORY_MB", default=1024)

@@ -204,6 +204,9 @@ SECTIONS: tuple[Section, ...] = (
         S("PI_JOB_DISK_MB", "10240", "The most a job's workspace may hold, in MiB (0: no limit)."),
         S("PI_JOB_MAX_FILES", "100000", "The most entries it may hold (0: no limit)."),
         S("PI_JOB_DISK_POLL_SECONDS", "5", "How often the workspace is measured while the job runs."),
+        S("PI_JOB_WORKSPACE_VOLUME", "auto", "auto: a forge job's workspace is an ext4 volume of PI_JOB_DISK_MB and "
+          "PI_JOB_MAX_FILES where the host can make one (a root worker, loop devices, e2fsprogs), so no write gets "
+          "past them; doctor warns where it cannot. off: the watch alone."),
         S("PI_DOCTOR_MIN_FREE_MB", "1024", "manage.py doctor fails this host below this much free space under "
           "PI_JOB_ROOT."),
         S("PI_CLONE_TIMEOUT_SECONDS", "300", "A forge job's clone must finish within this (else retried)."),

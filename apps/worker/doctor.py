@@ -566,6 +566,21 @@ def check_disk() -> list[Finding]:
     return [Finding(OK, "disk", shown)]
 
 
+def check_workspace_bound() -> list[Finding]:
+    """A forge job's workspace: bounded by a volume of its size, or by the watch alone (which a fast write
+    outruns between two samples)."""
+    from apps.worker.sandbox import workspace_volume
+
+    chosen = workspace_volume.method()
+    if chosen.name == "volume":
+        return [Finding(OK, "workspace-bound", chosen.why)]
+    if not settings.PI_JOB_DISK_MB:
+        return [Finding(WARN, "workspace-bound", "no disk bound: PI_JOB_DISK_MB=0", "set PI_JOB_DISK_MB")]
+    return [Finding(WARN, "workspace-bound", f"the watch alone bounds a workspace ({chosen.why}): a job can write "
+                    f"past PI_JOB_DISK_MB between two samples", "run the worker as root on a host with loop devices "
+                    "and e2fsprogs, and PI_JOB_WORKSPACE_VOLUME=auto")]
+
+
 def check_git() -> list[Finding]:
     """The worker's git runs in repositories the agent wrote: one that fetches lazily could be made to run any
     command (the worker refuses to start on it too)."""
@@ -719,6 +734,7 @@ def diagnose(live: bool = False) -> list[HostReport]:
     here.findings += _guarded(check_profiles)
     here.findings += _guarded(check_settings)
     here.findings += _guarded(check_disk)
+    here.findings += _guarded(check_workspace_bound)
     here.findings += _guarded(check_git)
     reports = [here]
     if redis_ok:

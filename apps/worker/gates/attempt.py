@@ -85,6 +85,7 @@ class Attempt:
 
     # How the climb ended, set once by `ended`, read as it lets go.
     spent: bool = False  # its container may have spent: the job-count slot stays taken, an open dollar hold whole
+    over_disk: bool = False  # it ended workspace-too-large: its folder is never kept
     sandbox_until: datetime | None = None
     _holds: ExitStack = field(default_factory=ExitStack, repr=False)
 
@@ -140,6 +141,7 @@ class Attempt:
         """How the climb ended (None: by an exception), then let go of everything held. Nothing was spent unless the
         gateway was started, and a verdict that says nothing ran (`budget_reserved` false) overrules that."""
         self.spent = self.spending and not (isinstance(outcome, Verdict) and not outcome.budget_reserved)
+        self.over_disk = isinstance(outcome, Verdict) and outcome.reason == "workspace-too-large"
         self._holds.close()
         self._leave_the_waiters(outcome)
 
@@ -169,7 +171,11 @@ class Attempt:
 
     def _let_go_of_dirs(self, dirs: jobfiles.JobDirs) -> None:
         """Kept for a sandbox when the container ran, kept whole for debugging, stripped to the unpublished work, or
-        removed."""
+        removed. A workspace past its disk bound is never kept: removed at once, whatever the settings keep."""
+        if self.over_disk:
+            logger.info("job_folder_removed job=%s why=workspace-too-large", self.spec.job_id)
+            jobfiles.remove(dirs)
+            return
         if self.spent and self.size is not None:
             self.sandbox_until = sandboxes.retain(
                 dirs, job_id=self.spec.job_id, image=self.image_id or self.image, user=self.size.user,

@@ -46,6 +46,7 @@ from apps.worker.sandbox import (
     prices,
     providers,
     venues,
+    workspace_volume,
 )
 from apps.worker.sandbox.workspace import WorkspaceRefused, check_local_folder
 from apps.worker.sessions import store as sessions
@@ -421,6 +422,9 @@ def _forge_workspace(attempt: Attempt) -> None:
         attempt.hold_forge(_refused_workspace(forge_workspace.prepare, spec, attempt.dirs, owner=attempt.user,
                                               job_id=spec.job_id))
     except ForgeFailure as failure:
+        if failure.transient and workspace_volume.is_full(attempt.dirs.workspace):
+            logger.info("workspace_refused job=%s reason=workspace-too-large why=clone-filled-volume", spec.job_id)
+            raise GateRefusal("workspace-too-large") from None
         if failure.transient:
             logger.warning("workspace_forge_fault job=%s reason=%s retry_after=%s", spec.job_id, failure.reason,
                            failure.retry_after if failure.retry_after is not None else "-")

@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import re
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -28,6 +27,8 @@ from pathlib import Path
 from django.conf import settings
 
 from apps.worker.jobs import JOB_ID_PATTERN, JobSpec
+from apps.worker.sandbox import workspace_volume
+from apps.worker.sandbox.mounts import remove_tree
 
 logger = logging.getLogger("pidispatch.worker")
 
@@ -114,8 +115,8 @@ def prepare(spec: JobSpec, root: Path, owner: tuple[int, int], workspace: Path |
     unless the job brings its own (a local job's folder, which is never created or removed here). With `outbox`,
     an empty `outbox` folder the container's user alone may write (apps/worker/chaining/)."""
     job_root = root / spec.job_id
-    if job_root.exists():
-        shutil.rmtree(job_root)
+    if job_root.exists() and not remove_tree(job_root):
+        raise OSError(f"the job folder {spec.job_id} still holds a mount")
     dirs = JobDirs(root=job_root, job=job_root / "job", workspace=workspace or job_root / "workspace",
                    outbox=job_root / "outbox" if outbox else None)
     try:
@@ -128,6 +129,7 @@ def prepare(spec: JobSpec, root: Path, owner: tuple[int, int], workspace: Path |
         dirs.job.mkdir(mode=0o755)
         if workspace is None:
             dirs.workspace.mkdir(mode=0o755)
+            workspace_volume.make(dirs.workspace, owner)  # the disk bound the kernel keeps, where the host can
         # Forge text may hold lone surrogates (valid JSON, not encodable UTF-8): they become U+FFFD.
         (dirs.job / "prompt.md").write_text(render_prompt(spec), encoding="utf-8", errors="replace")
         (dirs.job / "event.json").write_text(json.dumps(event_document(spec, cron), indent=2), encoding="utf-8")
@@ -146,7 +148,7 @@ def prepare(spec: JobSpec, root: Path, owner: tuple[int, int], workspace: Path |
 
 
 def remove(dirs: JobDirs) -> None:
-    shutil.rmtree(dirs.root, ignore_errors=True)
+    remove_tree(dirs.root)
     let_go(dirs)
 
 
@@ -200,8 +202,8 @@ def remove_unheld(root: Path, now: datetime, in_use: Callable[[Path], bool] | No
                     _warned_in_use.add(entry.name)
                     logger.info("job_folder_kept job=%s why=sandbox-in-use", entry.name)
                 continue
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed.append(entry.name)
+            if remove_tree(Path(entry.path)):
+                removed.append(entry.name)
         finally:
             os.close(descriptor)
     return removed

@@ -26,6 +26,7 @@ from apps.worker.forges import ForgeFailure, PullHead, RepoRef, forge_client
 from apps.worker.forges.publishing import work as work_module
 from apps.worker.gates.verdicts import Publication
 from apps.worker.sandbox import jobfiles
+from apps.worker.sandbox.mounts import remove_tree
 
 logger = logging.getLogger("pidispatch.publish")
 
@@ -62,7 +63,7 @@ def strip_to_kept(job_root: Path) -> None:
     """The job's folder down to the kept files (the prompt and the clone hold issue text and the repository)."""
     for child in job_root.iterdir():
         if child.name not in KEPT_FILES:
-            shutil.rmtree(child, ignore_errors=True) if child.is_dir() and not child.is_symlink() else child.unlink()
+            remove_tree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
 
 
 def _spec_ids(spec) -> dict:
@@ -109,7 +110,7 @@ def publish_again(run) -> Publication:
         client.release_credential(credential)
     record_publication(run, publication)
     if publication.outcome in ("published", "commented"):
-        shutil.rmtree(job_root, ignore_errors=True)
+        remove_tree(job_root)
     return publication
 
 

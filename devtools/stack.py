@@ -25,6 +25,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+from apps.worker.sandbox.mounts import unmount_under
 from pidispatch_site import dev_env
 
 from . import fake_forge, jobimage, scripted_provider, services, test_runs
@@ -481,6 +482,9 @@ def run_platform(args) -> int:
         return 0
     finally:
         stack.stop()
+        # The jobs' workspace volumes (apps/worker/sandbox/workspace_volume.py) of the folders the demo keeps: the
+        # host keeps no mount of a stack that stopped (their files stay, under var/jobs).
+        _quietly(unmount_under, Path(os.environ.get("PI_JOB_ROOT") or VAR / "jobs"))
         _detach_if_gone()
 
 

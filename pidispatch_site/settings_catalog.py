@@ -81,7 +81,8 @@ SECTIONS: tuple[Section, ...] = (
         S("DJANGO_HSTS_SECONDS", "31536000", "With DJANGO_SECURE: how long browsers are told to use HTTPS only."),
         S("DJANGO_DEBUG", "false", "Django's debug pages. Never true on a reachable server: an error page shows "
           "settings and request data."),
-        S("PI_METRICS_TOKEN", "", "When set, /metrics answers only Authorization: Bearer <token>."),
+        S("PI_METRICS_TOKEN", "", "When set, /metrics answers only Authorization: Bearer <token>; unset, only a "
+          "direct scrape from this host."),
         S("PI_API_RATE", "600/min", "Requests per API token (or signed-in user), counted in Redis across web "
           "processes; past it 429."),
         S("PI_API_SCHEMA_PUBLIC", "false", "true serves the API's schema and docs page to anyone, not only to "

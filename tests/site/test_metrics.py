@@ -152,6 +152,18 @@ def test_a_bearer_token_guards_the_scrape_when_set(client, settings):
     assert value(samples, "pidispatch_source_up", source="database") == 1
 
 
+def test_without_a_token_only_this_host_scrapes_and_only_directly(client, settings):
+    """Deny by default: with PI_METRICS_TOKEN unset, a scrape from another address, or one a proxy forwarded (nginx
+    on the private server name), is refused with the setting to set; Prometheus on the host itself scrapes."""
+    settings.PI_METRICS_TOKEN = ""
+    assert client.get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 200
+    assert client.get("/metrics", REMOTE_ADDR="::1").status_code == 200
+    for refused in (client.get("/metrics", REMOTE_ADDR="10.0.0.5"),
+                    client.get("/metrics", REMOTE_ADDR="127.0.0.1", HTTP_X_FORWARDED_FOR="10.0.0.5"),
+                    client.get("/metrics", REMOTE_ADDR="127.0.0.1", HTTP_X_REAL_IP="10.0.0.5")):
+        assert refused.status_code == 403 and b"PI_METRICS_TOKEN" in refused.content
+
+
 def test_the_public_edge_serves_no_metrics(settings, client):
     import pidispatch_site.urls as urls
 

@@ -85,6 +85,10 @@ def test_a_finished_runs_workspace_is_in_its_sandbox_with_the_jobs_isolation_and
     cut_off = sandbox_command(worker_env, "gh-sbx-look", "--command",
                               "ls /run/pi-egress 2>&1; wget -q -T 3 -O - http://1.1.1.1/ 2>&1; echo exit=$?")
     assert "exit=0" not in cut_off.stdout and ".sock" not in cut_off.stdout
+    # What a file the agent wrote prints is shown as text: its terminal control sequences never reach the terminal.
+    printed = sandbox_command(worker_env, "gh-sbx-look", "--command",
+                              r"printf 'a\033]52;c;SGVsbG8=\007b\033[2J\033[31mred\033[0m\rX\tY\n'")
+    assert printed.stdout == "abredX\tY\n"
     # A command's exit code is the sandbox command's.
     assert sandbox_command(worker_env, "gh-sbx-look", "--command", "exit 3").returncode == 3
     assert not docker.from_env().containers.list(all=True, filters={"label": sandboxes.SANDBOX_LABEL})

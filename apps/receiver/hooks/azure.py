@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import re
 
+from . import repo_names
 from .base import (
     MAX_EVENT,
     Actor,
@@ -128,6 +129,8 @@ def normalise(event: str, delivery_id: str, payload: dict) -> ForgeEvent:
         if number is None:
             raise HookRefused(400, "missing-issue-number")
         project = text(current.get("System.TeamProject"))
+        if project and repo_names.azure_name_problem(project):
+            raise HookRefused(400, "repository-invalid")
         item = {
             "target_type": "issue", "number": number, "title": text(current.get("System.Title")),
             "body": text(current.get("System.Description")), "project": project,
@@ -161,8 +164,10 @@ def normalise(event: str, delivery_id: str, payload: dict) -> ForgeEvent:
         if number is None:
             raise HookRefused(400, "missing-pull-request")
         project_name, repo_name = text(project.get("name")), text(repository.get("name"))
-        if not project_name or not repo_name or "/" in repo_name:
+        if not project_name or not repo_name:
             return ForgeEvent(route=None, drop="no-repository", action=action, actor=actor, **common)
+        if repo_names.azure_name_problem(project_name) or repo_names.azure_name_problem(repo_name):
+            raise HookRefused(400, "repository-invalid")
         project_id = text(project.get("id")) or project_guid
         # Azure sends a pull request's labels (tags) with the pull request, but no diff of them: only a new pull
         # request's labels are an arrival; on `updated` they would fire again on every push.

@@ -15,6 +15,8 @@ from typing import Any
 
 from django.conf import settings
 
+from . import repo_names
+
 READ_CHUNK = 64 * 1024
 MAX_DELIVERY_ID = 200
 MAX_EVENT = 64
@@ -221,7 +223,11 @@ def full_name(payload: dict) -> str:
 
 
 def owner_repo(value) -> str:
-    """`owner/name` or "" (the only shape GitHub and Forgejo repositories have)."""
+    """`owner/name` or "" (the only shape GitHub and Forgejo repositories have); a name no forge could have
+    written is refused (repo_names.py)."""
     repo = text(value)
-    parts = repo.split("/")
-    return repo if len(parts) == 2 and all(parts) and not any(ch.isspace() for ch in repo) else ""
+    if not repo:
+        return ""
+    if repo_names.path_problem(repo, segments=2):
+        raise HookRefused(400, "repository-invalid")
+    return repo

@@ -9,6 +9,7 @@ import hashlib
 import hmac
 import time
 
+from . import repo_names
 from .base import (
     MAX_EVENT,
     Actor,
@@ -114,6 +115,8 @@ def normalise(event: str, delivery_id: str, payload: dict) -> ForgeEvent:
     actor = Actor(id=numeric_id(user.get("id")), login=text(user.get("username")))
     common = {"forge": FORGE, "delivery_id": delivery_id, "event": kind or event, "action": action, "actor": actor}
     repo = text(project.get("path_with_namespace")).strip("/")
+    if repo and repo_names.path_problem(repo, segments=None):
+        raise HookRefused(400, "repository-invalid")
     project_id = (numeric_id(project.get("id")) or numeric_id(attrs.get("project_id"))
                   or numeric_id(attrs.get("target_project_id")) or numeric_id(payload.get("project_id")) or "")
     where = {"repo": repo, "project_id": project_id}

@@ -4,12 +4,26 @@ A shell in a fresh container on a finished run's workspace, on the host that ran
 says what it is and is not given).
 """
 
+import re
 import sys
 
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from apps.worker.sandbox import sandboxes
+
+# What the sandbox printed may come from a file the agent wrote: terminal control sequences in it would act on the
+# operator's terminal (retitle it, write its clipboard with OSC 52, clear it, move the cursor over earlier lines).
+# Shown as text: the sequences go, and every control character but newline and tab.
+TERMINAL_SEQUENCE = re.compile(rb"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC: title, clipboard, links
+                               rb"|\x1bP[^\x1b]*(?:\x1b\\)?"  # DCS
+                               rb"|\x1b\[[0-?]*[ -/]*[@-~]?"  # CSI: colours, cursor, clearing
+                               rb"|\x1b.?")  # any other escape
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(output: bytes) -> bytes:
+    return CONTROL.sub("", TERMINAL_SEQUENCE.sub(b"", output).decode("utf-8", "replace")).encode()
 
 
 class Command(BaseCommand):
@@ -43,7 +57,7 @@ class Command(BaseCommand):
         except sandboxes.SandboxUnavailable as error:
             raise CommandError(str(error)) from None
         if finished.output:
-            sys.stdout.buffer.write(finished.output)
+            sys.stdout.buffer.write(terminal_safe(finished.output))
             sys.stdout.flush()
         if finished.exit_code:
             raise SystemExit(finished.exit_code)

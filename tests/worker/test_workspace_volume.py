@@ -112,3 +112,12 @@ def test_doctor_says_which_bound_this_host_uses(settings):
     settings.PI_JOB_WORKSPACE_VOLUME = "off"
     (found,) = doctor.check_workspace_bound()
     assert found.status == doctor.WARN and "PI_JOB_WORKSPACE_VOLUME=off" in found.finding
+
+
+def test_a_mistyped_volume_setting_fails_the_check(settings):
+    from django.core.checks import run_checks
+
+    settings.PI_JOB_WORKSPACE_VOLUME = "of"
+    assert [message.id for message in run_checks() if message.id == "worker.E016"] == ["worker.E016"]
+    settings.PI_JOB_WORKSPACE_VOLUME = "off"
+    assert not [message for message in run_checks() if message.id == "worker.E016"]

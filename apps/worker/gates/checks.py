@@ -149,9 +149,14 @@ def require_dollar_settings() -> None:
 
 @register()
 def publishing_settings(app_configs, **kwargs):
-    """The heap bound of the git that reads the agent's work is util-linux's prlimit: without it, no bound."""
+    """The heap bound of the git that reads the agent's work is util-linux's prlimit: without it, no bound. The
+    workspace volume's setting is one of its choices (a typo would quietly mean `auto`)."""
+    from apps.worker.sandbox import workspace_volume
     from apps.worker.sandbox.gitrun import PRLIMIT
 
+    if settings.PI_JOB_WORKSPACE_VOLUME not in workspace_volume.CHOICES:
+        return [Error(f"PI_JOB_WORKSPACE_VOLUME={settings.PI_JOB_WORKSPACE_VOLUME!r} is not one of "
+                      f"{', '.join(workspace_volume.CHOICES)}.", id="worker.E016")]
     if settings.PI_PUBLISH_GIT_MEMORY_MB and not PRLIMIT:
         return [CheckWarning("PI_PUBLISH_GIT_MEMORY_MB cannot bound git's heap: this host has no prlimit "
                              "(util-linux).", hint="Install util-linux, or set PI_PUBLISH_GIT_MEMORY_MB=0 to say so.",

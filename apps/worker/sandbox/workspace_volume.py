@@ -24,10 +24,11 @@ from pathlib import Path
 
 from django.conf import settings
 
-from apps.worker.sandbox.mounts import mounts_under
+from apps.worker.sandbox.mounts import unmount_under
 
 logger = logging.getLogger("pidispatch.worker")
 
+CHOICES = ("auto", "off")  # PI_JOB_WORKSPACE_VOLUME
 IMAGE = "workspace.img"  # beside the workspace, in the job's folder
 MKFS = shutil.which("mkfs.ext4") or shutil.which("mkfs.ext4", path="/usr/sbin:/sbin")
 MOUNT = shutil.which("mount") or shutil.which("mount", path="/usr/bin:/bin")
@@ -83,8 +84,7 @@ def make(workspace: Path, owner: tuple[int, int]) -> bool:
         (workspace / "lost+found").rmdir()
     except (OSError, subprocess.SubprocessError) as error:
         logger.warning("workspace_volume_unavailable folder=%s error=%s", workspace.parent.name, type(error).__name__)
-        if mounts_under(workspace):
-            subprocess.run(["umount", "--lazy", str(workspace)], check=False, capture_output=True)
+        unmount_under(workspace)
         image.unlink(missing_ok=True)
         return False
     return True
